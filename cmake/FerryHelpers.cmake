@@ -1,0 +1,25 @@
+# Warnings and sanitizer flags for every ferry target.
+add_library(ferry_flags INTERFACE)
+target_compile_options(ferry_flags INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
+if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+  target_compile_options(ferry_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Wthread-safety>)
+endif()
+if(FERRY_SANITIZE)
+  string(REPLACE ";" "," _san "${FERRY_SANITIZE}")
+  add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=${_san} -fno-omit-frame-pointer -fno-sanitize-recover=undefined>)
+  add_link_options(-fsanitize=${_san})
+endif()
+
+# ferry_test(NAME SOURCES... LIBS ...): a GoogleTest binary registered with CTest.
+function(ferry_test name)
+  if(NOT FERRY_WITH_TESTS)
+    return()
+  endif()
+  cmake_parse_arguments(T "" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest_main GTest::gmock ferry_flags)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  add_test(NAME ${name} COMMAND ${name})
+  set_tests_properties(${name} PROPERTIES TIMEOUT 600)
+endfunction()

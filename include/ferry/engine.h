@@ -1,0 +1,180 @@
+// Engine, Session and Transfer: ferry's transfer engine (the role of MoRI-IO's IOEngine).
+//
+// An Engine owns the transports usable in this process, a registry of local memory regions
+// and of remote peers. A Session is a route from one local region to one remote region through
+// the fastest transport both sides can use; it posts one-sided reads and writes, single or
+// batched, each returning a Transfer handle that completes asynchronously. Every transfer has a
+// deadline: no Wait() can block forever.
+//
+// Thread safety: Engine, Session and Transfer are safe to use from many threads at once.
+// Sessions and transfers keep what they need alive; they fail cleanly (kAborted) once their
+// engine is destroyed.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/descriptors.h"
+#include "ferry/status.h"
+
+namespace ferry {
+
+namespace internal {
+class EngineCore;
+class SessionCore;
+class TransferState;
+}  // namespace internal
+
+using Duration = std::chrono::nanoseconds;
+
+struct EngineOptions {
+  // Unique key of this engine; empty = "<hostname>:<pid>:<random>".
+  std::string key;
+  // Deadline of a transfer that does not set its own.
+  Duration default_deadline = std::chrono::seconds(30);
+  // Threads that copy host memory for large batches (the local transport); 0 = one per core,
+  // at most 8. Batches under `parallel_copy_bytes` are copied on the posting thread.
+  int copy_threads = 0;
+  uint64_t parallel_copy_bytes = 1 << 20;
+  // Page-lock host regions at registration when a CUDA device is present, so GPU copies and
+  // kernels can reach them directly.
+  bool pin_host_memory = true;
+  // Transports to start, by name; empty = every transport compiled in and usable here.
+  std::vector<std::string> transports;
+  // Largest notification accepted, and how many undelivered ones an engine keeps.
+  size_t max_notification_bytes = 64 * 1024;
+  size_t max_pending_notifications = 1 << 16;
+};
+
+enum class Op : uint8_t { kRead = 0, kWrite = 1 };
+
+// One piece of a batch: `size` bytes between local_offset and remote_offset.
+struct TransferOp {
+  uint64_t local_offset = 0;
+  uint64_t remote_offset = 0;
+  uint64_t size = 0;
+};
+
+struct TransferOptions {
+  // Overrides EngineOptions::default_deadline for this transfer.
+  std::optional<Duration> deadline;
+  // Id reported by Transfer::id(); default = Engine::AllocateTransferId().
+  std::optional<TransferId> id;
+  // Writes only: a notification delivered to the remote engine after all of this batch's data
+  // is in place at the target.
+  std::optional<std::string> notification;
+};
+
+// How a transfer travels: which transport, and whether through a bounce buffer.
+struct TransferPath {
+  std::string transport;
+  bool staged = false;
+  std::string ToString() const;
+};
+
+struct Notification {
+  std::string from;     // key of the sending engine
+  std::string message;
+};
+
+class Transfer {
+ public:
+  Transfer() = default;  // a finished, failed transfer (kFailedPrecondition)
+
+  // True once the transfer finished (successfully or not). Never blocks.
+  bool Test() const;
+  // Blocks until finished or the transfer's deadline passes; returns status().
+  Status Wait() const;
+  // Blocks at most `timeout`; returns kInProgress if still running then.
+  Status WaitFor(Duration timeout) const;
+  // kInProgress while running, then the final status.
+  Status status() const;
+  uint64_t bytes() const;
+  TransferPath path() const;
+  TransferId id() const;
+
+ private:
+  friend class Session;
+  friend class internal::SessionCore;
+  explicit Transfer(std::shared_ptr<internal::TransferState> state) : state_(std::move(state)) {}
+  std::shared_ptr<internal::TransferState> state_;
+};
+
+class Session {
+ public:
+  Session() = default;
+
+  // One-sided write of local[local_offset, +bytes) to remote[remote_offset, +bytes), and the
+  // reverse for Read. Ops outside either region fail with kOutOfRange and move nothing.
+  Transfer Write(uint64_t local_offset, uint64_t remote_offset, uint64_t bytes,
+                 const TransferOptions& options = {}) const;
+  Transfer Read(uint64_t local_offset, uint64_t remote_offset, uint64_t bytes,
+                const TransferOptions& options = {}) const;
+  // A batch is one transfer; an empty batch succeeds at once. If any op is out of range the
+  // whole batch fails with kOutOfRange before any byte moves.
+  Transfer WriteBatch(std::span<const TransferOp> ops, const TransferOptions& options = {}) const;
+  Transfer ReadBatch(std::span<const TransferOp> ops, const TransferOptions& options = {}) const;
+  Transfer Post(Op op, std::span<const TransferOp> ops, const TransferOptions& options = {}) const;
+
+  const MemoryDesc& local() const;
+  const MemoryDesc& remote() const;
+  TransferPath path() const;
+  bool valid() const { return core_ != nullptr; }
+
+ private:
+  friend class Engine;
+  explicit Session(std::shared_ptr<internal::SessionCore> core) : core_(std::move(core)) {}
+  std::shared_ptr<internal::SessionCore> core_;
+};
+
+class Engine {
+ public:
+  static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const std::string& key() const;
+  // This engine's descriptor, to hand to peers.
+  EngineDesc Describe() const;
+  // Names of the transports this engine started.
+  std::vector<std::string> transports() const;
+
+  // Registers [ptr, ptr + bytes) of host memory or of CUDA device `device`.
+  // REQUIRES: the memory stays valid until DeregisterMemory() returns.
+  Result<MemoryDesc> RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind = MemoryKind::kHost,
+                                    int device = -1);
+  // Waits (up to the default deadline) for transfers using the region to finish, then makes
+  // every later transfer on it fail with kFailedPrecondition.
+  Status DeregisterMemory(RegionId region);
+  Status DeregisterMemory(const MemoryDesc& desc) { return DeregisterMemory(desc.region); }
+
+  // Peers: descriptors of remote engines. Adding a peer with a known key replaces it.
+  Status AddPeer(const EngineDesc& peer);
+  Status RemovePeer(std::string_view key);
+
+  // A route from a local region of this engine to a region of a peer (or of this engine).
+  Result<Session> OpenSession(const MemoryDesc& local, const MemoryDesc& remote);
+
+  TransferId AllocateTransferId();
+
+  // Sends a notification to a peer (or to this engine).
+  Status Notify(std::string_view peer_key, std::string_view message);
+  // Takes every notification received so far, in arrival order.
+  std::vector<Notification> PopNotifications();
+
+ private:
+  explicit Engine(std::shared_ptr<internal::EngineCore> core);
+  std::shared_ptr<internal::EngineCore> core_;
+};
+
+// The library's version, "MAJOR.MINOR.PATCH".
+std::string_view Version();
+
+}  // namespace ferry

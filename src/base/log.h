@@ -1,0 +1,20 @@
+// Logging: ferry's messages go through one spdlog logger named "ferry". The level is set once,
+// at the edge (the CLI reads FERRY_LOG; libraries embedding ferry call SetLogLevel).
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+#include <string_view>
+
+namespace ferry {
+
+spdlog::logger& Log();
+// "trace", "debug", "info", "warn", "error", "off"; unknown names keep the current level.
+void SetLogLevel(std::string_view level);
+
+}  // namespace ferry
+
+#define FERRY_LOG_DEBUG(...) ::ferry::Log().debug(__VA_ARGS__)
+#define FERRY_LOG_INFO(...) ::ferry::Log().info(__VA_ARGS__)
+#define FERRY_LOG_WARN(...) ::ferry::Log().warn(__VA_ARGS__)
+#define FERRY_LOG_ERROR(...) ::ferry::Log().error(__VA_ARGS__)

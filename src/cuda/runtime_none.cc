@@ -1,0 +1,21 @@
+// The CUDA seam of a build without the CUDA toolkit: CUDA is never available.
+#include "cuda/runtime.h"
+
+namespace ferry::cuda {
+namespace {
+Status NoCuda() { return Status(Code::kUnsupported, "ferry was built without CUDA"); }
+}  // namespace
+
+bool Available() { return false; }
+std::string UnavailableReason() { return "ferry was built without CUDA"; }
+int DeviceCount() { return 0; }
+std::vector<DeviceInfo> Devices() { return {}; }
+Status HostRegister(void*, size_t) { return NoCuda(); }
+Status HostUnregister(void*) { return NoCuda(); }
+Result<PointerInfo> QueryPointer(const void*) { return PointerInfo{}; }
+Result<void*> Malloc(int, size_t) { return NoCuda(); }
+Status Free(void*) { return NoCuda(); }
+Status CopySync(void*, const void*, size_t) { return NoCuda(); }
+Status MemsetSync(void*, int, size_t) { return NoCuda(); }
+
+}  // namespace ferry::cuda

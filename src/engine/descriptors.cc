@@ -1,0 +1,168 @@
+// Wire encoding of MemoryDesc and EngineDesc: a msgpack array that starts with a magic string
+// and the protocol version, then the fields in a fixed order.
+#include "ferry/descriptors.h"
+
+#include "base/codec.h"
+
+namespace ferry {
+namespace {
+
+constexpr std::string_view kMemoryMagic = "ferry.mem";
+constexpr std::string_view kEngineMagic = "ferry.engine";
+constexpr size_t kMaxNameBytes = 64;
+constexpr int64_t kMaxDevice = 4096;
+
+codec::Limits DescriptorLimits() {
+  codec::Limits limits;
+  limits.max_bytes = kMaxDescriptorBytes;
+  limits.max_array = 64;
+  limits.max_str = kMaxTransportDataBytes;
+  limits.max_depth = 4;
+  return limits;
+}
+
+void PackTransports(codec::Writer& w, const std::vector<TransportData>& entries) {
+  w.Array(static_cast<uint32_t>(entries.size()));
+  for (const auto& e : entries) {
+    w.Array(2);
+    w.Str(e.transport);
+    w.Bin(e.data);
+  }
+}
+
+Result<std::vector<TransportData>> UnpackTransports(codec::ArrayReader& r) {
+  FERRY_ASSIGN_OR_RETURN(codec::ArrayReader list, r.Array("transports", kMaxTransportEntries));
+  std::vector<TransportData> out;
+  out.reserve(list.size());
+  while (!list.done()) {
+    FERRY_ASSIGN_OR_RETURN(codec::ArrayReader entry, list.Array("transport entry", 2));
+    FERRY_ASSIGN_OR_RETURN(std::string_view name, entry.Bytes("transport name", kMaxNameBytes));
+    FERRY_ASSIGN_OR_RETURN(std::string_view data, entry.Bytes("transport data", kMaxTransportDataBytes));
+    if (name.empty()) return Status(Code::kInvalidArgument, "malformed descriptor: empty transport name");
+    out.push_back(TransportData{std::string(name), std::string(data)});
+  }
+  return out;
+}
+
+Status CheckHeader(codec::ArrayReader& r, std::string_view magic) {
+  FERRY_ASSIGN_OR_RETURN(std::string_view got, r.Bytes("magic", 32));
+  if (got != magic)
+    return Status(Code::kInvalidArgument, "not a " + std::string(magic) + " descriptor");
+  FERRY_ASSIGN_OR_RETURN(uint64_t version, r.UInt("version"));
+  if (version != kProtocolVersion)
+    return Status(Code::kInvalidArgument, "descriptor protocol version " + std::to_string(version) +
+                                              " is not supported (this build speaks " +
+                                              std::to_string(kProtocolVersion) + ")");
+  return Status::Ok();
+}
+
+Result<std::string> Key(codec::ArrayReader& r, std::string_view field, bool allow_empty) {
+  FERRY_ASSIGN_OR_RETURN(std::string_view key, r.Bytes(field, kMaxKeyBytes));
+  if (key.empty() && !allow_empty)
+    return Status(Code::kInvalidArgument, "malformed descriptor: empty " + std::string(field));
+  return std::string(key);
+}
+
+const TransportData* Find(const std::vector<TransportData>& v, std::string_view name) {
+  for (const auto& e : v)
+    if (e.transport == name) return &e;
+  return nullptr;
+}
+
+}  // namespace
+
+std::string_view MemoryKindName(MemoryKind kind) {
+  switch (kind) {
+    case MemoryKind::kHost: return "host";
+    case MemoryKind::kCuda: return "cuda";
+  }
+  return "unknown";
+}
+
+const TransportData* MemoryDesc::FindAccess(std::string_view transport) const {
+  return Find(access, transport);
+}
+
+const TransportData* EngineDesc::FindTransport(std::string_view transport) const {
+  return Find(transports, transport);
+}
+
+std::string MemoryDesc::Pack() const {
+  codec::Writer w;
+  w.Array(10);
+  w.Str(kMemoryMagic);
+  w.UInt(kProtocolVersion);
+  w.Str(engine_key);
+  w.UInt(static_cast<uint64_t>(region));
+  w.UInt(address);
+  w.UInt(size);
+  w.UInt(static_cast<uint64_t>(kind));
+  w.Int(device);
+  w.Str(host_id);
+  PackTransports(w, access);
+  return w.Take();
+}
+
+Result<MemoryDesc> MemoryDesc::Unpack(std::string_view bytes) {
+  FERRY_ASSIGN_OR_RETURN(codec::Reader reader, codec::Reader::Parse(bytes, DescriptorLimits()));
+  codec::ArrayReader r = reader.root();
+  FERRY_RETURN_IF_ERROR(CheckHeader(r, kMemoryMagic));
+  MemoryDesc d;
+  FERRY_ASSIGN_OR_RETURN(d.engine_key, Key(r, "engine key", false));
+  FERRY_ASSIGN_OR_RETURN(uint64_t region, r.UInt("region"));
+  d.region = static_cast<RegionId>(region);
+  FERRY_ASSIGN_OR_RETURN(d.address, r.UInt("address"));
+  FERRY_ASSIGN_OR_RETURN(d.size, r.UInt("size"));
+  if (d.size > UINT64_MAX - d.address)
+    return Status(Code::kInvalidArgument, "malformed descriptor: region wraps around the address space");
+  FERRY_ASSIGN_OR_RETURN(uint64_t kind, r.UInt("kind"));
+  if (kind > static_cast<uint64_t>(MemoryKind::kCuda))
+    return Status(Code::kInvalidArgument, "malformed descriptor: unknown memory kind " + std::to_string(kind));
+  d.kind = static_cast<MemoryKind>(kind);
+  FERRY_ASSIGN_OR_RETURN(int64_t device, r.Int("device"));
+  if (device < -1 || device > kMaxDevice)
+    return Status(Code::kInvalidArgument, "malformed descriptor: device " + std::to_string(device));
+  if ((d.kind == MemoryKind::kCuda) != (device >= 0))
+    return Status(Code::kInvalidArgument, "malformed descriptor: device does not match memory kind");
+  d.device = static_cast<int32_t>(device);
+  FERRY_ASSIGN_OR_RETURN(d.host_id, Key(r, "host id", true));
+  FERRY_ASSIGN_OR_RETURN(d.access, UnpackTransports(r));
+  if (!r.done()) return Status(Code::kInvalidArgument, "malformed descriptor: extra fields");
+  return d;
+}
+
+std::string EngineDesc::Pack() const {
+  codec::Writer w;
+  w.Array(7);
+  w.Str(kEngineMagic);
+  w.UInt(protocol_version);
+  w.Str(key);
+  w.Str(host_id);
+  w.UInt(pid);
+  w.Array(static_cast<uint32_t>(addresses.size()));
+  for (const auto& a : addresses) w.Str(a);
+  PackTransports(w, transports);
+  return w.Take();
+}
+
+Result<EngineDesc> EngineDesc::Unpack(std::string_view bytes) {
+  FERRY_ASSIGN_OR_RETURN(codec::Reader reader, codec::Reader::Parse(bytes, DescriptorLimits()));
+  codec::ArrayReader r = reader.root();
+  FERRY_RETURN_IF_ERROR(CheckHeader(r, kEngineMagic));
+  EngineDesc d;
+  FERRY_ASSIGN_OR_RETURN(d.key, Key(r, "engine key", false));
+  FERRY_ASSIGN_OR_RETURN(d.host_id, Key(r, "host id", true));
+  FERRY_ASSIGN_OR_RETURN(uint64_t pid, r.UInt("pid"));
+  if (pid > UINT32_MAX) return Status(Code::kInvalidArgument, "malformed descriptor: pid out of range");
+  d.pid = static_cast<uint32_t>(pid);
+  FERRY_ASSIGN_OR_RETURN(codec::ArrayReader addresses, r.Array("addresses", kMaxAddresses));
+  while (!addresses.done()) {
+    FERRY_ASSIGN_OR_RETURN(std::string_view a, addresses.Bytes("address", kMaxKeyBytes));
+    d.addresses.emplace_back(a);
+  }
+  FERRY_ASSIGN_OR_RETURN(d.transports, UnpackTransports(r));
+  if (!r.done()) return Status(Code::kInvalidArgument, "malformed descriptor: extra fields");
+  return d;
+}
+
+}  // namespace ferry

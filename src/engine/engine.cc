@@ -1,0 +1,305 @@
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+
+#include "base/log.h"
+#include "cuda/runtime.h"
+#include "engine/engine_core.h"
+
+namespace ferry {
+namespace internal {
+namespace {
+
+std::string DefaultKey() {
+  char host[128] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::random_device rd;
+  char suffix[17];
+  snprintf(suffix, sizeof(suffix), "%08x%08x", rd(), rd());
+  return std::string(host) + ":" + std::to_string(getpid()) + ":" + suffix;
+}
+
+bool Carries(const Capabilities& caps, MemoryKind kind) {
+  return kind == MemoryKind::kHost ? caps.host_memory : caps.cuda_memory;
+}
+
+}  // namespace
+
+EngineCore::EngineCore(const EngineOptions& options) : options_(options) {}
+
+EngineCore::~EngineCore() { Shutdown(); }
+
+Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& options) {
+  if (options.key.size() > kMaxKeyBytes)
+    return Status(Code::kInvalidArgument, "engine key is longer than " + std::to_string(kMaxKeyBytes));
+  if (options.default_deadline <= Duration::zero())
+    return Status(Code::kInvalidArgument, "default_deadline must be positive");
+  std::shared_ptr<EngineCore> core(new EngineCore(options));
+  if (core->options_.key.empty()) core->options_.key = DefaultKey();
+  core->inbox_ = std::make_shared<Inbox>(options.max_pending_notifications, options.max_notification_bytes);
+
+  TransportContext ctx{core->options_.key, &core->options_, core->inbox_};
+  for (const TransportEntry& entry : RegisteredTransports()) {
+    if (!options.transports.empty() &&
+        std::find(options.transports.begin(), options.transports.end(), entry.name) ==
+            options.transports.end())
+      continue;
+    auto transport = entry.make(ctx);
+    if (!transport.ok()) {
+      FERRY_LOG_INFO("transport {} is not usable here: {}", entry.name, transport.status().ToString());
+      continue;
+    }
+    core->transports_.push_back(std::move(transport).value());
+  }
+  for (const std::string& wanted : options.transports) {
+    bool found = std::any_of(core->transports_.begin(), core->transports_.end(),
+                             [&](const auto& t) { return t->name() == wanted; });
+    if (!found)
+      return Status(Code::kUnavailable, "transport '" + wanted + "' is not available in this build or here");
+  }
+  if (core->transports_.empty()) return Status(Code::kUnavailable, "no transport is usable");
+  std::stable_sort(core->transports_.begin(), core->transports_.end(),
+                   [](const auto& a, const auto& b) { return a->caps().cost < b->caps().cost; });
+
+  core->desc_.key = core->options_.key;
+  core->desc_.host_id = LocalHostId();
+  core->desc_.pid = static_cast<uint32_t>(getpid());
+  for (const auto& t : core->transports_) core->desc_.transports.push_back(t->Describe());
+  return core;
+}
+
+void EngineCore::Shutdown() {
+  if (closed_.exchange(true)) return;
+  std::unordered_map<uint64_t, RegionEntry> regions;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    regions.swap(regions_);
+    endpoints_.clear();
+    peers_.clear();
+  }
+  for (auto& [id, entry] : regions) {
+    Status s = entry.region->Retire(Deadline::After(options_.default_deadline));
+    if (!s.ok()) FERRY_LOG_WARN("engine shutdown: {}", s.ToString());
+    for (const auto& t : transports_) t->Deregister(*entry.region);
+    if (entry.region->pinned && s.ok()) (void)cuda::HostUnregister(entry.region->base);
+  }
+}
+
+std::vector<std::string> EngineCore::transport_names() const {
+  std::vector<std::string> out;
+  for (const auto& t : transports_) out.emplace_back(t->name());
+  return out;
+}
+
+Result<MemoryDesc> EngineCore::RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind, int device) {
+  if (closed()) return Status(Code::kAborted, "the engine was shut down");
+  if (ptr == nullptr || bytes == 0)
+    return Status(Code::kInvalidArgument, "cannot register a null or empty region");
+  if (bytes > UINT64_MAX - reinterpret_cast<uint64_t>(ptr))
+    return Status(Code::kInvalidArgument, "region wraps around the address space");
+  auto region = std::make_shared<Region>();
+  region->id = static_cast<RegionId>(next_region_.fetch_add(1));
+  region->base = static_cast<std::byte*>(ptr);
+  region->size = bytes;
+  region->kind = kind;
+
+  if (kind == MemoryKind::kCuda) {
+    if (!cuda::Available())
+      return Status(Code::kFailedPrecondition, "cannot register CUDA memory: " + cuda::UnavailableReason());
+    FERRY_ASSIGN_OR_RETURN(cuda::PointerInfo info, cuda::QueryPointer(ptr));
+    if (!info.device_memory)
+      return Status(Code::kInvalidArgument, "pointer is not CUDA device memory");
+    if (device >= 0 && device != info.device)
+      return Status(Code::kInvalidArgument, "pointer lives on device " + std::to_string(info.device) +
+                                                ", not " + std::to_string(device));
+    region->device = info.device;
+  } else {
+    if (device != -1) return Status(Code::kInvalidArgument, "host memory takes device -1");
+    if (options_.pin_host_memory && cuda::Available()) {
+      region->pinned = cuda::HostRegister(ptr, bytes).ok();
+    }
+  }
+
+  MemoryDesc desc;
+  desc.engine_key = options_.key;
+  desc.region = region->id;
+  desc.address = reinterpret_cast<uint64_t>(ptr);
+  desc.size = bytes;
+  desc.kind = kind;
+  desc.device = region->device;
+  desc.host_id = LocalHostId();
+  for (const auto& t : transports_) {
+    if (!Carries(t->caps(), kind)) continue;
+    auto access = t->Register(region);
+    if (!access.ok()) {
+      FERRY_LOG_WARN("transport {} cannot register region: {}", t->name(), access.status().ToString());
+      continue;
+    }
+    desc.access.push_back(std::move(access).value());
+  }
+  if (desc.access.empty()) {
+    if (region->pinned) (void)cuda::HostUnregister(ptr);
+    return Status(Code::kUnavailable, "no transport can carry " + std::string(MemoryKindName(kind)) + " memory");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  regions_[static_cast<uint64_t>(region->id)] = RegionEntry{region, desc};
+  return desc;
+}
+
+Status EngineCore::DeregisterMemory(RegionId id) {
+  RegionEntry entry;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regions_.find(static_cast<uint64_t>(id));
+    if (it == regions_.end())
+      return Status(Code::kNotFound, "region " + std::to_string(static_cast<uint64_t>(id)) + " is not registered");
+    entry = std::move(it->second);
+    regions_.erase(it);
+  }
+  for (const auto& t : transports_) t->Deregister(*entry.region);
+  Status retired = entry.region->Retire(Deadline::After(options_.default_deadline));
+  // A region still in use keeps its page lock: a late GPU copy may still read it.
+  if (retired.ok() && entry.region->pinned) (void)cuda::HostUnregister(entry.region->base);
+  return retired;
+}
+
+Status EngineCore::AddPeer(const EngineDesc& peer) {
+  if (closed()) return Status(Code::kAborted, "the engine was shut down");
+  if (peer.key.empty()) return Status(Code::kInvalidArgument, "peer descriptor has no key");
+  if (peer.protocol_version != kProtocolVersion)
+    return Status(Code::kFailedPrecondition, "peer speaks protocol " + std::to_string(peer.protocol_version));
+  if (peer.key == options_.key) return Status::Ok();  // this engine reaches itself already
+  std::lock_guard<std::mutex> lock(mu_);
+  peers_[peer.key] = peer;
+  for (auto it = endpoints_.begin(); it != endpoints_.end();) {
+    it = it->first.first == peer.key ? endpoints_.erase(it) : std::next(it);
+  }
+  return Status::Ok();
+}
+
+Status EngineCore::RemovePeer(std::string_view key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = peers_.find(std::string(key));
+  if (it == peers_.end()) return Status(Code::kNotFound, "peer " + std::string(key) + " is not known");
+  peers_.erase(it);
+  for (auto e = endpoints_.begin(); e != endpoints_.end();) {
+    e = e->first.first == key ? endpoints_.erase(e) : std::next(e);
+  }
+  return Status::Ok();
+}
+
+Result<EngineDesc> EngineCore::FindPeer(std::string_view key) {
+  if (key == options_.key) return desc_;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = peers_.find(std::string(key));
+  if (it == peers_.end())
+    return Status(Code::kFailedPrecondition, "peer " + std::string(key) + " was not added (AddPeer)");
+  return it->second;
+}
+
+Result<std::shared_ptr<Endpoint>> EngineCore::GetEndpoint(const EngineDesc& peer, size_t transport) {
+  auto cache_key = std::make_pair(peer.key, transport);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = endpoints_.find(cache_key);
+    if (it != endpoints_.end()) return it->second;
+  }
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Endpoint> ep, transports_[transport]->Connect(peer));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, inserted] = endpoints_.emplace(cache_key, ep);
+  return it->second;
+}
+
+Result<std::shared_ptr<SessionCore>> EngineCore::OpenSession(const MemoryDesc& local, const MemoryDesc& remote) {
+  if (closed()) return Status(Code::kAborted, "the engine was shut down");
+  if (local.engine_key != options_.key)
+    return Status(Code::kInvalidArgument, "local descriptor belongs to engine " + local.engine_key);
+  std::shared_ptr<Region> region;
+  MemoryDesc local_desc;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regions_.find(static_cast<uint64_t>(local.region));
+    if (it == regions_.end())
+      return Status(Code::kFailedPrecondition,
+                    "local region " + std::to_string(static_cast<uint64_t>(local.region)) + " is not registered");
+    region = it->second.region;
+    local_desc = it->second.desc;
+  }
+  FERRY_ASSIGN_OR_RETURN(EngineDesc peer, FindPeer(remote.engine_key));
+  Status last(Code::kUnavailable, std::string("no transport can carry ") +
+                                      std::string(MemoryKindName(local.kind)) + " -> " +
+                                      std::string(MemoryKindName(remote.kind)) + " memory to " + peer.key);
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    Transport& t = *transports_[i];
+    Capabilities caps = t.caps();
+    if (!Carries(caps, local.kind) || !Carries(caps, remote.kind)) continue;
+    if (remote.FindAccess(t.name()) == nullptr || !t.CanReach(peer)) continue;
+    auto endpoint = GetEndpoint(peer, i);
+    if (!endpoint.ok()) {
+      last = endpoint.status();
+      continue;
+    }
+    auto channel = (*endpoint)->OpenChannel(region, remote);
+    if (!channel.ok()) {
+      last = channel.status();
+      continue;
+    }
+    return std::make_shared<SessionCore>(shared_from_this(), local_desc, remote, region,
+                                         std::move(endpoint).value(), std::move(channel).value());
+  }
+  return last;
+}
+
+Status EngineCore::Notify(std::string_view peer_key, std::string_view message) {
+  if (closed()) return Status(Code::kAborted, "the engine was shut down");
+  if (message.size() > options_.max_notification_bytes)
+    return Status(Code::kInvalidArgument, "notification exceeds max_notification_bytes");
+  FERRY_ASSIGN_OR_RETURN(EngineDesc peer, FindPeer(peer_key));
+  Status last(Code::kUnavailable, "no transport carries notifications to " + peer.key);
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    if (!transports_[i]->caps().notifications || !transports_[i]->CanReach(peer)) continue;
+    auto endpoint = GetEndpoint(peer, i);
+    if (!endpoint.ok()) {
+      last = endpoint.status();
+      continue;
+    }
+    return (*endpoint)->Notify(message);
+  }
+  return last;
+}
+
+}  // namespace internal
+
+// Engine: the public handle.
+
+Engine::Engine(std::shared_ptr<internal::EngineCore> core) : core_(std::move(core)) {}
+Engine::~Engine() { core_->Shutdown(); }
+
+Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
+  FERRY_ASSIGN_OR_RETURN(auto core, internal::EngineCore::Create(options));
+  return std::unique_ptr<Engine>(new Engine(std::move(core)));
+}
+
+const std::string& Engine::key() const { return core_->key(); }
+EngineDesc Engine::Describe() const { return core_->desc(); }
+std::vector<std::string> Engine::transports() const { return core_->transport_names(); }
+Result<MemoryDesc> Engine::RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind, int device) {
+  return core_->RegisterMemory(ptr, bytes, kind, device);
+}
+Status Engine::DeregisterMemory(RegionId region) { return core_->DeregisterMemory(region); }
+Status Engine::AddPeer(const EngineDesc& peer) { return core_->AddPeer(peer); }
+Status Engine::RemovePeer(std::string_view key) { return core_->RemovePeer(key); }
+Result<Session> Engine::OpenSession(const MemoryDesc& local, const MemoryDesc& remote) {
+  FERRY_ASSIGN_OR_RETURN(auto core, core_->OpenSession(local, remote));
+  return Session(std::move(core));
+}
+TransferId Engine::AllocateTransferId() { return core_->AllocateTransferId(); }
+Status Engine::Notify(std::string_view peer_key, std::string_view message) {
+  return core_->Notify(peer_key, message);
+}
+std::vector<Notification> Engine::PopNotifications() { return core_->PopNotifications(); }
+
+std::string_view Version() { return FERRY_VERSION; }
+
+}  // namespace ferry

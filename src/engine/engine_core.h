@@ -1,0 +1,92 @@
+// EngineCore and SessionCore: the state behind the public Engine and Session handles.
+//
+// Thread safety: EngineCore's maps are guarded by mu_; transports_ is fixed after Create.
+// A SessionCore is immutable after OpenSession.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ferry/engine.h"
+#include "transport/transport.h"
+
+namespace ferry::internal {
+
+class EngineCore : public std::enable_shared_from_this<EngineCore> {
+ public:
+  static Result<std::shared_ptr<EngineCore>> Create(const EngineOptions& options);
+  ~EngineCore();
+
+  // Stops the engine: later calls fail with kAborted; regions are retired.
+  void Shutdown();
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
+
+  const EngineOptions& options() const { return options_; }
+  const std::string& key() const { return options_.key; }
+  const EngineDesc& desc() const { return desc_; }
+  std::vector<std::string> transport_names() const;
+
+  Result<MemoryDesc> RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind, int device);
+  Status DeregisterMemory(RegionId region);
+  Status AddPeer(const EngineDesc& peer);
+  Status RemovePeer(std::string_view key);
+  Result<std::shared_ptr<SessionCore>> OpenSession(const MemoryDesc& local, const MemoryDesc& remote);
+  TransferId AllocateTransferId() {
+    return static_cast<TransferId>(next_transfer_.fetch_add(1, std::memory_order_relaxed));
+  }
+  Status Notify(std::string_view peer_key, std::string_view message);
+  std::vector<Notification> PopNotifications() { return inbox_->PopAll(); }
+
+ private:
+  explicit EngineCore(const EngineOptions& options);
+  struct RegionEntry {
+    std::shared_ptr<Region> region;
+    MemoryDesc desc;
+  };
+  Result<EngineDesc> FindPeer(std::string_view key);
+  Result<std::shared_ptr<Endpoint>> GetEndpoint(const EngineDesc& peer, size_t transport);
+
+  EngineOptions options_;
+  EngineDesc desc_;
+  std::shared_ptr<Inbox> inbox_;
+  std::vector<std::unique_ptr<Transport>> transports_;  // sorted by cost; fixed after Create
+  std::atomic<bool> closed_{false};
+  std::atomic<uint64_t> next_region_{1};
+  std::atomic<uint64_t> next_transfer_{1};
+
+  std::mutex mu_;
+  std::unordered_map<uint64_t, RegionEntry> regions_;                          // GUARDED_BY(mu_)
+  std::unordered_map<std::string, EngineDesc> peers_;                          // GUARDED_BY(mu_)
+  std::map<std::pair<std::string, size_t>, std::shared_ptr<Endpoint>> endpoints_;  // GUARDED_BY(mu_)
+};
+
+class SessionCore {
+ public:
+  SessionCore(std::shared_ptr<EngineCore> engine, MemoryDesc local, MemoryDesc remote,
+              std::shared_ptr<Region> local_region, std::shared_ptr<Endpoint> endpoint,
+              std::unique_ptr<Channel> channel)
+      : engine_(std::move(engine)), local_(std::move(local)), remote_(std::move(remote)),
+        local_region_(std::move(local_region)), endpoint_(std::move(endpoint)),
+        channel_(std::move(channel)), path_(channel_->path()) {}
+
+  Transfer Post(Op op, std::span<const TransferOp> ops, const TransferOptions& options) const;
+  const MemoryDesc& local() const { return local_; }
+  const MemoryDesc& remote() const { return remote_; }
+  const TransferPath& path() const { return path_; }
+
+ private:
+  std::shared_ptr<EngineCore> engine_;
+  MemoryDesc local_;
+  MemoryDesc remote_;
+  std::shared_ptr<Region> local_region_;
+  std::shared_ptr<Endpoint> endpoint_;
+  std::unique_ptr<Channel> channel_;
+  TransferPath path_;
+};
+
+}  // namespace ferry::internal

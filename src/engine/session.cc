@@ -1,0 +1,133 @@
+#include <string>
+
+#include "engine/engine_core.h"
+
+namespace ferry {
+namespace internal {
+namespace {
+
+Status OutOfRange(size_t index, const TransferOp& op, const MemoryDesc& local,
+                  const MemoryDesc& remote, bool local_side) {
+  const MemoryDesc& d = local_side ? local : remote;
+  uint64_t offset = local_side ? op.local_offset : op.remote_offset;
+  return Status(Code::kOutOfRange,
+                "op " + std::to_string(index) + ": " + (local_side ? "local" : "remote") +
+                    " offset " + std::to_string(offset) + " + " + std::to_string(op.size) +
+                    " bytes exceeds region " + std::to_string(static_cast<uint64_t>(d.region)) +
+                    " of " + std::to_string(d.size) + " bytes");
+}
+
+}  // namespace
+
+Transfer SessionCore::Post(Op op, std::span<const TransferOp> ops,
+                           const TransferOptions& options) const {
+  TransferId id = options.id ? *options.id : engine_->AllocateTransferId();
+  if (engine_->closed())
+    return Transfer(TransferState::Failed(Status(Code::kAborted, "the engine was shut down"), id, path_));
+  if (options.notification && op != Op::kWrite)
+    return Transfer(TransferState::Failed(
+        Status(Code::kInvalidArgument, "only writes carry a notification"), id, path_));
+  if (options.notification && options.notification->size() > engine_->options().max_notification_bytes)
+    return Transfer(TransferState::Failed(
+        Status(Code::kInvalidArgument, "notification exceeds max_notification_bytes"), id, path_));
+
+  // Validate every op against both regions before any byte moves.
+  const uint64_t local_size = local_.size;
+  const uint64_t remote_size = remote_.size;
+  uint64_t total = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const TransferOp& o = ops[i];
+    if (!InBounds(o.local_offset, o.size, local_size)) [[unlikely]]
+      return Transfer(TransferState::Failed(OutOfRange(i, o, local_, remote_, true), id, path_));
+    if (!InBounds(o.remote_offset, o.size, remote_size)) [[unlikely]]
+      return Transfer(TransferState::Failed(OutOfRange(i, o, local_, remote_, false), id, path_));
+    if (__builtin_add_overflow(total, o.size, &total)) [[unlikely]]
+      return Transfer(TransferState::Failed(
+          Status(Code::kOutOfRange, "batch size overflows 64 bits"), id, path_));
+  }
+
+  Duration deadline = options.deadline ? *options.deadline : engine_->options().default_deadline;
+  auto state = std::make_shared<TransferState>(id, total, path_, Deadline::After(deadline));
+  if (options.notification) {
+    state->SetOnFinish([endpoint = endpoint_, message = *options.notification](Status s) {
+      if (!s.ok()) return s;
+      return endpoint->Notify(message).WithContext("data written, notification failed");
+    });
+  }
+  if (!ops.empty()) {
+    Status posted = channel_->Post(op, ops, total, state);
+    if (!posted.ok()) state->Finish(std::move(posted));
+  }
+  state->PartDone(Status::Ok());  // the poster's own part
+  return Transfer(std::move(state));
+}
+
+}  // namespace internal
+
+Transfer Session::Post(Op op, std::span<const TransferOp> ops, const TransferOptions& options) const {
+  if (!core_)
+    return Transfer(internal::TransferState::Failed(
+        Status(Code::kFailedPrecondition, "empty session handle")));
+  return core_->Post(op, ops, options);
+}
+
+Transfer Session::Write(uint64_t local_offset, uint64_t remote_offset, uint64_t bytes,
+                        const TransferOptions& options) const {
+  TransferOp op{local_offset, remote_offset, bytes};
+  return Post(Op::kWrite, std::span<const TransferOp>(&op, 1), options);
+}
+
+Transfer Session::Read(uint64_t local_offset, uint64_t remote_offset, uint64_t bytes,
+                       const TransferOptions& options) const {
+  TransferOp op{local_offset, remote_offset, bytes};
+  return Post(Op::kRead, std::span<const TransferOp>(&op, 1), options);
+}
+
+Transfer Session::WriteBatch(std::span<const TransferOp> ops, const TransferOptions& options) const {
+  return Post(Op::kWrite, ops, options);
+}
+
+Transfer Session::ReadBatch(std::span<const TransferOp> ops, const TransferOptions& options) const {
+  return Post(Op::kRead, ops, options);
+}
+
+namespace {
+const MemoryDesc& EmptyDesc() {
+  static const MemoryDesc d;
+  return d;
+}
+}  // namespace
+
+const MemoryDesc& Session::local() const { return core_ ? core_->local() : EmptyDesc(); }
+const MemoryDesc& Session::remote() const { return core_ ? core_->remote() : EmptyDesc(); }
+TransferPath Session::path() const { return core_ ? core_->path() : TransferPath{}; }
+
+// Transfer: a handle over TransferState.
+
+bool Transfer::Test() const { return state_ ? state_->Test() : true; }
+
+Status Transfer::Wait() const {
+  if (!state_) return Status(Code::kFailedPrecondition, "empty transfer handle");
+  return state_->Wait(Deadline());
+}
+
+Status Transfer::WaitFor(Duration timeout) const {
+  if (!state_) return Status(Code::kFailedPrecondition, "empty transfer handle");
+  return state_->Wait(Deadline::After(timeout));
+}
+
+Status Transfer::status() const {
+  if (!state_) return Status(Code::kFailedPrecondition, "empty transfer handle");
+  return state_->status();
+}
+
+uint64_t Transfer::bytes() const { return state_ ? state_->bytes() : 0; }
+TransferPath Transfer::path() const { return state_ ? state_->path() : TransferPath{}; }
+TransferId Transfer::id() const { return state_ ? state_->id() : TransferId{}; }
+
+std::string TransferPath::ToString() const {
+  if (transport.empty()) return "none";
+  return transport + (staged ? " (staged)" : " (direct)");
+}
+
+}  // namespace ferry

@@ -1,0 +1,105 @@
+#include "transport/transfer_state.h"
+
+#include <thread>
+
+namespace ferry::internal {
+
+TransferState::TransferState(TransferId id, uint64_t bytes, TransferPath path, Deadline deadline)
+    : id_(id), bytes_(bytes), path_(std::move(path)), deadline_(deadline) {}
+
+TransferState::~TransferState() = default;
+
+std::shared_ptr<TransferState> TransferState::Failed(Status status, TransferId id,
+                                                     TransferPath path) {
+  auto state = std::make_shared<TransferState>(id, 0, std::move(path), Deadline());
+  state->Finish(std::move(status));
+  state->PartDone(Status::Ok());
+  return state;
+}
+
+std::shared_ptr<TransferState> TransferState::Succeeded(TransferId id, TransferPath path) {
+  auto state = std::make_shared<TransferState>(id, 0, std::move(path), Deadline());
+  state->PartDone(Status::Ok());
+  return state;
+}
+
+void TransferState::PartDone(const Status& status) {
+  if (!status.ok()) Finish(status);
+  if (parts_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    Finish(Status::Ok());  // no-op when an error or the deadline finished it first
+    // Every part is done: nothing touches the regions any more.
+    std::vector<std::shared_ptr<void>> holds;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      holds.swap(holds_);
+    }
+  }
+}
+
+bool TransferState::Finish(Status status) {
+  int expected = kRunning;
+  if (!phase_.compare_exchange_strong(expected, kFinishing, std::memory_order_acq_rel))
+    return false;
+  if (on_finish_) {
+    status = on_finish_(std::move(status));
+    on_finish_ = nullptr;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = std::move(status);
+    phase_.store(kFinished, std::memory_order_release);
+  }
+  cv_.notify_all();
+  return true;
+}
+
+void TransferState::CheckDeadline() {
+  if (phase_.load(std::memory_order_acquire) == kRunning && deadline_.expired()) {
+    Finish(Status(Code::kDeadlineExceeded, "transfer " + std::to_string(static_cast<uint64_t>(id_)) +
+                                               " passed its deadline"));
+  }
+}
+
+bool TransferState::Test() {
+  if (finished()) return true;
+  if (poller_) poller_();
+  CheckDeadline();
+  return finished();
+}
+
+Status TransferState::Wait(Deadline until) {
+  until = Deadline::Earlier(until, deadline_);
+  if (poller_) {
+    // Completion arrives through polling: poll with a short, growing back-off.
+    auto backoff = std::chrono::microseconds(1);
+    while (!Test()) {
+      if (until.expired()) break;
+      std::this_thread::sleep_for(backoff);
+      backoff = std::min(backoff * 2, std::chrono::microseconds(200));
+    }
+  } else {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_until(lock, until.at(), [this] {
+      return phase_.load(std::memory_order_acquire) == kFinished;
+    });
+  }
+  CheckDeadline();
+  if (!finished()) {
+    // A Finish() in progress on another thread publishes within its hook's run time.
+    if (phase_.load(std::memory_order_acquire) == kFinishing) {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return phase_.load(std::memory_order_acquire) == kFinished; });
+    } else {
+      return Status(Code::kInProgress, "transfer still running");
+    }
+  }
+  return status();
+}
+
+Status TransferState::status() const {
+  if (!finished()) return Status(Code::kInProgress, "transfer still running");
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
+}  // namespace ferry::internal

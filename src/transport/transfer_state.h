@@ -1,0 +1,82 @@
+// TransferState: the shared completion record behind a public Transfer handle.
+//
+// A transport announces the parts it will complete (AddParts) and completes each with
+// PartDone(status); the transfer finishes when every part is done, or earlier with an error
+// when a part fails or the deadline passes. Transports that complete by polling (CUDA events)
+// install a poller that Test()/Wait() drive.
+//
+// Invariants:
+//  - phase_ goes kRunning -> kFinishing -> kFinished exactly once; the thread that wins the
+//    kRunning -> kFinishing exchange runs the on-finish hook and publishes the status.
+//  - holds_ (regions pinned by the transfer) are released when the last part is done, never
+//    at the deadline: a late copy still owns the memory it touches.
+//
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "base/deadline.h"
+#include "ferry/engine.h"
+
+namespace ferry::internal {
+
+class TransferState {
+ public:
+  TransferState(TransferId id, uint64_t bytes, TransferPath path, Deadline deadline);
+  ~TransferState();
+
+  static std::shared_ptr<TransferState> Failed(Status status, TransferId id = {},
+                                               TransferPath path = {});
+  static std::shared_ptr<TransferState> Succeeded(TransferId id, TransferPath path);
+
+  // Announces `n` more parts. REQUIRES: called before the parts can complete.
+  void AddParts(int n) { parts_.fetch_add(n, std::memory_order_relaxed); }
+  // Completes one part. The first error finishes the transfer with it.
+  void PartDone(const Status& status);
+  // Finishes now (first call wins); returns whether this call finished it.
+  bool Finish(Status status);
+
+  // Runs on the finishing thread before the status is published; may replace the status
+  // (e.g. a notification that could not be sent). Set before posting.
+  void SetOnFinish(std::function<Status(Status)> hook) { on_finish_ = std::move(hook); }
+  // Called by Test/Wait to drive completion. Set before posting.
+  void SetPoller(std::function<void()> poller) { poller_ = std::move(poller); }
+  // Keeps `hold` alive until every part is done.
+  void Hold(std::shared_ptr<void> hold) { holds_.push_back(std::move(hold)); }
+
+  bool Test();
+  Status Wait(Deadline until);
+  Status status() const;
+  bool finished() const { return phase_.load(std::memory_order_acquire) == kFinished; }
+
+  TransferId id() const { return id_; }
+  uint64_t bytes() const { return bytes_; }
+  const TransferPath& path() const { return path_; }
+  Deadline deadline() const { return deadline_; }
+
+ private:
+  enum Phase : int { kRunning = 0, kFinishing = 1, kFinished = 2 };
+  void CheckDeadline();
+
+  const TransferId id_;
+  const uint64_t bytes_;
+  const TransferPath path_;
+  const Deadline deadline_;
+  std::function<Status(Status)> on_finish_;
+  std::function<void()> poller_;
+  std::vector<std::shared_ptr<void>> holds_;  // released when parts_ reaches zero
+
+  std::atomic<int> phase_{kRunning};
+  std::atomic<int64_t> parts_{1};  // one extra part held by the poster until posting is done
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Status status_;  // GUARDED_BY(mu_); valid once phase_ == kFinished
+};
+
+}  // namespace ferry::internal

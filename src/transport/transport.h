@@ -1,0 +1,96 @@
+// The transport interface: what every way of moving bytes implements.
+//
+// A Transport (one per engine) registers memory and connects to peers; an Endpoint is its
+// connection to one peer, shared by every session to that peer; a Channel is a route from one
+// local region to one remote region through that endpoint, on which batches are posted.
+// Transports declare their capabilities and the engine chooses among them by capability and
+// cost, never by name. Adding a transport means adding a folder and a line in the CMake list
+// of transports (see src/transport/CMakeLists.txt); the engine includes no transport header.
+//
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/descriptors.h"
+#include "ferry/engine.h"
+#include "ferry/status.h"
+#include "transport/inbox.h"
+#include "transport/region.h"
+#include "transport/transfer_state.h"
+
+namespace ferry::internal {
+
+// How far a transport reaches, nearest first.
+enum class Reach : uint8_t { kSameProcess = 0, kSameHost = 1, kNetwork = 2 };
+
+struct Capabilities {
+  bool host_memory = false;
+  bool cuda_memory = false;
+  Reach reach = Reach::kSameProcess;
+  bool notifications = false;
+  // Lower is preferred when several transports can carry a session.
+  int cost = 100;
+};
+
+// What a transport gets from the engine that starts it.
+struct TransportContext {
+  std::string engine_key;
+  const EngineOptions* options = nullptr;  // outlives the transport
+  std::shared_ptr<Inbox> inbox;            // where received notifications go
+};
+
+// A route from one local region to one remote region. Ops given to Post() are already
+// validated against both regions.
+class Channel {
+ public:
+  virtual ~Channel() = default;
+  // Moves `ops` asynchronously. The channel calls state.AddParts(n) for the parts it runs and
+  // state.PartDone() for each; it holds the regions it touches through state.Hold().
+  // Returns an error (and posts nothing) when a region is gone.
+  virtual Status Post(Op op, std::span<const TransferOp> ops, uint64_t total_bytes,
+                      const std::shared_ptr<TransferState>& state) = 0;
+  virtual TransferPath path() const = 0;
+};
+
+// A connection to one peer engine.
+class Endpoint {
+ public:
+  virtual ~Endpoint() = default;
+  virtual Result<std::unique_ptr<Channel>> OpenChannel(const std::shared_ptr<Region>& local,
+                                                       const MemoryDesc& remote) = 0;
+  // Delivers a notification; ordered after the data of writes already completed.
+  virtual Status Notify(std::string_view message) = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string_view name() const = 0;
+  virtual Capabilities caps() const = 0;
+  // What peers need to reach this engine through this transport (goes into EngineDesc).
+  virtual TransportData Describe() const = 0;
+  // Makes a region reachable; returns what peers need to reach it (goes into MemoryDesc).
+  virtual Result<TransportData> Register(const std::shared_ptr<Region>& region) = 0;
+  virtual void Deregister(const Region& region) = 0;
+  // Whether this transport can reach `peer` at all (e.g. same process, same host).
+  virtual bool CanReach(const EngineDesc& peer) const = 0;
+  virtual Result<std::shared_ptr<Endpoint>> Connect(const EngineDesc& peer) = 0;
+};
+
+using TransportFactory = Result<std::unique_ptr<Transport>> (*)(const TransportContext&);
+
+struct TransportEntry {
+  std::string_view name;
+  TransportFactory make;
+};
+
+// Every transport compiled into this build, in registration order.
+std::span<const TransportEntry> RegisteredTransports();
+
+}  // namespace ferry::internal
