@@ -1,0 +1,37 @@
+// What this build of ferry can do on this machine: version, transports compiled in and usable
+// here, and the CUDA devices seen. Used by `ferry info`, the Python module and tests that skip
+// where a GPU is missing.
+//
+// Thread safety: free functions, safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ferry {
+
+struct GpuInfo {
+  int ordinal = 0;
+  std::string name;
+  uint64_t memory_bytes = 0;
+  int sm_major = 0;
+  int sm_minor = 0;
+};
+
+struct SystemInfo {
+  std::string version;
+  std::vector<std::string> transports_compiled;  // in registration order
+  std::vector<std::string> transports_usable;    // those an engine can start here
+  bool cuda_built = false;                       // built with the CUDA toolkit
+  bool cuda_available = false;                   // a driver and at least one device
+  std::string cuda_unavailable_reason;           // empty when available
+  std::vector<GpuInfo> gpus;
+};
+
+SystemInfo Probe();
+
+// True when CUDA memory can be registered here; otherwise `reason` says why (for test skips).
+bool CudaAvailable(std::string* reason = nullptr);
+
+}  // namespace ferry

@@ -1,0 +1,32 @@
+#include "ferry/system.h"
+
+#include "cuda/runtime.h"
+#include "ferry/engine.h"
+#include "transport/transport.h"
+
+namespace ferry {
+
+bool CudaAvailable(std::string* reason) {
+  bool ok = cuda::Available();
+  if (!ok && reason != nullptr) *reason = cuda::UnavailableReason();
+  return ok;
+}
+
+SystemInfo Probe() {
+  SystemInfo info;
+  info.version = std::string(Version());
+  for (const auto& entry : internal::RegisteredTransports()) {
+    info.transports_compiled.emplace_back(entry.name);
+  }
+  auto engine = Engine::Create();
+  if (engine.ok()) info.transports_usable = (*engine)->transports();
+  info.cuda_built = cuda::UnavailableReason() != "ferry was built without CUDA";
+  info.cuda_available = cuda::Available();
+  if (!info.cuda_available) info.cuda_unavailable_reason = cuda::UnavailableReason();
+  for (const auto& d : cuda::Devices()) {
+    info.gpus.push_back(GpuInfo{d.ordinal, d.name, d.memory_bytes, d.sm_major, d.sm_minor});
+  }
+  return info;
+}
+
+}  // namespace ferry
