@@ -16,6 +16,8 @@
 
 namespace ferry::cuda {
 
+// True when this build was compiled with the CUDA toolkit.
+bool Built();
 // True when this build has CUDA and a driver with at least one device.
 bool Available();
 // Why Available() is false ("built without CUDA", "no CUDA driver", ...); empty when true.

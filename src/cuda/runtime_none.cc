@@ -6,6 +6,7 @@ namespace {
 Status NoCuda() { return Status(Code::kUnsupported, "ferry was built without CUDA"); }
 }  // namespace
 
+bool Built() { return false; }
 bool Available() { return false; }
 std::string UnavailableReason() { return "ferry was built without CUDA"; }
 int DeviceCount() { return 0; }

@@ -20,7 +20,7 @@ SystemInfo Probe() {
   }
   auto engine = Engine::Create();
   if (engine.ok()) info.transports_usable = (*engine)->transports();
-  info.cuda_built = cuda::UnavailableReason() != "ferry was built without CUDA";
+  info.cuda_built = cuda::Built();
   info.cuda_available = cuda::Available();
   if (!info.cuda_available) info.cuda_unavailable_reason = cuda::UnavailableReason();
   for (const auto& d : cuda::Devices()) {
