@@ -1,0 +1,311 @@
+// The transport conformance suite: the same behaviours checked over every transport compiled
+// in, each through two engines of this process restricted to that transport. Tests skip where
+// a transport lacks the capability they need.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <numeric>
+#include <thread>
+
+#include "engine/test_util.h"
+#include "ferry/system.h"
+#include "transport/transport.h"
+
+namespace ferry {
+namespace {
+
+using testing::EnginePair;
+using testing::RandomBytes;
+
+class Conformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::unique_ptr<EnginePair> Pair(size_t bytes, EngineOptions options = {}) {
+    auto p = EnginePair::Make(GetParam(), bytes, options);
+    if (p) EXPECT_EQ(p->session.path().transport, GetParam());
+    return p;
+  }
+};
+
+// Scattered pieces of random sizes that never overlap on either side.
+std::vector<TransferOp> ScatteredOps(size_t region, size_t count, size_t max_piece, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  size_t slot = region / count;
+  std::vector<size_t> remote_slots(count);
+  std::iota(remote_slots.begin(), remote_slots.end(), 0);
+  std::shuffle(remote_slots.begin(), remote_slots.end(), rng);
+  std::vector<TransferOp> ops;
+  for (size_t i = 0; i < count; ++i) {
+    uint64_t size = 1 + rng() % std::min(max_piece, slot);
+    uint64_t lo = i * slot + rng() % (slot - size + 1);
+    uint64_t ro = remote_slots[i] * slot + rng() % (slot - size + 1);
+    ops.push_back({lo, ro, size});
+  }
+  return ops;
+}
+
+void ExpectApplied(const std::vector<uint8_t>& src, const std::vector<uint8_t>& dst,
+                   const std::vector<TransferOp>& ops, bool write) {
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const auto& op = ops[i];
+    uint64_t s = write ? op.local_offset : op.remote_offset;
+    uint64_t d = write ? op.remote_offset : op.local_offset;
+    ASSERT_EQ(std::memcmp(src.data() + s, dst.data() + d, op.size), 0) << "op " << i;
+  }
+}
+
+TEST_P(Conformance, SingleWriteAndRead) {
+  auto p = Pair(1 << 16);
+  ASSERT_TRUE(p);
+  testing::Fill(p->a_buf, 1);
+  auto data = p->a_buf;
+  Transfer t = p->session.Write(100, 200, 5000);
+  ASSERT_TRUE(t.Wait().ok()) << t.status().ToString();
+  EXPECT_EQ(t.bytes(), 5000u);
+  EXPECT_EQ(t.path().transport, GetParam());
+  EXPECT_TRUE(t.Test());
+  EXPECT_EQ(std::memcmp(p->b_buf.data() + 200, data.data() + 100, 5000), 0);
+  EXPECT_EQ(p->b_buf[199], 0);
+  EXPECT_EQ(p->b_buf[5200], 0);
+
+  std::fill(p->a_buf.begin(), p->a_buf.end(), 0);
+  Transfer r = p->session.Read(7, 200, 5000);
+  ASSERT_TRUE(r.Wait().ok()) << r.status().ToString();
+  EXPECT_EQ(std::memcmp(p->a_buf.data() + 7, data.data() + 100, 5000), 0);
+}
+
+TEST_P(Conformance, BatchedWritesAndReadsKeepEveryByte) {
+  const size_t kBytes = 8 << 20;
+  auto p = Pair(kBytes);
+  ASSERT_TRUE(p);
+  testing::Fill(p->a_buf, 2);
+  auto ops = ScatteredOps(kBytes, 4096, 2000, 3);
+  ASSERT_TRUE(p->session.WriteBatch(ops).Wait().ok());
+  ExpectApplied(p->a_buf, p->b_buf, ops, true);
+
+  testing::Fill(p->b_buf, 4);
+  auto rops = ScatteredOps(kBytes, 1000, 8000, 5);
+  Transfer t = p->session.ReadBatch(rops);
+  ASSERT_TRUE(t.Wait().ok()) << t.status().ToString();
+  ExpectApplied(p->b_buf, p->a_buf, rops, false);
+}
+
+TEST_P(Conformance, LargeBatchesSplitAcrossThreadsStayExact) {
+  const size_t kBytes = 64 << 20;
+  EngineOptions options;
+  options.copy_threads = 4;
+  options.parallel_copy_bytes = 1 << 20;
+  auto p = Pair(kBytes, options);
+  ASSERT_TRUE(p);
+  testing::Fill(p->a_buf, 6);
+  // Pieces of uneven sizes so that part boundaries fall inside pieces.
+  auto ops = ScatteredOps(kBytes, 97, 600000, 7);
+  Transfer t = p->session.WriteBatch(ops);
+  ASSERT_TRUE(t.Wait().ok()) << t.status().ToString();
+  ExpectApplied(p->a_buf, p->b_buf, ops, true);
+  // One piece as large as the region.
+  std::vector<TransferOp> whole = {{0, 0, kBytes}};
+  ASSERT_TRUE(p->session.WriteBatch(whole).Wait().ok());
+  EXPECT_EQ(p->a_buf, p->b_buf);
+}
+
+TEST_P(Conformance, OutOfRangeMovesNothing) {
+  auto p = Pair(4096);
+  ASSERT_TRUE(p);
+  testing::Fill(p->a_buf, 8);
+  struct Case {
+    TransferOp op;
+  } cases[] = {{{0, 4000, 100}}, {{4000, 0, 100}}, {{4097, 0, 0}}, {{0, 0, 4097}},
+               {{UINT64_MAX, 0, 2}}, {{0, UINT64_MAX - 1, 8}}, {{1, 1, UINT64_MAX}}};
+  for (const auto& c : cases) {
+    // A good op first: the whole batch must fail before any byte moves.
+    std::vector<TransferOp> ops = {{0, 0, 64}, c.op};
+    Status w = p->session.WriteBatch(ops).Wait();
+    EXPECT_EQ(w.code(), Code::kOutOfRange) << w.ToString();
+    Status r = p->session.ReadBatch(ops).Wait();
+    EXPECT_EQ(r.code(), Code::kOutOfRange) << r.ToString();
+  }
+  EXPECT_TRUE(std::all_of(p->b_buf.begin(), p->b_buf.end(), [](uint8_t v) { return v == 0; }));
+  Status single = p->session.Write(0, 4095, 2).Wait();
+  EXPECT_EQ(single.code(), Code::kOutOfRange);
+  EXPECT_NE(single.message().find("remote offset 4095"), std::string_view::npos) << single.ToString();
+  // Exactly the end of both regions is fine; so is an empty op at the end.
+  EXPECT_TRUE(p->session.Write(4032, 4032, 64).Wait().ok());
+  EXPECT_TRUE(p->session.Write(4096, 4096, 0).Wait().ok());
+}
+
+TEST_P(Conformance, EmptyBatchSucceeds) {
+  auto p = Pair(4096);
+  ASSERT_TRUE(p);
+  Transfer t = p->session.WriteBatch({});
+  EXPECT_TRUE(t.Test());
+  EXPECT_TRUE(t.Wait().ok());
+  EXPECT_EQ(t.bytes(), 0u);
+  EXPECT_TRUE(p->session.ReadBatch({}).Wait().ok());
+}
+
+TEST_P(Conformance, DeregisteredRegionsFailCleanly) {
+  auto p = Pair(4096);
+  ASSERT_TRUE(p);
+  ASSERT_TRUE(p->b->DeregisterMemory(p->b_desc).ok());
+  Status s = p->session.Write(0, 0, 64).Wait();
+  EXPECT_EQ(s.code(), Code::kFailedPrecondition) << s.ToString();
+  auto reopened = p->a->OpenSession(p->a_desc, p->b_desc);
+  EXPECT_EQ(reopened.status().code(), Code::kFailedPrecondition);
+  EXPECT_EQ(p->b->DeregisterMemory(p->b_desc).code(), Code::kNotFound);
+
+  auto q = Pair(4096);
+  ASSERT_TRUE(q);
+  ASSERT_TRUE(q->a->DeregisterMemory(q->a_desc).ok());
+  EXPECT_EQ(q->session.Read(0, 0, 64).Wait().code(), Code::kFailedPrecondition);
+}
+
+TEST_P(Conformance, DeadlinesEndSlowTransfers) {
+  const size_t kBytes = 64 << 20;
+  EngineOptions options;
+  options.copy_threads = 2;
+  options.parallel_copy_bytes = 1 << 20;
+  options.default_deadline = std::chrono::nanoseconds(1);
+  auto p = Pair(kBytes, options);
+  ASSERT_TRUE(p);
+  std::vector<TransferOp> ops;
+  for (uint64_t off = 0; off < kBytes; off += 4096) ops.push_back({off, off, 4096});
+  // The engine's default deadline (1 ns) passes before 64 MiB can move.
+  Transfer t = p->session.WriteBatch(ops);
+  EXPECT_EQ(t.Wait().code(), Code::kDeadlineExceeded);
+  EXPECT_EQ(t.status().code(), Code::kDeadlineExceeded);
+  // A per-call deadline overrides the default.
+  TransferOptions generous;
+  generous.deadline = std::chrono::seconds(60);
+  EXPECT_TRUE(p->session.WriteBatch(ops, generous).Wait().ok());
+  // WaitFor returns early without ending the transfer.
+  TransferOptions later;
+  later.deadline = std::chrono::seconds(60);
+  Transfer u = p->session.WriteBatch(ops, later);
+  Status early = u.WaitFor(std::chrono::nanoseconds(1));
+  EXPECT_TRUE(early.code() == Code::kInProgress || early.ok()) << early.ToString();
+  EXPECT_TRUE(u.Wait().ok());
+}
+
+TEST_P(Conformance, NotificationFollowsItsData) {
+  auto p = Pair(1 << 20);
+  ASSERT_TRUE(p);
+  testing::Fill(p->a_buf, 9);
+  auto ops = ScatteredOps(1 << 20, 256, 2048, 10);
+  TransferOptions options;
+  options.notification = "layer-31-done";
+  ASSERT_TRUE(p->session.WriteBatch(ops, options).Wait().ok());
+  auto got = p->b->PopNotifications();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].from, p->a->key());
+  EXPECT_EQ(got[0].message, "layer-31-done");
+  ExpectApplied(p->a_buf, p->b_buf, ops, true);
+  EXPECT_TRUE(p->b->PopNotifications().empty());
+
+  // An empty batch may carry a notification too.
+  options.notification = "empty";
+  ASSERT_TRUE(p->session.WriteBatch({}, options).Wait().ok());
+  EXPECT_EQ(p->b->PopNotifications().at(0).message, "empty");
+  // Reads carry none.
+  EXPECT_EQ(p->session.Read(0, 0, 8, options).Wait().code(), Code::kInvalidArgument);
+  // A failed batch sends none.
+  EXPECT_EQ(p->session.Write(0, 1 << 20, 8, options).Wait().code(), Code::kOutOfRange);
+  EXPECT_TRUE(p->b->PopNotifications().empty());
+}
+
+TEST_P(Conformance, DirectNotificationsArriveInOrder) {
+  auto p = Pair(4096);
+  ASSERT_TRUE(p);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(p->a->Notify(p->b->key(), "n" + std::to_string(i)).ok());
+  std::string binary("\x00\xff\x00", 3);
+  ASSERT_TRUE(p->b->Notify(p->a->key(), binary).ok());
+  auto got = p->b->PopNotifications();
+  ASSERT_EQ(got.size(), 100u);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(got[i].message, "n" + std::to_string(i));
+  EXPECT_EQ(p->a->PopNotifications().at(0).message, binary);
+  EXPECT_EQ(p->a->Notify("nobody", "x").code(), Code::kFailedPrecondition);
+  EXPECT_EQ(p->a->Notify(p->b->key(), std::string(64 * 1024 + 1, 'x')).code(), Code::kInvalidArgument);
+}
+
+TEST_P(Conformance, FullInboxPushesBack) {
+  EngineOptions options;
+  options.max_pending_notifications = 4;
+  auto p = Pair(4096, options);
+  ASSERT_TRUE(p);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(p->a->Notify(p->b->key(), "x").ok());
+  EXPECT_EQ(p->a->Notify(p->b->key(), "x").code(), Code::kResourceExhausted);
+  EXPECT_EQ(p->b->PopNotifications().size(), 4u);
+  EXPECT_TRUE(p->a->Notify(p->b->key(), "x").ok());
+}
+
+TEST_P(Conformance, ManyThreadsManySessions) {
+  const size_t kThreads = 8, kSlice = 256 << 10;
+  EngineOptions options;
+  options.copy_threads = 2;
+  options.parallel_copy_bytes = 64 << 10;
+  auto p = Pair(kThreads * kSlice, options);
+  ASSERT_TRUE(p);
+  testing::Fill(p->a_buf, 11);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      auto s = p->a->OpenSession(p->a_desc, p->b_desc);
+      if (!s.ok()) {
+        failures++;
+        return;
+      }
+      for (int round = 0; round < 20; ++round) {
+        std::vector<TransferOp> ops;
+        for (uint64_t off = 0; off < kSlice; off += 4096) {
+          uint64_t base = t * kSlice;
+          ops.push_back({base + off, base + (kSlice - 4096 - off), 4096});
+        }
+        if (!s->WriteBatch(ops).Wait().ok()) failures++;
+        if (!s->Write(t * kSlice, t * kSlice + kSlice - 4096, 1).Wait().ok()) failures++;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  for (size_t t = 0; t < kThreads; ++t) {
+    for (uint64_t off = 0; off < kSlice; off += 4096) {
+      uint64_t base = t * kSlice;
+      ASSERT_EQ(std::memcmp(p->a_buf.data() + base + off,
+                            p->b_buf.data() + base + (kSlice - 4096 - off), 4096), 0);
+    }
+  }
+}
+
+TEST_P(Conformance, TransferIdsAreUniqueOrGiven) {
+  auto p = Pair(4096);
+  ASSERT_TRUE(p);
+  Transfer x = p->session.Write(0, 0, 8);
+  Transfer y = p->session.Write(0, 0, 8);
+  EXPECT_NE(static_cast<uint64_t>(x.id()), static_cast<uint64_t>(y.id()));
+  TransferOptions options;
+  options.id = p->a->AllocateTransferId();
+  Transfer z = p->session.Write(0, 0, 8, options);
+  EXPECT_EQ(z.id(), *options.id);
+  EXPECT_TRUE(x.Wait().ok() && y.Wait().ok() && z.Wait().ok());
+}
+
+TEST_P(Conformance, SessionsFailCleanlyAfterTheirEngineIsGone) {
+  auto p = Pair(4096);
+  ASSERT_TRUE(p);
+  Session s = p->session;
+  p->a.reset();
+  EXPECT_EQ(s.Write(0, 0, 8).Wait().code(), Code::kAborted);
+}
+
+std::vector<std::string> TransportNames() {
+  std::vector<std::string> out;
+  for (const auto& e : internal::RegisteredTransports()) out.emplace_back(e.name);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransports, Conformance, ::testing::ValuesIn(TransportNames()),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace ferry
