@@ -7,8 +7,17 @@ if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
 endif()
 if(FERRY_SANITIZE)
   string(REPLACE ";" "," _san "${FERRY_SANITIZE}")
-  add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=${_san} -fno-omit-frame-pointer -fno-sanitize-recover=undefined>)
+  add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=${_san}>
+                      $<$<COMPILE_LANGUAGE:C,CXX>:-fno-omit-frame-pointer>)
+  if("undefined" IN_LIST FERRY_SANITIZE)
+    add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-fno-sanitize-recover=undefined>)
+  endif()
   add_link_options(-fsanitize=${_san})
+endif()
+
+if(FERRY_WITH_FUZZ AND CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+  # Coverage feedback for libFuzzer in every library the fuzzers link.
+  add_compile_options($<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=fuzzer-no-link>)
 endif()
 
 # ferry_test(NAME SOURCES... LIBS ...): a GoogleTest binary registered with CTest.
