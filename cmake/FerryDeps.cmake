@@ -5,6 +5,7 @@ find_package(fmt REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json REQUIRED)
+find_package(ucx REQUIRED)             # ucx::ucp, ucx::uct, ucx::ucs
 if(FERRY_WITH_TESTS)
   find_package(GTest REQUIRED)
 endif()

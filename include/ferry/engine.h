@@ -33,6 +33,34 @@ class TransferState;
 
 using Duration = std::chrono::nanoseconds;
 
+// Settings of the `ucx` transport (the counterparts of MoRI-IO's RdmaBackendConfig). UCX's own
+// UCX_* environment variables still apply underneath (e.g. UCX_TLS, UCX_NET_DEVICES).
+struct UcxOptions {
+  enum class Progress : uint8_t {
+    kPolling,  // the progress thread spins: lowest latency, one busy core
+    kEvent,    // the progress thread sleeps on the worker's event fd when idle
+  };
+  enum class Rma : uint8_t {
+    kAuto,    // native RMA where the UCX transport has it, active messages where it is emulated
+    kAlways,  // always put/get
+    kNever,   // always active messages
+  };
+  // Where the engine listens: host (an IPv4 address; "0.0.0.0" = every interface) and port
+  // (0 = pick a free one). EngineDesc advertises the addresses peers can dial.
+  std::string listen_host = "0.0.0.0";
+  uint16_t listen_port = 0;
+  // Endpoints opened to each peer; ops of a batch are striped across them.
+  int lanes = 1;
+  // Ops posted to UCX before the progress thread lets the worker make progress.
+  int post_batch = 256;
+  Progress progress = Progress::kEvent;
+  Rma rma = Rma::kAuto;
+  // Largest piece sent as one active message; larger pieces are split.
+  uint64_t max_am_bytes = 8 << 20;
+  // How long a connection may take to come up before its transfers fail with kUnavailable.
+  std::chrono::milliseconds connect_timeout = std::chrono::seconds(10);
+};
+
 struct EngineOptions {
   // Unique key of this engine; empty = "<hostname>:<pid>:<random>".
   std::string key;
@@ -50,6 +78,7 @@ struct EngineOptions {
   // Largest notification accepted, and how many undelivered ones an engine keeps.
   size_t max_notification_bytes = 64 * 1024;
   size_t max_pending_notifications = 1 << 16;
+  UcxOptions ucx;
 };
 
 enum class Op : uint8_t { kRead = 0, kWrite = 1 };

@@ -65,7 +65,10 @@ Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& opti
   core->desc_.key = core->options_.key;
   core->desc_.host_id = LocalHostId();
   core->desc_.pid = static_cast<uint32_t>(getpid());
-  for (const auto& t : core->transports_) core->desc_.transports.push_back(t->Describe());
+  for (const auto& t : core->transports_) {
+    core->desc_.transports.push_back(t->Describe());
+    for (auto& a : t->Addresses()) core->desc_.addresses.push_back(std::move(a));
+  }
   return core;
 }
 
@@ -203,11 +206,15 @@ Result<std::shared_ptr<Endpoint>> EngineCore::GetEndpoint(const EngineDesc& peer
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = endpoints_.find(cache_key);
-    if (it != endpoints_.end()) return it->second;
+    if (it != endpoints_.end()) {
+      if (it->second->healthy()) return it->second;
+      endpoints_.erase(it);  // the connection failed: connect anew
+    }
   }
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Endpoint> ep, transports_[transport]->Connect(peer));
   std::lock_guard<std::mutex> lock(mu_);
   auto [it, inserted] = endpoints_.emplace(cache_key, ep);
+  if (!inserted && !it->second->healthy()) it->second = ep;
   return it->second;
 }
 

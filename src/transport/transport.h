@@ -66,6 +66,8 @@ class Endpoint {
                                                        const MemoryDesc& remote) = 0;
   // Delivers a notification; ordered after the data of writes already completed.
   virtual Status Notify(std::string_view message) = 0;
+  // False once the connection failed; the engine then connects anew.
+  virtual bool healthy() const { return true; }
 };
 
 class Transport {
@@ -75,6 +77,8 @@ class Transport {
   virtual Capabilities caps() const = 0;
   // What peers need to reach this engine through this transport (goes into EngineDesc).
   virtual TransportData Describe() const = 0;
+  // Addresses where peers can reach this engine ("host:port"), if the transport listens.
+  virtual std::vector<std::string> Addresses() const { return {}; }
   // Makes a region reachable; returns what peers need to reach it (goes into MemoryDesc).
   virtual Result<TransportData> Register(const std::shared_ptr<Region>& region) = 0;
   virtual void Deregister(const Region& region) = 0;

@@ -1,0 +1,68 @@
+#include "transport/ucx/am_wire.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+namespace ferry::internal::ucx {
+namespace {
+
+TEST(AmWire, RoundTrips) {
+  AmHeader h;
+  h.type = MsgType::kWrite;
+  h.code = 0;
+  h.token = 0x0102030405060708;
+  h.region = 7;
+  h.offset = UINT64_MAX - 5;
+  h.size = 4096;
+  uint8_t buf[kAmHeaderBytes];
+  EncodeHeader(h, buf);
+  auto back = DecodeHeader(buf, sizeof(buf), 4096);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->type, MsgType::kWrite);
+  EXPECT_EQ(back->token, h.token);
+  EXPECT_EQ(back->region, 7u);
+  EXPECT_EQ(back->offset, h.offset);
+  EXPECT_EQ(back->size, 4096u);
+}
+
+TEST(AmWire, RejectsMalformedHeaders) {
+  AmHeader h;
+  h.type = MsgType::kAck;
+  uint8_t buf[kAmHeaderBytes];
+  EncodeHeader(h, buf);
+  EXPECT_TRUE(DecodeHeader(buf, sizeof(buf), 0).ok());
+  EXPECT_EQ(DecodeHeader(buf, sizeof(buf) - 1, 0).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(DecodeHeader(nullptr, 0, 0).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(DecodeHeader(buf, sizeof(buf), 10).status().code(), Code::kInvalidArgument);  // ack with payload
+  uint8_t bad[kAmHeaderBytes];
+  std::memcpy(bad, buf, sizeof(bad));
+  bad[0] = 9;  // version
+  EXPECT_EQ(DecodeHeader(bad, sizeof(bad), 0).status().code(), Code::kInvalidArgument);
+  std::memcpy(bad, buf, sizeof(bad));
+  bad[1] = 0;  // type
+  EXPECT_EQ(DecodeHeader(bad, sizeof(bad), 0).status().code(), Code::kInvalidArgument);
+  bad[1] = 77;
+  EXPECT_EQ(DecodeHeader(bad, sizeof(bad), 0).status().code(), Code::kInvalidArgument);
+  std::memcpy(bad, buf, sizeof(bad));
+  bad[2] = 200;  // status code
+  EXPECT_EQ(DecodeHeader(bad, sizeof(bad), 0).status().code(), Code::kInvalidArgument);
+  h.type = MsgType::kWrite;
+  h.size = 100;
+  EncodeHeader(h, buf);
+  EXPECT_EQ(DecodeHeader(buf, sizeof(buf), 99).status().code(), Code::kInvalidArgument);
+}
+
+TEST(AmWire, RandomHeadersNeverCrash) {
+  std::mt19937_64 rng(3);
+  uint8_t buf[kAmHeaderBytes + 8];
+  for (int i = 0; i < 100000; ++i) {
+    for (auto& b : buf) b = static_cast<uint8_t>(rng());
+    if (i % 2) buf[0] = kWireVersion;
+    (void)DecodeHeader(buf, rng() % sizeof(buf), rng() % 64);
+  }
+}
+
+}  // namespace
+}  // namespace ferry::internal::ucx

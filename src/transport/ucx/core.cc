@@ -1,0 +1,568 @@
+#include "transport/ucx/core.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "base/log.h"
+
+namespace ferry::internal::ucx {
+namespace {
+
+// A heap-held send: the header and payload stay valid until UCX completes the send.
+struct SendCtx {
+  uint8_t header[kAmHeaderBytes];
+  std::string payload;
+  std::shared_ptr<RegionUse> hold;  // source region of a read response
+};
+
+void OnSendDone(void* request, ucs_status_t status, void* user_data) {
+  delete static_cast<SendCtx*>(user_data);
+  ucp_request_free(request);
+}
+
+std::string ReadUcxTls() {
+  ucp_config_t* config = nullptr;
+  if (ucp_config_read(nullptr, nullptr, &config) != UCS_OK) return "";
+  char* buf = nullptr;
+  size_t len = 0;
+  FILE* f = open_memstream(&buf, &len);
+  std::string tls;
+  if (f != nullptr) {
+    ucp_config_print(config, f, nullptr, UCS_CONFIG_PRINT_CONFIG);
+    fclose(f);
+    std::string text(buf, len);
+    free(buf);
+    size_t at = text.find("\nUCX_TLS=");
+    if (at == std::string::npos && text.rfind("UCX_TLS=", 0) == 0) at = 0;
+    else if (at != std::string::npos) at += 1;
+    if (at != std::string::npos) {
+      size_t start = at + strlen("UCX_TLS=");
+      tls = text.substr(start, text.find('\n', start) - start);
+    }
+  }
+  ucp_config_release(config);
+  return tls;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx) {
+  const UcxOptions& o = ctx.options->ucx;
+  if (o.lanes < 1 || o.lanes > 64) return Status(Code::kInvalidArgument, "ucx.lanes must be in 1..64");
+  if (o.post_batch < 1) return Status(Code::kInvalidArgument, "ucx.post_batch must be positive");
+  if (o.max_am_bytes < 4096) return Status(Code::kInvalidArgument, "ucx.max_am_bytes must be >= 4096");
+  std::shared_ptr<Core> core(new Core());
+  core->engine_key_ = ctx.engine_key;
+  core->options_ = o;
+  core->inbox_ = ctx.inbox;
+
+  ucp_params_t params = {};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 1;
+  ucs_status_t st = ucp_init(&params, nullptr, &core->context_);
+  if (st != UCS_OK) return FromUcs(st, "ucp_init");
+
+  core->rma_ = DecideRma(AvailableUctTransports(), ReadUcxTls());
+  FERRY_ASSIGN_OR_RETURN(core->worker_, Worker::Create(core->context_, o.progress));
+
+  ucp_am_handler_param_t am = {};
+  am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                  UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+  am.id = kAmId;
+  am.cb = &Core::OnMessage;
+  am.arg = core.get();
+  am.flags = UCP_AM_FLAG_WHOLE_MSG;
+  st = ucp_worker_set_am_recv_handler(core->worker_->handle(), &am);
+  if (st != UCS_OK) return FromUcs(st, "ucp_worker_set_am_recv_handler");
+  FERRY_RETURN_IF_ERROR(core->Listen());
+
+  Core* raw = core.get();
+  core->worker_->Start([raw] {
+    // Forget operations whose transfer already ended (deadline, failure): a late answer for
+    // them is dropped.
+    for (auto it = raw->pending_.begin(); it != raw->pending_.end();) {
+      it = it->second.state->finished() ? raw->pending_.erase(it) : std::next(it);
+    }
+  });
+  return core;
+}
+
+Status Core::Listen() {
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(options_.listen_port);
+  if (inet_pton(AF_INET, options_.listen_host.c_str(), &addr.sin_addr) != 1)
+    return Status(Code::kInvalidArgument, "ucx.listen_host '" + options_.listen_host + "' is not an IPv4 address");
+  ucp_listener_params_t params = {};
+  params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+  params.sockaddr.addrlen = sizeof(addr);
+  params.conn_handler.cb = &Core::OnConnRequest;
+  params.conn_handler.arg = this;
+  ucs_status_t st = ucp_listener_create(worker_->handle(), &params, &listener_);
+  if (st != UCS_OK)
+    return FromUcs(st, "listening on " + options_.listen_host + ":" + std::to_string(options_.listen_port));
+  ucp_listener_attr_t attr = {};
+  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+  st = ucp_listener_query(listener_, &attr);
+  if (st != UCS_OK) return FromUcs(st, "ucp_listener_query");
+  uint16_t port = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+
+  if (options_.listen_host != "0.0.0.0") {
+    addresses_.push_back(options_.listen_host + ":" + std::to_string(port));
+    return Status::Ok();
+  }
+  // Every interface: advertise each IPv4 address, loopback first (peers on this host use it).
+  addresses_.push_back("127.0.0.1:" + std::to_string(port));
+  ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) == 0) {
+    for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
+      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+      char buf[INET_ADDRSTRLEN];
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, buf, sizeof(buf));
+      std::string ip(buf);
+      if (ip.rfind("127.", 0) == 0) continue;
+      addresses_.push_back(ip + ":" + std::to_string(port));
+    }
+    freeifaddrs(ifs);
+  }
+  return Status::Ok();
+}
+
+Core::~Core() {
+  Shutdown();
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  for (auto& [id, r] : regions_) ucp_mem_unmap(context_, r.memh);
+  regions_.clear();
+  worker_.reset();
+  if (context_ != nullptr) ucp_cleanup(context_);
+}
+
+void Core::Shutdown() {
+  if (shut_down_ || !worker_) return;
+  shut_down_ = true;
+  worker_->Stop([this] {
+    Status aborted(Code::kAborted, "the ucx transport was shut down");
+    for (auto& [token, p] : pending_) p.state->PartDone(aborted);
+    pending_.clear();
+    for (const auto& conn : conns_) conn->Close();
+    conns_.clear();
+    for (ucp_ep_h ep : accepted_) {
+      ucp_request_param_t p = {};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      void* req = ucp_ep_close_nbx(ep, &p);
+      if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
+    }
+    accepted_.clear();
+    if (listener_ != nullptr) ucp_listener_destroy(listener_);
+    listener_ = nullptr;
+  });
+}
+
+Result<TransportData> Core::Register(const std::shared_ptr<Region>& region) {
+  ucp_mem_map_params_t params = {};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+  params.address = region->base;
+  params.length = region->size;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t st = ucp_mem_map(context_, &params, &memh);
+  if (st != UCS_OK) return FromUcs(st, "ucp_mem_map");
+  void* rkey = nullptr;
+  size_t rkey_size = 0;
+  st = ucp_rkey_pack(context_, memh, &rkey, &rkey_size);
+  if (st != UCS_OK) {
+    ucp_mem_unmap(context_, memh);
+    return FromUcs(st, "ucp_rkey_pack");
+  }
+  TransportData data{"ucx", std::string(static_cast<const char*>(rkey), rkey_size)};
+  ucp_rkey_buffer_release(rkey);
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  regions_[static_cast<uint64_t>(region->id)] = Registered{region, memh};
+  return data;
+}
+
+void Core::Deregister(const Region& region) {
+  ucp_mem_h memh = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(regions_mu_);
+    auto it = regions_.find(static_cast<uint64_t>(region.id));
+    if (it == regions_.end()) return;
+    memh = it->second.memh;
+    regions_.erase(it);  // active messages to the region fail from now on
+  }
+  // Peers may hold its remote key: have each drop it and complete the RMA it posted before the
+  // memory is unmapped. A peer that does not answer in time is dead or hung; go on without it.
+  auto state = std::make_shared<TransferState>(TransferId{}, 0, TransferPath{"ucx", false},
+                                               Deadline::After(std::chrono::seconds(5)));
+  bool submitted = worker_->Submit([this, state, id = static_cast<uint64_t>(region.id)] {
+    for (ucp_ep_h ep : accepted_) {
+      state->AddParts(1);
+      AmHeader h;
+      h.type = MsgType::kRevoke;
+      h.region = id;
+      h.token = AddPending(Pending{state, nullptr, ep});
+      Send(ep, h, nullptr, {});
+    }
+    state->PartDone(Status::Ok());
+  });
+  if (submitted) {
+    Status s = state->Wait(Deadline());
+    // A peer whose connection closed cannot write any more; one that timed out is worth a word.
+    if (s.code() == Code::kDeadlineExceeded)
+      FERRY_LOG_WARN("ucx: deregistering region {}: a peer did not confirm in time",
+                     static_cast<uint64_t>(region.id));
+  }
+  ucp_mem_unmap(context_, memh);
+}
+
+Status Core::Call(const std::shared_ptr<Conn>& conn, AmHeader h, std::string payload, Deadline deadline) {
+  auto state = std::make_shared<TransferState>(TransferId{}, 0, TransferPath{"ucx", false}, deadline);
+  state->AddParts(1);
+  bool ok = worker_->Submit([this, conn, state, h, payload = std::move(payload)]() mutable {
+    if (conn->failed()) return state->PartDone(conn->failure());
+    h.token = AddPending(Pending{state, conn.get(), nullptr});
+    Send(conn->ep(0), h, nullptr, std::move(payload), /*eager=*/true);
+  });
+  if (!ok) return Status(Code::kAborted, "the ucx transport was shut down");
+  state->PartDone(Status::Ok());
+  return state->Wait(Deadline());
+}
+
+void Core::HandleCheck(const AmHeader& h, ucp_ep_h reply) {
+  auto region = FindRegion(h.region);
+  Code code = Code::kOk;
+  if (!region || !region->live()) code = Code::kFailedPrecondition;
+  else if (reinterpret_cast<uint64_t>(region->base) != h.offset || region->size != h.size)
+    code = Code::kInvalidArgument;
+  SendAck(reply, h.token, code);
+}
+
+namespace {
+struct RevokeCtx {
+  Core* core;
+  ucp_ep_h reply;
+  uint64_t token;
+  int left;
+};
+}  // namespace
+
+void Core::HandleRevoke(const AmHeader& h, ucp_ep_h reply) {
+  auto it = conn_by_ep_.find(reply);
+  if (it == conn_by_ep_.end()) return SendAck(reply, h.token, Code::kOk);
+  Conn* conn = it->second;
+  conn->Revoke(h.region);
+  // Ack once every lane's RMA has completed at the target.
+  auto* ctx = new RevokeCtx{this, reply, h.token, static_cast<int>(conn->lanes()) + 1};
+  auto finish = [](RevokeCtx* c) {
+    if (--c->left == 0) {
+      if (c->core->conn_by_ep_.count(c->reply) != 0) c->core->SendAck(c->reply, c->token, Code::kOk);
+      delete c;
+    }
+  };
+  for (size_t lane = 0; lane < conn->lanes(); ++lane) {
+    ucp_request_param_t p = {};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = [](void* request, ucs_status_t, void* user_data) {
+      auto* c = static_cast<RevokeCtx*>(user_data);
+      if (--c->left == 0) {
+        if (c->core->conn_by_ep_.count(c->reply) != 0) c->core->SendAck(c->reply, c->token, Code::kOk);
+        delete c;
+      }
+      ucp_request_free(request);
+    };
+    p.user_data = ctx;
+    void* req = ucp_ep_flush_nbx(conn->ep(lane), &p);
+    if (!UCS_PTR_IS_PTR(req)) finish(ctx);
+  }
+  finish(ctx);
+}
+
+std::shared_ptr<Region> Core::FindRegion(uint64_t id) {
+  std::lock_guard<std::mutex> lock(regions_mu_);
+  auto it = regions_.find(id);
+  return it == regions_.end() ? nullptr : it->second.region;
+}
+
+bool Core::UseRma(const Conn& conn) const {
+  switch (options_.rma) {
+    case UcxOptions::Rma::kAlways: return true;
+    case UcxOptions::Rma::kNever: return false;
+    case UcxOptions::Rma::kAuto: break;
+  }
+  return conn.same_host() ? rma_.same_host_native : rma_.network_native;
+}
+
+uint64_t Core::AddPending(Pending p) {
+  uint64_t token = next_token_++;
+  pending_.emplace(token, std::move(p));
+  return token;
+}
+
+void Core::FailPending(const Conn* conn, ucp_ep_h accepted, const Status& why) {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if ((conn != nullptr && it->second.conn == conn) ||
+        (accepted != nullptr && it->second.accepted == accepted)) {
+      it->second.state->PartDone(why);
+      it = pending_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Core::Reject(const char* why) {
+  uint64_t n = rejected_.fetch_add(1, std::memory_order_relaxed) + 1;
+  // Log the first few, then every 1000th: a hostile peer must not flood the log.
+  if (n <= 8 || n % 1000 == 0) FERRY_LOG_WARN("ucx: rejected message #{}: {}", n, why);
+}
+
+void Core::Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string payload, bool eager) {
+  auto* ctx = new SendCtx();
+  EncodeHeader(h, ctx->header);
+  ctx->payload = std::move(payload);
+  const void* buffer = data != nullptr ? data : ctx->payload.data();
+  size_t size = data != nullptr ? h.size : ctx->payload.size();
+  ucp_request_param_t p = {};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  p.cb.send = &OnSendDone;
+  p.user_data = ctx;
+  p.flags = UCP_AM_SEND_FLAG_REPLY | (eager ? UCP_AM_SEND_FLAG_EAGER : 0);
+  void* req = ucp_am_send_nbx(ep, kAmId, ctx->header, kAmHeaderBytes, buffer, size, &p);
+  if (!UCS_PTR_IS_PTR(req)) delete ctx;  // done at once, or failed (the peer's error handler reports it)
+}
+
+void Core::SendAck(ucp_ep_h ep, uint64_t token, Code code) {
+  AmHeader h;
+  h.type = MsgType::kAck;
+  h.token = token;
+  h.code = static_cast<uint8_t>(code);
+  Send(ep, h, nullptr, std::string());
+}
+
+void Core::OnConnRequest(ucp_conn_request_h request, void* arg) {
+  auto* core = static_cast<Core*>(arg);
+  ucp_ep_params_t params = {};
+  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  params.conn_request = request;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &Core::OnAcceptedError;
+  params.err_handler.arg = core;
+  ucp_ep_h ep = nullptr;
+  ucs_status_t st = ucp_ep_create(core->worker_->handle(), &params, &ep);
+  if (st != UCS_OK) {
+    FERRY_LOG_WARN("ucx: cannot accept a connection: {}", ucs_status_string(st));
+    return;
+  }
+  core->accepted_.insert(ep);
+}
+
+void Core::OnAcceptedError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* core = static_cast<Core*>(arg);
+  FERRY_LOG_DEBUG("ucx: a peer's connection closed: {}", ucs_status_string(status));
+  if (core->accepted_.erase(ep) == 0) return;
+  core->FailPending(nullptr, ep, Status(Code::kUnavailable, "a peer's connection closed"));
+  ucp_request_param_t p = {};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  void* req = ucp_ep_close_nbx(ep, &p);
+  if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
+}
+
+ucs_status_t Core::OnMessage(void* arg, const void* header, size_t header_length, void* data,
+                             size_t length, const ucp_am_recv_param_t* param) {
+  auto* core = static_cast<Core*>(arg);
+  auto decoded = DecodeHeader(header, header_length, length);
+  if (!decoded.ok()) {
+    core->Reject(std::string(decoded.status().message()).c_str());
+    return UCS_OK;  // drops the payload (a rendezvous send completes on the sender's side)
+  }
+  const AmHeader& h = *decoded;
+  ucp_ep_h reply = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
+  bool keep = false;
+  switch (h.type) {
+    case MsgType::kWrite:
+      if (reply == nullptr) {
+        core->Reject("write without a reply endpoint");
+        return UCS_OK;
+      }
+      core->HandleWrite(h, data, param, &keep);
+      break;
+    case MsgType::kReadReq:
+      if (reply == nullptr) {
+        core->Reject("read request without a reply endpoint");
+        return UCS_OK;
+      }
+      core->HandleReadReq(h, reply);
+      break;
+    case MsgType::kReadResp:
+      core->HandleReadResp(h, data, param, &keep);
+      break;
+    case MsgType::kAck:
+      core->HandleAck(h);
+      break;
+    case MsgType::kNotify:
+      if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        core->Reject("notification sent by rendezvous");
+        return UCS_OK;
+      }
+      core->HandleNotify(h, data, length, reply);
+      break;
+    case MsgType::kCheck:
+      if (reply != nullptr) core->HandleCheck(h, reply);
+      break;
+    case MsgType::kRevoke:
+      if (reply != nullptr) core->HandleRevoke(h, reply);
+      break;
+    case MsgType::kHello:
+      break;
+  }
+  return keep ? UCS_INPROGRESS : UCS_OK;
+}
+
+namespace {
+
+// A payload being received straight into registered memory.
+struct RecvCtx {
+  Core* core;
+  std::shared_ptr<RegionUse> hold;
+  ucp_ep_h reply = nullptr;   // writes: where the ack goes
+  uint64_t token = 0;
+  std::shared_ptr<TransferState> state;  // read responses: the waiting transfer
+  std::function<void(Status)> done;
+};
+
+void OnRecvDone(void* request, ucs_status_t status, size_t length, void* user_data) {
+  auto* ctx = static_cast<RecvCtx*>(user_data);
+  ctx->done(FromUcs(status, "receiving a payload"));
+  delete ctx;
+  ucp_request_free(request);
+}
+
+// Receives `size` bytes of a message into `dst`: copied at once for eager data, or through
+// ucp_am_recv_data_nbx for a rendezvous. Returns whether UCX keeps the descriptor.
+bool Receive(ucp_worker_h worker, void* data, const ucp_am_recv_param_t* param, std::byte* dst,
+             uint64_t size, RecvCtx* ctx) {
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    if (size > 0) std::memcpy(dst, data, size);
+    ctx->done(Status::Ok());
+    delete ctx;
+    return false;
+  }
+  ucp_request_param_t p = {};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.recv_am = &OnRecvDone;
+  p.user_data = ctx;
+  void* req = ucp_am_recv_data_nbx(worker, data, dst, size, &p);
+  if (UCS_PTR_IS_ERR(req)) {
+    ctx->done(FromUcs(UCS_PTR_STATUS(req), "ucp_am_recv_data_nbx"));
+    delete ctx;
+  } else if (req == nullptr) {
+    ctx->done(Status::Ok());
+    delete ctx;
+  }
+  return true;
+}
+
+}  // namespace
+
+void Core::HandleWrite(const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep) {
+  ucp_ep_h reply = param->reply_ep;
+  auto region = FindRegion(h.region);
+  if (!region) {
+    Reject("write to an unknown region");
+    return SendAck(reply, h.token, Code::kFailedPrecondition);
+  }
+  if (!InBounds(h.offset, h.size, region->size)) {
+    Reject("write out of a region's bounds");
+    return SendAck(reply, h.token, Code::kOutOfRange);
+  }
+  auto hold = RegionUse::Make(region);
+  if (!hold) return SendAck(reply, h.token, Code::kFailedPrecondition);
+  auto* ctx = new RecvCtx{this, hold, reply, h.token, nullptr, nullptr};
+  ctx->done = [this, reply, token = h.token](Status s) {
+    if (accepted_.count(reply) != 0) SendAck(reply, token, s.code());
+  };
+  *keep = Receive(worker_->handle(), data, param, region->base + h.offset, h.size, ctx);
+}
+
+void Core::HandleReadReq(const AmHeader& h, ucp_ep_h reply) {
+  auto region = FindRegion(h.region);
+  Code code = Code::kOk;
+  if (!region) code = Code::kFailedPrecondition;
+  else if (!InBounds(h.offset, h.size, region->size)) code = Code::kOutOfRange;
+  auto hold = code == Code::kOk ? RegionUse::Make(region) : nullptr;
+  if (code == Code::kOk && !hold) code = Code::kFailedPrecondition;
+  if (code != Code::kOk) {
+    Reject("read outside the registered regions");
+    return SendAck(reply, h.token, code);
+  }
+  AmHeader resp;
+  resp.type = MsgType::kReadResp;
+  resp.token = h.token;
+  resp.size = h.size;
+  auto* ctx = new SendCtx();
+  EncodeHeader(resp, ctx->header);
+  ctx->hold = std::move(hold);
+  ucp_request_param_t p = {};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  p.cb.send = &OnSendDone;
+  p.user_data = ctx;
+  p.flags = UCP_AM_SEND_FLAG_REPLY;
+  void* req = ucp_am_send_nbx(reply, kAmId, ctx->header, kAmHeaderBytes, region->base + h.offset,
+                              h.size, &p);
+  if (!UCS_PTR_IS_PTR(req)) delete ctx;
+}
+
+void Core::HandleReadResp(const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep) {
+  auto it = pending_.find(h.token);
+  if (it == pending_.end()) return;  // its transfer already ended; drop the late answer
+  Pending p = std::move(it->second);
+  pending_.erase(it);
+  if (h.size != p.size) {
+    Reject("read response of the wrong size");
+    p.state->PartDone(Status(Code::kDataLoss, "read response of the wrong size"));
+    return;
+  }
+  auto* ctx = new RecvCtx{this, nullptr, nullptr, h.token, p.state, nullptr};
+  ctx->done = [state = p.state](Status s) { state->PartDone(s); };
+  *keep = Receive(worker_->handle(), data, param, p.dst, p.size, ctx);
+}
+
+void Core::HandleAck(const AmHeader& h) {
+  auto it = pending_.find(h.token);
+  if (it == pending_.end()) return;
+  Status s;
+  switch (static_cast<Code>(h.code)) {
+    case Code::kOk: break;
+    case Code::kOutOfRange: s = Status(Code::kOutOfRange, "the target rejected an out-of-range access"); break;
+    case Code::kFailedPrecondition: s = Status(Code::kFailedPrecondition, "the target region is not registered"); break;
+    case Code::kResourceExhausted: s = Status(Code::kResourceExhausted, "the receiver's notification backlog is full"); break;
+    case Code::kInvalidArgument: s = Status(Code::kInvalidArgument, "the receiver rejected the notification"); break;
+    default: s = Status(static_cast<Code>(h.code), "the target failed the operation"); break;
+  }
+  it->second.state->PartDone(s);
+  pending_.erase(it);
+}
+
+void Core::HandleNotify(const AmHeader& h, const void* data, size_t length, ucp_ep_h reply) {
+  // Payload: [u16 key length][key][message]
+  const auto* p = static_cast<const uint8_t*>(data);
+  if (length < 2) return Reject("truncated notification");
+  size_t key_len = p[0] | (size_t{p[1]} << 8);
+  if (key_len > kMaxKeyBytes || 2 + key_len > length) return Reject("malformed notification");
+  Notification n;
+  n.from.assign(reinterpret_cast<const char*>(p + 2), key_len);
+  n.message.assign(reinterpret_cast<const char*>(p + 2 + key_len), length - 2 - key_len);
+  Status s = inbox_->Push(std::move(n));
+  if (h.token != 0 && reply != nullptr) SendAck(reply, h.token, s.code());
+  else if (!s.ok()) FERRY_LOG_WARN("ucx: dropped a notification: {}", s.ToString());
+}
+
+}  // namespace ferry::internal::ucx

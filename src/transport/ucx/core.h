@@ -1,0 +1,154 @@
+// The state of one engine's `ucx` transport: UCX context, worker and listener, registered
+// regions, connections to peers and the table of operations waiting for an answer.
+//
+// Threads: Core's UCX objects, conns_, accepted_ and pending_ belong to the worker's progress
+// thread (see worker.h); regions_ is guarded by regions_mu_ because registration happens on
+// user threads. Conn::failed_ and Core::rejected_ are atomics read from any thread.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "transport/transport.h"
+#include "transport/ucx/am_wire.h"
+#include "transport/ucx/rma_policy.h"
+#include "transport/ucx/worker.h"
+
+namespace ferry::internal::ucx {
+
+class Core;
+
+// A connection to one peer: `lanes` UCX endpoints, and the remote keys unpacked on them.
+class Conn : public std::enable_shared_from_this<Conn> {
+ public:
+  Conn(std::shared_ptr<Core> core, EngineDesc peer, std::string address, bool same_host)
+      : core_(std::move(core)), peer_(std::move(peer)), address_(std::move(address)),
+        same_host_(same_host) {}
+
+  const EngineDesc& peer() const { return peer_; }
+  bool same_host() const { return same_host_; }
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  Status failure() const;
+
+  // Progress thread only.
+  Status Open(int lanes);
+  void Fail(Status why);
+  void Close();
+  size_t lanes() const { return eps_.size(); }
+  ucp_ep_h ep(size_t lane) const { return eps_[lane % eps_.size()]; }
+  // The remote key of `remote` on `lane`, unpacked once; kFailedPrecondition once revoked.
+  Result<ucp_rkey_h> RemoteKey(const MemoryDesc& remote, size_t lane);
+  // The target deregistered `region`: drop its keys and refuse further RMA to it.
+  void Revoke(uint64_t region);
+
+ private:
+  static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status);
+
+  std::shared_ptr<Core> core_;
+  const EngineDesc peer_;
+  const std::string address_;
+  const bool same_host_;
+  std::atomic<bool> failed_{false};
+  mutable std::mutex failure_mu_;
+  Status failure_;  // GUARDED_BY(failure_mu_)
+  std::vector<ucp_ep_h> eps_;
+  std::unordered_map<uint64_t, std::vector<ucp_rkey_h>> rkeys_;  // by remote region id
+  std::set<uint64_t> revoked_;
+};
+
+// An operation waiting for an ack or a read response from a peer.
+struct Pending {
+  std::shared_ptr<TransferState> state;
+  const Conn* conn = nullptr;   // the connection it went out on (fails with it)
+  ucp_ep_h accepted = nullptr;  // or the accepted endpoint it went out on
+  std::byte* dst = nullptr;  // read responses land here
+  uint64_t size = 0;
+};
+
+class Core : public std::enable_shared_from_this<Core> {
+ public:
+  static Result<std::shared_ptr<Core>> Create(const TransportContext& ctx);
+  ~Core();
+  void Shutdown();  // stops the worker; idempotent
+
+  const UcxOptions& options() const { return options_; }
+  const std::string& engine_key() const { return engine_key_; }
+  const RmaPolicy& rma() const { return rma_; }
+  const std::vector<std::string>& addresses() const { return addresses_; }
+  ucp_context_h context() const { return context_; }
+  Worker& worker() { return *worker_; }
+  uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
+
+  Result<TransportData> Register(const std::shared_ptr<Region>& region);
+  void Deregister(const Region& region);
+
+  // From a user thread: sends `h` (and `payload`) on lane 0 of `conn` with a fresh token and
+  // waits for the peer's ack until `deadline`.
+  Status Call(const std::shared_ptr<Conn>& conn, AmHeader h, std::string payload, Deadline deadline);
+
+  // Progress thread only.
+  uint64_t AddPending(Pending p);
+  // Sends an active message whose payload is `data` (h.size bytes; must stay valid until the
+  // send completes, e.g. registered memory) or, when `data` is null, `payload`.
+  void Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string payload,
+            bool eager = false);
+  void FailPending(const Conn* conn, ucp_ep_h accepted, const Status& why);
+  void Track(const std::shared_ptr<Conn>& conn) { conns_.insert(conn); }
+  void Untrack(const std::shared_ptr<Conn>& conn) { conns_.erase(conn); }
+  bool UseRma(const Conn& conn) const;
+
+ private:
+  struct Registered {
+    std::shared_ptr<Region> region;
+    ucp_mem_h memh = nullptr;
+  };
+  Core() = default;
+  Status Listen();
+  std::shared_ptr<Region> FindRegion(uint64_t id);
+  void Reject(const char* why);
+  void SendAck(ucp_ep_h ep, uint64_t token, Code code);
+
+  static void OnConnRequest(ucp_conn_request_h request, void* arg);
+  static void OnAcceptedError(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static ucs_status_t OnMessage(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param);
+  void HandleWrite(const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep);
+  void HandleReadReq(const AmHeader& h, ucp_ep_h reply);
+  void HandleReadResp(const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep);
+  void HandleAck(const AmHeader& h);
+  void HandleNotify(const AmHeader& h, const void* data, size_t length, ucp_ep_h reply);
+  void HandleCheck(const AmHeader& h, ucp_ep_h reply);
+  void HandleRevoke(const AmHeader& h, ucp_ep_h reply);
+
+  std::string engine_key_;
+  UcxOptions options_;
+  std::shared_ptr<Inbox> inbox_;
+  RmaPolicy rma_;
+  ucp_context_h context_ = nullptr;
+  std::unique_ptr<Worker> worker_;
+  ucp_listener_h listener_ = nullptr;
+  std::vector<std::string> addresses_;
+  std::atomic<uint64_t> rejected_{0};
+  bool shut_down_ = false;
+
+  std::mutex regions_mu_;
+  std::unordered_map<uint64_t, Registered> regions_;  // GUARDED_BY(regions_mu_)
+
+  // Progress thread only.
+  std::set<std::shared_ptr<Conn>> conns_;
+  std::set<ucp_ep_h> accepted_;
+  std::unordered_map<ucp_ep_h, Conn*> conn_by_ep_;  // our endpoints, for messages they carry
+  std::unordered_map<uint64_t, Pending> pending_;
+  uint64_t next_token_ = 1;
+
+  friend class Conn;
+};
+
+}  // namespace ferry::internal::ucx

@@ -1,0 +1,61 @@
+// Worker: one UCX worker driven by one progress thread.
+//
+// Every UCX call on the worker, its endpoints and its requests is made on the progress thread
+// (the worker runs in UCS_THREAD_MODE_SINGLE); other threads hand work over with Submit(),
+// which wakes the thread. Idle, the thread spins briefly and then either keeps polling
+// (Progress::kPolling) or sleeps on the worker's event fd (Progress::kEvent). Tick() callbacks
+// run about every 20 ms on the thread, for housekeeping such as connection timeouts.
+//
+// Thread safety: Submit() from any thread; everything else on the progress thread.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "ferry/engine.h"
+#include "ferry/status.h"
+
+namespace ferry::internal::ucx {
+
+class Worker {
+ public:
+  static Result<std::unique_ptr<Worker>> Create(ucp_context_h context, UcxOptions::Progress mode);
+  ~Worker();  // stops and joins the progress thread, then destroys the worker
+
+  ucp_worker_h handle() const { return worker_; }
+  // Starts the progress thread. REQUIRES: AM handlers are set.
+  void Start(std::function<void()> tick);
+  // Runs `fn` on the progress thread; returns false once the worker is stopping.
+  bool Submit(std::function<void()> fn);
+  // Stops the thread after it ran `last` (on the thread) and everything submitted before.
+  void Stop(std::function<void()> last);
+  bool OnThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+ private:
+  Worker(ucp_worker_h worker, int efd, UcxOptions::Progress mode)
+      : worker_(worker), efd_(efd), mode_(mode) {}
+  void Loop(std::function<void()> tick);
+  bool RunQueued();
+
+  ucp_worker_h worker_;
+  int efd_;  // the worker's event fd (kEvent mode), -1 otherwise
+  const UcxOptions::Progress mode_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> sleeping_{false};
+  std::mutex mu_;
+  std::vector<std::function<void()>> queue_;  // GUARDED_BY(mu_)
+  bool closed_ = false;                       // GUARDED_BY(mu_)
+  std::function<void()> last_;                // GUARDED_BY(mu_)
+};
+
+// A UCX status as a ferry Status: transport failures map to kUnavailable.
+Status FromUcs(ucs_status_t status, std::string_view what);
+
+}  // namespace ferry::internal::ucx
