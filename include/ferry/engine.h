@@ -162,6 +162,12 @@ class Session {
   std::shared_ptr<internal::SessionCore> core_;
 };
 
+struct EngineStats {
+  // Messages from peers that were malformed or reached outside registered memory, and were
+  // rejected (the engine keeps serving).
+  uint64_t rejected_messages = 0;
+};
+
 class Engine {
  public:
   static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options = {});
@@ -197,6 +203,8 @@ class Engine {
   Status Notify(std::string_view peer_key, std::string_view message);
   // Takes every notification received so far, in arrival order.
   std::vector<Notification> PopNotifications();
+
+  EngineStats stats() const;
 
  private:
   explicit Engine(std::shared_ptr<internal::EngineCore> core);

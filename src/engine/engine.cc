@@ -89,6 +89,12 @@ void EngineCore::Shutdown() {
   }
 }
 
+EngineStats EngineCore::stats() const {
+  EngineStats s;
+  for (const auto& t : transports_) s.rejected_messages += t->rejected_messages();
+  return s;
+}
+
 std::vector<std::string> EngineCore::transport_names() const {
   std::vector<std::string> out;
   for (const auto& t : transports_) out.emplace_back(t->name());
@@ -306,6 +312,7 @@ Status Engine::Notify(std::string_view peer_key, std::string_view message) {
   return core_->Notify(peer_key, message);
 }
 std::vector<Notification> Engine::PopNotifications() { return core_->PopNotifications(); }
+EngineStats Engine::stats() const { return core_->stats(); }
 
 std::string_view Version() { return FERRY_VERSION; }
 

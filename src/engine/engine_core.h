@@ -41,6 +41,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   }
   Status Notify(std::string_view peer_key, std::string_view message);
   std::vector<Notification> PopNotifications() { return inbox_->PopAll(); }
+  EngineStats stats() const;
 
  private:
   explicit EngineCore(const EngineOptions& options);

@@ -85,6 +85,8 @@ class Transport {
   // Whether this transport can reach `peer` at all (e.g. same process, same host).
   virtual bool CanReach(const EngineDesc& peer) const = 0;
   virtual Result<std::shared_ptr<Endpoint>> Connect(const EngineDesc& peer) = 0;
+  // Messages from peers rejected as malformed or out of bounds.
+  virtual uint64_t rejected_messages() const { return 0; }
 };
 
 using TransportFactory = Result<std::unique_ptr<Transport>> (*)(const TransportContext&);

@@ -17,10 +17,13 @@ struct SendCtx {
   uint8_t header[kAmHeaderBytes];
   std::string payload;
   std::shared_ptr<RegionUse> hold;  // source region of a read response
+  uint64_t* in_flight = nullptr;    // Core::sends_in_flight_
 };
 
 void OnSendDone(void* request, ucs_status_t status, void* user_data) {
-  delete static_cast<SendCtx*>(user_data);
+  auto* ctx = static_cast<SendCtx*>(user_data);
+  --*ctx->in_flight;
+  delete ctx;
   ucp_request_free(request);
 }
 
@@ -88,7 +91,7 @@ Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx) {
     for (auto it = raw->pending_.begin(); it != raw->pending_.end();) {
       it = it->second.state->finished() ? raw->pending_.erase(it) : std::next(it);
     }
-  });
+  }, [raw] { return !raw->pending_.empty() || raw->sends_in_flight_ > 0; });
   return core;
 }
 
@@ -333,8 +336,10 @@ void Core::Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string pa
   p.cb.send = &OnSendDone;
   p.user_data = ctx;
   p.flags = UCP_AM_SEND_FLAG_REPLY | (eager ? UCP_AM_SEND_FLAG_EAGER : 0);
+  ctx->in_flight = &sends_in_flight_;
   void* req = ucp_am_send_nbx(ep, kAmId, ctx->header, kAmHeaderBytes, buffer, size, &p);
-  if (!UCS_PTR_IS_PTR(req)) delete ctx;  // done at once, or failed (the peer's error handler reports it)
+  if (UCS_PTR_IS_PTR(req)) ++sends_in_flight_;
+  else delete ctx;  // done at once, or failed (the peer's error handler reports it)
 }
 
 void Core::SendAck(ucp_ep_h ep, uint64_t token, Code code) {
@@ -515,9 +520,11 @@ void Core::HandleReadReq(const AmHeader& h, ucp_ep_h reply) {
   p.cb.send = &OnSendDone;
   p.user_data = ctx;
   p.flags = UCP_AM_SEND_FLAG_REPLY;
+  ctx->in_flight = &sends_in_flight_;
   void* req = ucp_am_send_nbx(reply, kAmId, ctx->header, kAmHeaderBytes, region->base + h.offset,
                               h.size, &p);
-  if (!UCS_PTR_IS_PTR(req)) delete ctx;
+  if (UCS_PTR_IS_PTR(req)) ++sends_in_flight_;
+  else delete ctx;
 }
 
 void Core::HandleReadResp(const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep) {

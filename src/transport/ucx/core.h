@@ -147,6 +147,7 @@ class Core : public std::enable_shared_from_this<Core> {
   std::unordered_map<ucp_ep_h, Conn*> conn_by_ep_;  // our endpoints, for messages they carry
   std::unordered_map<uint64_t, Pending> pending_;
   uint64_t next_token_ = 1;
+  uint64_t sends_in_flight_ = 0;
 
   friend class Conn;
 };

@@ -191,9 +191,13 @@ class UcxChannel final : public Channel {
       if (UCS_PTR_IS_ERR(req)) return FromUcs(UCS_PTR_STATUS(req), op == Op::kWrite ? "ucp_put_nbx" : "ucp_get_nbx");
       if (req != nullptr) ucp_request_free(req);  // completes internally; the flush reports it
       used[lane] = true;
-      if (++posted % core.options().post_batch == 0) ucp_worker_progress(core.worker().handle());
+      if (++posted % core.options().post_batch == 0) {
+        ucp_worker_progress(core.worker().handle());
+        if (conn.failed()) return conn.failure();  // its error handler ran during progress
+      }
     }
     // Remote completion: one flush per lane that carried ops.
+    if (conn.failed()) return conn.failure();
     for (size_t lane = 0; lane < lanes; ++lane) {
       if (!used[lane]) continue;
       auto* ctx = new FlushCtx{state};
@@ -235,7 +239,10 @@ class UcxChannel final : public Channel {
         ucp_ep_h ep = conn.ep(lane++ % lanes);
         if (op == Op::kWrite) core.Send(ep, h, local.base + o.local_offset + done, {});
         else core.Send(ep, h, nullptr, {});
-        if (++posted % core.options().post_batch == 0) ucp_worker_progress(core.worker().handle());
+        if (++posted % core.options().post_batch == 0) {
+          ucp_worker_progress(core.worker().handle());
+          if (conn.failed()) return conn.failure();  // its error handler ran during progress
+        }
       }
     }
     return Status::Ok();
@@ -344,6 +351,7 @@ class UcxTransport final : public Transport {
     return core_->Register(region);
   }
   void Deregister(const Region& region) override { core_->Deregister(region); }
+  uint64_t rejected_messages() const override { return core_->rejected(); }
   bool CanReach(const EngineDesc& peer) const override { return peer.FindTransport("ucx") != nullptr; }
 
   Result<std::shared_ptr<Endpoint>> Connect(const EngineDesc& peer) override {

@@ -60,8 +60,10 @@ Worker::~Worker() {
   ucp_worker_destroy(worker_);
 }
 
-void Worker::Start(std::function<void()> tick) {
-  thread_ = std::thread([this, tick = std::move(tick)] { Loop(tick); });
+void Worker::Start(std::function<void()> tick, std::function<bool()> outstanding) {
+  thread_ = std::thread([this, tick = std::move(tick), outstanding = std::move(outstanding)] {
+    Loop(tick, outstanding);
+  });
   pthread_setname_np(thread_.native_handle(), "ferry-ucx");
 }
 
@@ -101,10 +103,10 @@ bool Worker::RunQueued() {
   return !batch.empty();
 }
 
-void Worker::Loop(std::function<void()> tick) {
+void Worker::Loop(std::function<void()> tick, std::function<bool()> outstanding) {
   using Clock = std::chrono::steady_clock;
   auto next_tick = Clock::now();
-  int idle = 0;
+  auto idle_since = Clock::now();
   while (!stop_.load(std::memory_order_acquire)) {
     bool busy = RunQueued();
     while (ucp_worker_progress(worker_) != 0) busy = true;
@@ -114,10 +116,11 @@ void Worker::Loop(std::function<void()> tick) {
       next_tick = now + std::chrono::milliseconds(20);
     }
     if (busy) {
-      idle = 0;
+      idle_since = now;
       continue;
     }
-    if (mode_ == UcxOptions::Progress::kPolling || ++idle < 2000) continue;
+    if (mode_ == UcxOptions::Progress::kPolling || now - idle_since < std::chrono::microseconds(100))
+      continue;
     // Idle for a while: sleep on the event fd until UCX or Submit() wakes us, or the next tick.
     sleeping_.store(true, std::memory_order_release);
     bool queued;
@@ -127,10 +130,10 @@ void Worker::Loop(std::function<void()> tick) {
     }
     if (!queued && !stop_.load(std::memory_order_acquire) && ucp_worker_arm(worker_) == UCS_OK) {
       pollfd pfd{efd_, POLLIN, 0};
-      poll(&pfd, 1, 20);
+      poll(&pfd, 1, outstanding && outstanding() ? 1 : 20);
     }
     sleeping_.store(false, std::memory_order_release);
-    idle = 0;
+    idle_since = Clock::now();
   }
   // Drain: run what was submitted before Stop(), then the last callback, progressing UCX so
   // that the closing of endpoints can complete.

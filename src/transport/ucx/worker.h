@@ -2,9 +2,10 @@
 //
 // Every UCX call on the worker, its endpoints and its requests is made on the progress thread
 // (the worker runs in UCS_THREAD_MODE_SINGLE); other threads hand work over with Submit(),
-// which wakes the thread. Idle, the thread spins briefly and then either keeps polling
-// (Progress::kPolling) or sleeps on the worker's event fd (Progress::kEvent). Tick() callbacks
-// run about every 20 ms on the thread, for housekeeping such as connection timeouts.
+// which wakes the thread. Idle for 100 us, the thread either keeps polling
+// (Progress::kPolling) or sleeps on the worker's event fd (Progress::kEvent): for at most 1 ms
+// while operations are outstanding (UCX does not signal the fd for every local completion),
+// 20 ms otherwise. The tick callback runs about every 20 ms on the thread, for housekeeping.
 //
 // Thread safety: Submit() from any thread; everything else on the progress thread.
 #pragma once
@@ -30,7 +31,8 @@ class Worker {
 
   ucp_worker_h handle() const { return worker_; }
   // Starts the progress thread. REQUIRES: AM handlers are set.
-  void Start(std::function<void()> tick);
+  // `outstanding` says whether operations are in flight.
+  void Start(std::function<void()> tick, std::function<bool()> outstanding);
   // Runs `fn` on the progress thread; returns false once the worker is stopping.
   bool Submit(std::function<void()> fn);
   // Stops the thread after it ran `last` (on the thread) and everything submitted before.
@@ -40,7 +42,7 @@ class Worker {
  private:
   Worker(ucp_worker_h worker, int efd, UcxOptions::Progress mode)
       : worker_(worker), efd_(efd), mode_(mode) {}
-  void Loop(std::function<void()> tick);
+  void Loop(std::function<void()> tick, std::function<bool()> outstanding);
   bool RunQueued();
 
   ucp_worker_h worker_;

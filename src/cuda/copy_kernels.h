@@ -1,0 +1,31 @@
+// The batched copy kernel: one launch moves every piece of a batch, whatever the number of
+// pieces. The interface holds no CUDA type so that plain C++ files can include it.
+#pragma once
+
+#include <cstdint>
+
+struct CUstream_st;  // cudaStream_t is CUstream_st*
+
+namespace ferry::cuda {
+
+// One piece of a batch, as the kernel reads it from device-visible memory. Addresses are
+// device-visible: device memory of the launching device, peer memory it may access, or mapped
+// page-locked host memory.
+struct Piece {
+  uint64_t dst;
+  uint64_t src;
+  uint64_t size;
+};
+
+// Pieces a warp copies at once; larger pieces are split by the caller so that one long piece
+// does not leave the rest of the grid idle.
+inline constexpr uint64_t kMaxPieceBytes = 64 * 1024;
+inline constexpr int kCopyThreadsPerBlock = 256;
+
+// Enqueues one kernel on `stream` that copies `count` pieces read from `pieces` (device memory),
+// one warp per piece in a grid-stride loop over at most `max_blocks` blocks. Uses 16-byte
+// loads and stores where source and destination share their alignment mod 16, narrower words
+// where they share less. Returns the launch's cudaError_t (0 = success).
+int LaunchBatchCopy(const Piece* pieces, uint32_t count, uint32_t max_blocks, CUstream_st* stream);
+
+}  // namespace ferry::cuda

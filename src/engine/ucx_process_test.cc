@@ -1,0 +1,302 @@
+// Multi-process tests of the ucx transport: a ferry_test_peer child on loopback, peers that
+// die or stop answering, and malformed active messages.
+#include <gtest/gtest.h>
+
+#include <ucp/api/ucp.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include "engine/peer_process.h"
+#include "engine/test_util.h"
+#include "transport/ucx/am_wire.h"
+
+namespace ferry {
+namespace {
+
+using testing::Fnv;
+using testing::PeerProcess;
+
+using Clock = std::chrono::steady_clock;
+
+struct Local {
+  std::unique_ptr<Engine> engine;
+  std::vector<uint8_t> buf;
+  MemoryDesc desc;
+};
+
+Local MakeLocal(size_t bytes, UcxOptions::Rma rma = UcxOptions::Rma::kAuto) {
+  Local l;
+  EngineOptions options;
+  options.transports = {"ucx"};
+  options.ucx.rma = rma;
+  auto e = Engine::Create(options);
+  EXPECT_TRUE(e.ok()) << e.status().ToString();
+  l.engine = std::move(e).value();
+  l.buf.assign(bytes, 0);
+  testing::Fill(l.buf, 42);
+  l.desc = *l.engine->RegisterMemory(l.buf.data(), bytes);
+  return l;
+}
+
+const char* RmaArg(UcxOptions::Rma rma) {
+  return rma == UcxOptions::Rma::kNever ? "never" : rma == UcxOptions::Rma::kAlways ? "always" : "auto";
+}
+
+class UcxProcess : public ::testing::TestWithParam<UcxOptions::Rma> {};
+
+TEST_P(UcxProcess, WritesReadsAndNotifiesAcrossProcesses) {
+  const size_t kBytes = 16 << 20;
+  auto peer = PeerProcess::Start(kBytes, {"--rma", RmaArg(GetParam())});
+  ASSERT_TRUE(peer);
+  Local l = MakeLocal(kBytes, GetParam());
+  ASSERT_TRUE(l.engine->AddPeer(peer->engine).ok());
+  auto s = l.engine->OpenSession(l.desc, peer->memory);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->path().transport, "ucx");
+
+  // Scattered 32 KiB blocks, reversed on the far side, with a notification at the end.
+  const size_t kBlock = 32 << 10, kBlocks = kBytes / kBlock;
+  std::vector<TransferOp> ops;
+  for (size_t b = 0; b < kBlocks; b += 2) ops.push_back({b * kBlock, (kBlocks - 1 - b) * kBlock, kBlock});
+  TransferOptions options;
+  options.notification = "req-7 done";
+  Transfer t = s->WriteBatch(ops, options);
+  ASSERT_TRUE(t.Wait().ok()) << t.status().ToString();
+  for (size_t i = 0; i < ops.size(); i += 97) {
+    std::string want = "HASH " + std::to_string(Fnv(l.buf.data() + ops[i].local_offset, kBlock));
+    EXPECT_EQ(peer->Command("hash " + std::to_string(ops[i].remote_offset) + " " + std::to_string(kBlock)), want);
+  }
+  // Delivered after the data; it may arrive a moment after the sender's Wait() returned.
+  std::string notes;
+  for (int i = 0; i < 500 && notes != "NOTES 1 req-7 done"; ++i) {
+    notes = peer->Command("notes");
+    if (notes != "NOTES 1 req-7 done") std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(notes, "NOTES 1 req-7 done");
+
+  // Read the whole far buffer back after the peer refills it.
+  ASSERT_EQ(peer->Command("fill 9"), "OK");
+  ASSERT_TRUE(s->Read(0, 0, kBytes).Wait().ok());
+  EXPECT_EQ(peer->Command("hash 0 " + std::to_string(kBytes)), "HASH " + std::to_string(Fnv(l.buf.data(), kBytes)));
+
+  // Out of range and deregistered regions fail cleanly across processes too.
+  EXPECT_EQ(s->Write(0, kBytes - 1, 2).Wait().code(), Code::kOutOfRange);
+  MemoryDesc lying = peer->memory;
+  lying.size *= 2;
+  EXPECT_EQ(l.engine->OpenSession(l.desc, lying).status().code(), Code::kInvalidArgument);
+}
+
+TEST_P(UcxProcess, KilledPeerEndsEveryTransferAndOthersGoOn) {
+  const size_t kBytes = 64 << 20;
+  auto victim = PeerProcess::Start(kBytes, {"--rma", RmaArg(GetParam())});
+  auto bystander = PeerProcess::Start(1 << 20);
+  ASSERT_TRUE(victim && bystander);
+  Local l = MakeLocal(kBytes, GetParam());
+  ASSERT_TRUE(l.engine->AddPeer(victim->engine).ok());
+  ASSERT_TRUE(l.engine->AddPeer(bystander->engine).ok());
+  auto to_victim = l.engine->OpenSession(l.desc, victim->memory);
+  ASSERT_TRUE(to_victim.ok()) << to_victim.status().ToString();
+  std::vector<TransferOp> ops;
+  for (uint64_t off = 0; off < kBytes; off += 4096) ops.push_back({off, off, 4096});
+  TransferOptions options;
+  options.deadline = std::chrono::seconds(10);
+  std::vector<Transfer> transfers;
+  for (int i = 0; i < 16; ++i) transfers.push_back(to_victim->WriteBatch(ops, options));
+  victim->Kill(SIGKILL);
+  auto start = Clock::now();
+  int failed = 0;
+  for (auto& t : transfers) {
+    Status s = t.Wait();
+    EXPECT_TRUE(s.ok() || s.code() == Code::kUnavailable || s.code() == Code::kDeadlineExceeded) << s.ToString();
+    failed += !s.ok();
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(11));
+  EXPECT_GT(failed, 0) << "every batch finished before the peer died; the test proves nothing";
+  // New transfers to the dead peer fail at once or within their deadline.
+  TransferOptions short_deadline;
+  short_deadline.deadline = std::chrono::seconds(3);
+  Status after = to_victim->Write(0, 0, 4096, short_deadline).Wait();
+  EXPECT_TRUE(after.code() == Code::kUnavailable || after.code() == Code::kDeadlineExceeded) << after.ToString();
+
+  // The bystander is unaffected.
+  auto to_bystander = l.engine->OpenSession(l.desc, bystander->memory);
+  ASSERT_TRUE(to_bystander.ok()) << to_bystander.status().ToString();
+  ASSERT_TRUE(to_bystander->Write(0, 0, 1 << 20).Wait().ok());
+  EXPECT_EQ(bystander->Command("hash 0 1048576"), "HASH " + std::to_string(Fnv(l.buf.data(), 1 << 20)));
+
+  // The peer restarts with a new descriptor: AddPeer reconnects.
+  auto reborn = PeerProcess::Start(1 << 20, {"--rma", RmaArg(GetParam())});
+  ASSERT_TRUE(reborn);
+  ASSERT_TRUE(l.engine->AddPeer(reborn->engine).ok());
+  auto again = l.engine->OpenSession(l.desc, reborn->memory);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_TRUE(again->Write(0, 0, 1 << 20).Wait().ok());
+  EXPECT_EQ(reborn->Command("hash 0 1048576"), "HASH " + std::to_string(Fnv(l.buf.data(), 1 << 20)));
+}
+
+TEST_P(UcxProcess, PeerThatNeverAnswersHitsTheDeadline) {
+  if (GetParam() != UcxOptions::Rma::kNever)
+    GTEST_SKIP() << "one-sided RMA completes without the peer's CPU; active messages need it";
+  auto peer = PeerProcess::Start(1 << 20, {"--rma", "never"});
+  ASSERT_TRUE(peer);
+  Local l = MakeLocal(1 << 20, GetParam());
+  ASSERT_TRUE(l.engine->AddPeer(peer->engine).ok());
+  auto s = l.engine->OpenSession(l.desc, peer->memory);
+  ASSERT_TRUE(s.ok());
+  peer->Signal(SIGSTOP);
+  TransferOptions options;
+  options.deadline = std::chrono::milliseconds(500);
+  auto start = Clock::now();
+  Status st = s->Write(0, 0, 1 << 20, options).Wait();
+  auto took = Clock::now() - start;
+  EXPECT_EQ(st.code(), Code::kDeadlineExceeded) << st.ToString();
+  EXPECT_LT(took, std::chrono::seconds(2));
+  peer->Signal(SIGCONT);
+}
+
+INSTANTIATE_TEST_SUITE_P(Rma, UcxProcess,
+                         ::testing::Values(UcxOptions::Rma::kAuto, UcxOptions::Rma::kNever),
+                         [](const auto& info) { return std::string(RmaArg(info.param)); });
+
+// A raw UCX client that speaks ferry's active-message framing, to send what no ferry engine
+// would.
+class RawClient {
+ public:
+  explicit RawClient(const std::string& address) {
+    ucp_params_t params = {};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_AM;
+    EXPECT_EQ(ucp_init(&params, nullptr, &context_), UCS_OK);
+    ucp_worker_params_t wp = {};
+    EXPECT_EQ(ucp_worker_create(context_, &wp, &worker_), UCS_OK);
+    // The engine answers with acks; take them (UCX needs a handler for every id it receives).
+    ucp_am_handler_param_t am = {};
+    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
+    am.id = internal::ucx::kAmId;
+    am.cb = [](void*, const void*, size_t, void*, size_t, const ucp_am_recv_param_t*) {
+      return UCS_OK;
+    };
+    EXPECT_EQ(ucp_worker_set_am_recv_handler(worker_, &am), UCS_OK);
+    size_t colon = address.rfind(':');
+    sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
+    addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+    ucp_ep_params_t ep = {};
+    ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+    ep.sockaddr.addrlen = sizeof(addr);
+    EXPECT_EQ(ucp_ep_create(worker_, &ep, &ep_), UCS_OK);
+  }
+  ~RawClient() {
+    ucp_request_param_t f = {};
+    void* flush = ucp_ep_flush_nbx(ep_, &f);
+    while (UCS_PTR_IS_PTR(flush) && ucp_request_check_status(flush) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+    if (UCS_PTR_IS_PTR(flush)) ucp_request_free(flush);
+    ucp_request_param_t p = {};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    void* req = ucp_ep_close_nbx(ep_, &p);
+    if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
+    ucp_worker_destroy(worker_);
+    ucp_cleanup(context_);
+  }
+  void Send(const void* header, size_t header_len, const void* data, size_t len) {
+    ucp_request_param_t p = {};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_REPLY;
+    void* req = ucp_am_send_nbx(ep_, internal::ucx::kAmId, header, header_len, data, len, &p);
+    while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+    if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
+  }
+  void Progress(std::chrono::milliseconds d) {
+    auto until = Clock::now() + d;
+    while (Clock::now() < until) ucp_worker_progress(worker_);
+  }
+
+ private:
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  ucp_ep_h ep_ = nullptr;
+};
+
+TEST(UcxHostile, MalformedMessagesAreRejectedAndCounted) {
+  Local l = MakeLocal(4096);
+  std::vector<uint8_t> before = l.buf;
+  EngineDesc d = l.engine->Describe();
+  ASSERT_FALSE(d.addresses.empty());
+  {
+    RawClient raw(d.addresses.front());
+    using namespace internal::ucx;
+    uint8_t h[kAmHeaderBytes];
+    std::vector<uint8_t> payload(4096, 0xAB);
+    AmHeader good;
+    good.type = MsgType::kWrite;
+    good.region = static_cast<uint64_t>(l.desc.region);
+    good.token = 1;
+    // 1. truncated header
+    EncodeHeader(good, h);
+    raw.Send(h, 10, nullptr, 0);
+    // 2. bad version
+    h[0] = 99;
+    raw.Send(h, sizeof(h), nullptr, 0);
+    // 3. write to an unknown region
+    AmHeader x = good;
+    x.region = 12345;
+    x.size = 16;
+    EncodeHeader(x, h);
+    raw.Send(h, sizeof(h), payload.data(), 16);
+    // 4. write past the end of the region
+    x = good;
+    x.offset = 4090;
+    x.size = 16;
+    EncodeHeader(x, h);
+    raw.Send(h, sizeof(h), payload.data(), 16);
+    // 5. size that does not match the payload
+    x = good;
+    x.size = 4096;
+    EncodeHeader(x, h);
+    raw.Send(h, sizeof(h), payload.data(), 8);
+    // 6. offset + size overflowing 64 bits, large payload (rendezvous)
+    x = good;
+    x.offset = UINT64_MAX - 100;
+    x.size = payload.size();
+    EncodeHeader(x, h);
+    raw.Send(h, sizeof(h), payload.data(), payload.size());
+    // 7. read request out of range
+    x = good;
+    x.type = MsgType::kReadReq;
+    x.offset = 4000;
+    x.size = 200;
+    EncodeHeader(x, h);
+    raw.Send(h, sizeof(h), nullptr, 0);
+    // 8. truncated notification
+    x = good;
+    x.type = MsgType::kNotify;
+    x.size = 1;
+    EncodeHeader(x, h);
+    raw.Send(h, sizeof(h), payload.data(), 1);
+    raw.Progress(std::chrono::milliseconds(300));
+  }
+  auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (l.engine->stats().rejected_messages < 8 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(l.engine->stats().rejected_messages, 8u);
+  EXPECT_EQ(l.buf, before) << "a rejected message changed registered memory";
+  EXPECT_TRUE(l.engine->PopNotifications().empty());
+
+  // The engine keeps serving well-formed peers.
+  auto peer = PeerProcess::Start(4096);
+  ASSERT_TRUE(peer);
+  ASSERT_TRUE(l.engine->AddPeer(peer->engine).ok());
+  auto s = l.engine->OpenSession(l.desc, peer->memory);
+  ASSERT_TRUE(s.ok());
+  EXPECT_TRUE(s->Write(0, 0, 4096).Wait().ok());
+}
+
+}  // namespace
+}  // namespace ferry
