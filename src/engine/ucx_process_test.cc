@@ -145,6 +145,7 @@ TEST_P(UcxProcess, PeerThatNeverAnswersHitsTheDeadline) {
   auto s = l.engine->OpenSession(l.desc, peer->memory);
   ASSERT_TRUE(s.ok());
   peer->Signal(SIGSTOP);
+  ASSERT_TRUE(peer->WaitStopped());
   TransferOptions options;
   options.deadline = std::chrono::milliseconds(500);
   auto start = Clock::now();

@@ -42,6 +42,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   void Fail(Status why);
   void Close();
   size_t lanes() const { return eps_.size(); }
+  // REQUIRES: !failed() (a failed connection has no endpoints)
   ucp_ep_h ep(size_t lane) const { return eps_[lane % eps_.size()]; }
   // The remote key of `remote` on `lane`, unpacked once; kFailedPrecondition once revoked.
   Result<ucp_rkey_h> RemoteKey(const MemoryDesc& remote, size_t lane);

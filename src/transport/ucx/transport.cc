@@ -94,6 +94,7 @@ void Conn::Revoke(uint64_t region) {
 }
 
 Result<ucp_rkey_h> Conn::RemoteKey(const MemoryDesc& remote, size_t lane) {
+  if (eps_.empty()) return failure();
   if (revoked_.count(static_cast<uint64_t>(remote.region)) != 0)
     return Status(Code::kFailedPrecondition, "remote region " +
                                                  std::to_string(static_cast<uint64_t>(remote.region)) +
@@ -177,6 +178,7 @@ class UcxChannel final : public Channel {
     for (size_t i = 0; i < ops.size(); ++i) {
       const TransferOp& o = ops[i];
       if (o.size == 0) continue;
+      if (conn.failed()) return conn.failure();  // a send may run the error handler inline
       size_t lane = i % lanes;
       FERRY_ASSIGN_OR_RETURN(ucp_rkey_h rkey, conn.RemoteKey(remote, lane));
       ucp_request_param_t p = {};
@@ -227,6 +229,7 @@ class UcxChannel final : public Channel {
     for (const TransferOp& o : ops) {
       for (uint64_t done = 0; done < o.size; done += max_piece) {
         uint64_t size = std::min(max_piece, o.size - done);
+        if (conn.failed()) return conn.failure();  // a send may run the error handler inline
         Pending pending{state, &conn, nullptr, nullptr, size};
         if (op == Op::kRead) pending.dst = local.base + o.local_offset + done;
         state->AddParts(1);
