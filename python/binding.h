@@ -1,0 +1,58 @@
+// Shared by the files of ferry's pybind11 binding (python/*.cc): the Status -> ferry.Error
+// bridge and the argument conversions. Internal to the binding.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "ferry/engine.h"
+#include "ferry/status.h"
+
+namespace py = pybind11;
+
+namespace ferry::python {
+
+// A non-OK Status on its way to Python; the translator registered by the module raises
+// ferry.Error from it (RaiseError).
+struct StatusError : std::exception {
+  explicit StatusError(Status s) : status(std::move(s)) {}
+  const char* what() const noexcept override { return "ferry::Status"; }
+  Status status;
+};
+
+[[noreturn]] inline void Throw(Status status) { throw StatusError(std::move(status)); }
+[[noreturn]] inline void ThrowInvalid(std::string message) {
+  Throw(Status(Code::kInvalidArgument, std::move(message)));
+}
+inline void Check(const Status& s) {
+  if (!s.ok()) Throw(s);
+}
+template <typename T>
+T Unwrap(Result<T> r) {
+  if (!r.ok()) Throw(r.status());
+  return std::move(r).value();
+}
+
+// The Python class raised for a failed Status (ferry.Error, set at import by __init__.py).
+py::object& ErrorClass();
+// Sets the Python error indicator to ferry.Error(code name, message). REQUIRES: the GIL.
+void RaiseError(const Status& s);
+
+// Milliseconds (float) to a Duration; raises INVALID_ARGUMENT for NaN, infinities and values
+// a Duration cannot hold. `what` names the argument in the message.
+Duration Millis(double ms, const char* what);
+// "host" or "cuda".
+MemoryKind ParseKind(const std::string& kind);
+// The bytes of a bytes-like object (bytes, bytearray, memoryview, a contiguous array);
+// raises TypeError for anything else.
+std::string BytesOf(const py::handle& obj, const char* what);
+
+void BindDescriptors(py::module_& m);
+void BindTransfer(py::module_& m);
+void BindSession(py::module_& m);
+void BindEngine(py::module_& m);
+
+}  // namespace ferry::python

@@ -1,0 +1,50 @@
+// The Status -> ferry.Error bridge and the argument conversions of the binding.
+#include <chrono>
+#include <cmath>
+
+#include "binding.h"
+
+namespace ferry::python {
+
+py::object& ErrorClass() {
+  static py::object* cls = new py::object();  // leaked: lives as long as the interpreter
+  return *cls;
+}
+
+void RaiseError(const Status& s) {
+  std::string code(CodeName(s.code()));
+  std::string message(s.message());
+  if (!ErrorClass()) {  // only if _ferry is imported without its package
+    PyErr_SetString(PyExc_RuntimeError, s.ToString().c_str());
+    return;
+  }
+  py::object error = ErrorClass()(code, message);
+  PyErr_SetObject(ErrorClass().ptr(), error.ptr());
+}
+
+Duration Millis(double ms, const char* what) {
+  if (!std::isfinite(ms) || std::abs(ms) > 1e12)
+    ThrowInvalid(std::string(what) + " must be a finite number of milliseconds");
+  return std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(ms));
+}
+
+MemoryKind ParseKind(const std::string& kind) {
+  if (kind == "host") return MemoryKind::kHost;
+  if (kind == "cuda") return MemoryKind::kCuda;
+  ThrowInvalid("memory kind must be \"host\" or \"cuda\", not \"" + kind + "\"");
+}
+
+std::string BytesOf(const py::handle& obj, const char* what) {
+  if (PyBytes_Check(obj.ptr())) return std::string(py::reinterpret_borrow<py::bytes>(obj));
+  Py_buffer view;
+  if (!PyObject_CheckBuffer(obj.ptr()) || PyObject_GetBuffer(obj.ptr(), &view, PyBUF_SIMPLE) != 0) {
+    PyErr_Clear();
+    throw py::type_error(std::string(what) + " must be a contiguous bytes-like object, not " +
+                         std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
+  }
+  std::string out(static_cast<const char*>(view.buf), static_cast<size_t>(view.len));
+  PyBuffer_Release(&view);
+  return out;
+}
+
+}  // namespace ferry::python

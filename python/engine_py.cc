@@ -1,0 +1,250 @@
+// ferry.Engine: a ferry::Engine plus the Python objects whose memory it borrows.
+//
+// Buffers lent to an engine through register_memory() are held (as memoryviews, or as the
+// caller's `owner` object) until deregistration succeeds or the engine is gone, so Python
+// cannot free memory that a transfer may still touch. Calls that can block release the GIL.
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "binding.h"
+
+namespace ferry::python {
+namespace {
+
+bool Finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+// The Python-side Engine: a ferry::Engine plus the Python objects whose memory it borrows.
+class PyEngine {
+ public:
+  explicit PyEngine(std::unique_ptr<Engine> engine) : engine_(std::move(engine)) {}
+
+  ~PyEngine() {  // the GIL is held
+    if (Finalizing()) {
+      engine_.reset();
+    } else {
+      ShutDown();
+    }
+    owners_.clear();
+  }
+
+  // The engine, for one call; raises ABORTED once closed. Call with the GIL held.
+  std::shared_ptr<Engine> engine() const {
+    if (!engine_) Throw(Status(Code::kAborted, "the engine was closed"));
+    return engine_;
+  }
+
+  // Destroys the engine (ending its sessions and transfers), then releases borrowed buffers.
+  void Close() {
+    std::weak_ptr<Engine> weak = engine_;
+    ShutDown();
+    // A call still running on another thread holds the engine; its buffers wait for ~PyEngine.
+    if (weak.expired()) owners_.clear();
+  }
+  bool closed() const { return engine_ == nullptr; }
+
+  MemoryDesc RegisterBuffer(const py::buffer& obj) {
+    auto e = engine();
+    py::object view = py::reinterpret_steal<py::object>(PyMemoryView_FromObject(obj.ptr()));
+    if (!view) throw py::error_already_set();
+    const Py_buffer* b = PyMemoryView_GET_BUFFER(view.ptr());
+    if (b->readonly) ThrowInvalid("register_memory needs a writable buffer");
+    if (!PyBuffer_IsContiguous(b, 'C')) ThrowInvalid("register_memory needs a C-contiguous buffer");
+    void* ptr = b->buf;
+    uint64_t size = static_cast<uint64_t>(b->len);
+    MemoryDesc desc;
+    {
+      py::gil_scoped_release nogil;
+      desc = Unwrap(e->RegisterMemory(ptr, size, MemoryKind::kHost, -1));
+    }
+    owners_[static_cast<uint64_t>(desc.region)] = std::move(view);
+    return desc;
+  }
+
+  MemoryDesc RegisterPointer(uint64_t ptr, uint64_t size, const std::string& kind, int device,
+                             py::object owner) {
+    auto e = engine();
+    MemoryKind k = ParseKind(kind);
+    MemoryDesc desc;
+    {
+      py::gil_scoped_release nogil;
+      desc = Unwrap(e->RegisterMemory(reinterpret_cast<void*>(ptr), size, k, device));
+    }
+    if (!owner.is_none()) owners_[static_cast<uint64_t>(desc.region)] = std::move(owner);
+    return desc;
+  }
+
+  void Deregister(uint64_t region) {
+    auto e = engine();
+    Status s;
+    {
+      py::gil_scoped_release nogil;
+      s = e->DeregisterMemory(static_cast<RegionId>(region));
+    }
+    // On failure (e.g. a transfer outlived the deadline) the buffer stays held.
+    Check(s);
+    owners_.erase(region);
+  }
+
+  size_t held_buffers() const { return owners_.size(); }
+
+ private:
+  void ShutDown() {
+    std::shared_ptr<Engine> e = std::move(engine_);
+    py::gil_scoped_release nogil;
+    e.reset();  // ~Engine waits for transfers on its regions to end
+  }
+
+  std::shared_ptr<Engine> engine_;
+  std::unordered_map<uint64_t, py::object> owners_;  // region id -> memoryview or owner
+};
+
+// Runs `f` with the GIL released on the engine of `self`.
+template <typename F>
+auto Call(const PyEngine& self, F&& f) {
+  auto e = self.engine();
+  py::gil_scoped_release nogil;
+  return f(*e);
+}
+
+std::unique_ptr<PyEngine> MakeEngine(std::string key, double default_deadline_ms, int copy_threads,
+                                     uint64_t parallel_copy_bytes, bool pin_host_memory,
+                                     std::vector<std::string> transports,
+                                     size_t max_notification_bytes,
+                                     size_t max_pending_notifications) {
+  EngineOptions o;
+  o.key = std::move(key);
+  o.default_deadline = Millis(default_deadline_ms, "default_deadline_ms");
+  o.copy_threads = copy_threads;
+  o.parallel_copy_bytes = parallel_copy_bytes;
+  o.pin_host_memory = pin_host_memory;
+  o.transports = std::move(transports);
+  o.max_notification_bytes = max_notification_bytes;
+  o.max_pending_notifications = max_pending_notifications;
+  Result<std::unique_ptr<Engine>> engine = [&] {
+    py::gil_scoped_release nogil;
+    return Engine::Create(o);
+  }();
+  return std::make_unique<PyEngine>(Unwrap(std::move(engine)));
+}
+
+}  // namespace
+
+void BindEngine(py::module_& m) {
+  EngineOptions d;
+  py::class_<PyEngine>(
+      m, "Engine",
+      "ferry's transfer engine: registered memory, peers, sessions.\n\n"
+      "Engine(key='', default_deadline_ms=30000, copy_threads=0, ...) raises\n"
+      "ferry.Error when the engine cannot start. Use as a context manager or call\n"
+      "close() to shut it down before it is garbage-collected.")
+      .def(py::init(&MakeEngine), py::kw_only(), py::arg("key") = d.key,
+           py::arg("default_deadline_ms") =
+               std::chrono::duration<double, std::milli>(d.default_deadline).count(),
+           py::arg("copy_threads") = d.copy_threads,
+           py::arg("parallel_copy_bytes") = d.parallel_copy_bytes,
+           py::arg("pin_host_memory") = d.pin_host_memory, py::arg("transports") = d.transports,
+           py::arg("max_notification_bytes") = d.max_notification_bytes,
+           py::arg("max_pending_notifications") = d.max_pending_notifications)
+      .def_property_readonly(
+          "key", [](const PyEngine& s) { return Call(s, [](Engine& e) { return e.key(); }); },
+          "Unique key of this engine.")
+      .def_property_readonly(
+          "transports",
+          [](const PyEngine& s) { return Call(s, [](Engine& e) { return e.transports(); }); },
+          "Names of the transports this engine started.")
+      .def_property_readonly("closed", &PyEngine::closed)
+      .def(
+          "describe",
+          [](const PyEngine& s) { return Call(s, [](Engine& e) { return e.Describe(); }); },
+          "This engine's EngineDesc, to hand to peers.")
+      .def("register_memory", &PyEngine::RegisterPointer, py::arg("ptr"), py::arg("size"),
+           py::kw_only(), py::arg("kind") = "host", py::arg("device") = -1,
+           py::arg("owner") = py::none(),
+           "Registers [ptr, ptr + size) of host (kind=\"host\") or CUDA memory (kind=\"cuda\",\n"
+           "device=ordinal). The memory must stay valid until deregistered; pass `owner` to keep\n"
+           "an object alive that long. Returns a MemoryDesc.")
+      .def("register_memory", &PyEngine::RegisterBuffer, py::arg("buffer"),
+           "Registers the memory of a writable, C-contiguous buffer (a numpy array, bytearray,\n"
+           "...) as host memory; the buffer is held until deregistered. Returns a MemoryDesc.")
+      .def(
+          "deregister_memory",
+          [](PyEngine& s, const MemoryDesc& d) { s.Deregister(static_cast<uint64_t>(d.region)); },
+          py::arg("desc"),
+          "Waits for transfers on the region to end, then deregisters it (later transfers on it\n"
+          "fail with FAILED_PRECONDITION) and releases the buffer.")
+      .def("deregister_memory", &PyEngine::Deregister, py::arg("region"))
+      .def(
+          "add_peer",
+          [](const PyEngine& s, const EngineDesc& peer) {
+            Check(Call(s, [&](Engine& e) { return e.AddPeer(peer); }));
+          },
+          py::arg("peer"), "Adds (or replaces) a peer, from an EngineDesc or its packed bytes.")
+      .def(
+          "add_peer",
+          [](const PyEngine& s, const py::buffer& packed) {
+            EngineDesc peer = Unwrap(EngineDesc::Unpack(BytesOf(packed, "peer")));
+            Check(Call(s, [&](Engine& e) { return e.AddPeer(peer); }));
+          },
+          py::arg("peer"))
+      .def(
+          "remove_peer",
+          [](const PyEngine& s, const std::string& key) {
+            Check(Call(s, [&](Engine& e) { return e.RemovePeer(key); }));
+          },
+          py::arg("key"), "Forgets a peer by key.")
+      .def(
+          "open_session",
+          [](const PyEngine& s, const MemoryDesc& local, const MemoryDesc& remote) {
+            return Unwrap(Call(s, [&](Engine& e) { return e.OpenSession(local, remote); }));
+          },
+          py::arg("local"), py::arg("remote"),
+          "A Session from a local region of this engine to a region of a peer (or of this\n"
+          "engine), over the fastest transport both can use.")
+      .def(
+          "allocate_transfer_id",
+          [](const PyEngine& s) {
+            return static_cast<uint64_t>(Call(s, [](Engine& e) { return e.AllocateTransferId(); }));
+          },
+          "A fresh transfer id, to pass as transfer_id=.")
+      .def(
+          "notify",
+          [](const PyEngine& s, const std::string& peer_key, const py::object& message) {
+            std::string bytes = PyUnicode_Check(message.ptr()) ? message.cast<std::string>()
+                                                               : BytesOf(message, "message");
+            Check(Call(s, [&](Engine& e) { return e.Notify(peer_key, bytes); }));
+          },
+          py::arg("peer_key"), py::arg("message"),
+          "Sends a small message (bytes, or str sent as UTF-8) to a peer or to this engine.")
+      .def(
+          "pop_notifications",
+          [](const PyEngine& s) {
+            auto got = Call(s, [](Engine& e) { return e.PopNotifications(); });
+            py::list out;
+            for (auto& n : got) out.append(py::make_tuple(n.from, py::bytes(n.message)));
+            return out;
+          },
+          "Takes every notification received so far: a list of (from_key, bytes).")
+      .def("close", &PyEngine::Close,
+           "Shuts the engine down (its sessions' transfers then fail with ABORTED) and releases\n"
+           "the buffers it holds. Later calls on the engine raise ferry.Error (ABORTED).")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyEngine& s, py::args) { s.Close(); })
+      .def("_held_buffers", &PyEngine::held_buffers)
+      .def("__repr__", [](const PyEngine& s) {
+        if (s.closed()) return std::string("<ferry.Engine closed>");
+        return "<ferry.Engine key=" + s.engine()->key() + ">";
+      });
+}
+
+}  // namespace ferry::python

@@ -1,0 +1,107 @@
+"""ferry: moves LLM inference state (KV caches) between GPUs, processes and hosts.
+
+The Python face of ferry's C++ engine (the role of MoRI-IO's IOEngine or NIXL's agent)::
+
+    import numpy as np, ferry
+
+    a, b = ferry.Engine(key="prefill"), ferry.Engine(key="decode")
+    src = np.random.randint(0, 256, 1 << 20, dtype=np.uint8)
+    dst = np.zeros(1 << 20, np.uint8)
+    a_mem = a.register_memory(src)            # numpy arrays, bytearrays, any writable buffer
+    b_mem = b.register_memory(dst)
+    a.add_peer(b.describe().pack())           # descriptors travel as bytes (ZMQ, HTTP, ...)
+    session = a.open_session(a_mem, ferry.MemoryDesc.unpack(b_mem.pack()))
+    session.write(0, 0, 4096).wait()          # True on success, raises ferry.Error on failure
+    session.write_batch([(0, 0, 64), (128, 4096, 64)], notification=b"layer-0").wait()
+    b.pop_notifications()                     # [("prefill", b"layer-0")]
+
+Errors raise ferry.Error with ``.code`` (a name from ferry.CODES, e.g. "OUT_OF_RANGE") and
+``.message``. Transfer waits and every call that can block release the GIL.
+"""
+
+from . import _ferry
+from ._ferry import (
+    CODES,
+    MAX_DESCRIPTOR_BYTES,
+    PROTOCOL_VERSION,
+    Engine,
+    EngineDesc,
+    MemoryDesc,
+    Session,
+    Transfer,
+    TransferPath,
+    cuda_available,
+    cuda_unavailable_reason,
+    system_info,
+    version,
+)
+
+__all__ = [
+    "CODES",
+    "MAX_DESCRIPTOR_BYTES",
+    "PROTOCOL_VERSION",
+    "Engine",
+    "EngineDesc",
+    "Error",
+    "MemoryDesc",
+    "Session",
+    "Transfer",
+    "TransferPath",
+    "cuda_available",
+    "cuda_unavailable_reason",
+    "system_info",
+    "version",
+]
+
+__version__ = version()
+
+
+class Error(Exception):
+    """A ferry call failed.
+
+    Attributes:
+        code: the canonical code name, one of ferry.CODES ("OUT_OF_RANGE",
+            "FAILED_PRECONDITION", "DEADLINE_EXCEEDED", ...). It says what to do: retry
+            (UNAVAILABLE), fix state first (FAILED_PRECONDITION), fix the input
+            (INVALID_ARGUMENT, OUT_OF_RANGE), ...
+        message: the detail, e.g. "op 1: remote offset 4000 + 100 bytes exceeds region 2 ...".
+    """
+
+    def __init__(self, code: str = "UNKNOWN", message: str = ""):
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}" if self.message else self.code
+
+
+_ferry._set_error_class(Error)
+
+
+def _create(**options) -> Engine:
+    """Engine.create(**options): the same as Engine(**options)."""
+    return Engine(**options)
+
+
+def _register_tensor(self: Engine, tensor) -> MemoryDesc:
+    """Registers the memory of a contiguous torch tensor, on the CPU or on a CUDA device.
+
+    Uses tensor.data_ptr(), numel() * element_size() and tensor.device; the tensor is kept
+    alive until the region is deregistered. torch is not needed to import ferry.
+    """
+    if not tensor.is_contiguous():
+        raise Error("INVALID_ARGUMENT", "register_tensor needs a contiguous tensor")
+    device_type = tensor.device.type
+    if device_type == "cpu":
+        kind, device = "host", -1
+    elif device_type == "cuda":
+        kind, device = "cuda", tensor.get_device()
+    else:
+        raise Error("INVALID_ARGUMENT", f"register_tensor cannot register {device_type} memory")
+    size = tensor.numel() * tensor.element_size()
+    return self.register_memory(tensor.data_ptr(), size, kind=kind, device=device, owner=tensor)
+
+
+Engine.create = staticmethod(_create)
+Engine.register_tensor = _register_tensor

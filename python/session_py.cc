@@ -1,0 +1,200 @@
+// ferry.Session, ferry.Transfer and ferry.TransferPath. Posting and waiting release the GIL;
+// an (n, 3) uint64 ops array is read in place, without a Python object per op.
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "binding.h"
+
+namespace ferry::python {
+namespace {
+
+static_assert(sizeof(TransferOp) == 3 * sizeof(uint64_t) && std::is_standard_layout_v<TransferOp>,
+              "an (n, 3) uint64 array is read in place as n TransferOps");
+
+// The ops of a batch: a sequence of (local_offset, remote_offset, size) tuples, or an (n, 3)
+// C-contiguous uint64 array (numpy or any buffer) read in place.
+class Ops {
+ public:
+  explicit Ops(const py::object& obj) {
+    if (PyObject_CheckBuffer(obj.ptr()) && !PyBytes_Check(obj.ptr()) &&
+        !PyByteArray_Check(obj.ptr())) {
+      FromBuffer(obj);
+    } else {
+      FromSequence(obj);
+    }
+  }
+  std::span<const TransferOp> span() const { return span_; }
+
+ private:
+  void FromBuffer(const py::object& obj) {
+    buffer_ = py::reinterpret_borrow<py::buffer>(obj).request();
+    const auto& b = *buffer_;
+    bool shape_ok = b.ndim == 2 && b.shape[1] == 3;
+    bool type_ok = py::detail::compare_buffer_info<uint64_t>::compare(b);
+    bool contiguous = shape_ok && (b.shape[0] <= 1 || b.strides[0] == 24) && b.strides[1] == 8;
+    if (!shape_ok || !type_ok || !contiguous)
+      ThrowInvalid("an ops array must be C-contiguous uint64 of shape (n, 3); got format '" +
+                   b.format + "' with " + std::to_string(b.ndim) +
+                   " dimensions (use numpy.ascontiguousarray(ops, dtype=numpy.uint64))");
+    span_ = {static_cast<const TransferOp*>(b.ptr), static_cast<size_t>(b.shape[0])};
+  }
+
+  void FromSequence(const py::object& obj) {
+    if (!PySequence_Check(obj.ptr()) || PyUnicode_Check(obj.ptr()))
+      throw py::type_error(
+          "ops must be a sequence of (local_offset, remote_offset, size) or an "
+          "(n, 3) uint64 array");
+    py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
+    list_.reserve(seq.size());
+    for (size_t i = 0; i < seq.size(); ++i) {
+      py::object item = seq[i];
+      try {
+        auto [l, r, n] = item.cast<std::tuple<uint64_t, uint64_t, uint64_t>>();
+        list_.push_back({l, r, n});
+      } catch (const py::cast_error&) {
+        ThrowInvalid("op " + std::to_string(i) +
+                     " is not three non-negative integers: " + std::string(py::repr(item)));
+      }
+    }
+    span_ = list_;
+  }
+
+  std::optional<py::buffer_info> buffer_;  // holds the exporter's buffer while ops are posted
+  std::vector<TransferOp> list_;
+  std::span<const TransferOp> span_;
+};
+
+TransferOptions MakeTransferOptions(std::optional<double> deadline_ms,
+                                    std::optional<std::string> notification,
+                                    std::optional<uint64_t> transfer_id) {
+  TransferOptions o;
+  if (deadline_ms) o.deadline = Millis(*deadline_ms, "deadline_ms");
+  o.notification = std::move(notification);
+  if (transfer_id) o.id = static_cast<TransferId>(*transfer_id);
+  return o;
+}
+
+}  // namespace
+
+void BindTransfer(py::module_& m) {
+  py::class_<TransferPath>(m, "TransferPath", "How a transfer travels: transport and staging.")
+      .def_readonly("transport", &TransferPath::transport, "Name of the transport.")
+      .def_readonly("staged", &TransferPath::staged, "True when data goes through a bounce buffer.")
+      .def("__str__", &TransferPath::ToString)
+      .def("__repr__",
+           [](const TransferPath& p) { return "<ferry.TransferPath " + p.ToString() + ">"; })
+      .def("__eq__", [](const TransferPath& a, const TransferPath& b) {
+        return a.transport == b.transport && a.staged == b.staged;
+      });
+
+  py::class_<Transfer>(m, "Transfer",
+                       "A posted read or write (single or batch); completes asynchronously.")
+      .def("test", &Transfer::Test, "True once finished, successfully or not. Never blocks.")
+      .def(
+          "wait",
+          [](const Transfer& t, std::optional<double> timeout_ms) {
+            std::optional<Duration> timeout;
+            if (timeout_ms) timeout = Millis(*timeout_ms, "timeout_ms");
+            Status s;
+            {
+              py::gil_scoped_release nogil;
+              s = timeout ? t.WaitFor(*timeout) : t.Wait();
+            }
+            if (s.code() == Code::kInProgress) return false;
+            Check(s);
+            return true;
+          },
+          py::arg("timeout_ms") = py::none(),
+          "Blocks (without the GIL) until the transfer finishes or its deadline passes.\n\n"
+          "Returns True on success, False if timeout_ms elapsed first (the transfer keeps\n"
+          "running); raises ferry.Error if the transfer failed.")
+      .def(
+          "status",
+          [](const Transfer& t) {
+            Status s = t.status();
+            return py::make_tuple(std::string(CodeName(s.code())), std::string(s.message()));
+          },
+          "(code, message): (\"IN_PROGRESS\", ...) while running, (\"OK\", \"\") on success.")
+      .def(
+          "succeeded", [](const Transfer& t) { return t.Test() && t.status().ok(); },
+          "True once finished successfully. Never blocks.")
+      .def_property_readonly("bytes", &Transfer::bytes, "Bytes the transfer moves.")
+      .def_property_readonly("path", &Transfer::path, "The TransferPath taken.")
+      .def_property_readonly(
+          "id", [](const Transfer& t) { return static_cast<uint64_t>(t.id()); },
+          "The transfer id (Engine.allocate_transfer_id() by default).")
+      .def("__repr__", [](const Transfer& t) {
+        Status s = t.status();
+        return "<ferry.Transfer id=" + std::to_string(static_cast<uint64_t>(t.id())) + " " +
+               std::string(CodeName(s.code())) + " bytes=" + std::to_string(t.bytes()) + " " +
+               t.path().ToString() + ">";
+      });
+}
+
+void BindSession(py::module_& m) {
+  auto post_one = [](Op op) {
+    return [op](const Session& s, uint64_t local_offset, uint64_t remote_offset, uint64_t size,
+                std::optional<double> deadline_ms, std::optional<std::string> notification,
+                std::optional<uint64_t> transfer_id) {
+      TransferOptions o = MakeTransferOptions(deadline_ms, std::move(notification), transfer_id);
+      TransferOp one{local_offset, remote_offset, size};
+      py::gil_scoped_release nogil;
+      return s.Post(op, std::span<const TransferOp>(&one, 1), o);
+    };
+  };
+  auto post_batch = [](Op op) {
+    return [op](const Session& s, const py::object& ops, std::optional<double> deadline_ms,
+                std::optional<std::string> notification, std::optional<uint64_t> transfer_id) {
+      TransferOptions o = MakeTransferOptions(deadline_ms, std::move(notification), transfer_id);
+      Ops batch(ops);
+      py::gil_scoped_release nogil;
+      return s.Post(op, batch.span(), o);
+    };
+  };
+  const char* kWriteDoc =
+      "Posts a write of `size` bytes from local[local_offset:] to remote[remote_offset:].\n\n"
+      "deadline_ms overrides the engine's default deadline; notification (bytes or str) is\n"
+      "delivered to the remote engine after the data is in place; transfer_id sets the id.\n"
+      "Errors (e.g. OUT_OF_RANGE) are reported by the returned Transfer.";
+  const char* kReadDoc =
+      "Posts a read of `size` bytes from remote[remote_offset:] to local[local_offset:].\n\n"
+      "deadline_ms and transfer_id as for write(); reads carry no notification. Errors are\n"
+      "reported by the returned Transfer.";
+  const char* kBatchDoc =
+      "Posts a batch as one transfer. ops: a list of (local_offset, remote_offset, size)\n"
+      "tuples, or a C-contiguous numpy uint64 array of shape (n, 3) (read in place). If any op\n"
+      "is out of range the whole batch fails with OUT_OF_RANGE before any byte moves. Options\n"
+      "as for write() and read().";
+
+  py::class_<Session>(m, "Session",
+                      "A route from one local region to one remote region (Engine.open_session()).")
+      .def("write", post_one(Op::kWrite), py::arg("local_offset"), py::arg("remote_offset"),
+           py::arg("size"), py::kw_only(), py::arg("deadline_ms") = py::none(),
+           py::arg("notification") = py::none(), py::arg("transfer_id") = py::none(), kWriteDoc)
+      .def("read", post_one(Op::kRead), py::arg("local_offset"), py::arg("remote_offset"),
+           py::arg("size"), py::kw_only(), py::arg("deadline_ms") = py::none(),
+           py::arg("notification") = py::none(), py::arg("transfer_id") = py::none(), kReadDoc)
+      .def("write_batch", post_batch(Op::kWrite), py::arg("ops"), py::kw_only(),
+           py::arg("deadline_ms") = py::none(), py::arg("notification") = py::none(),
+           py::arg("transfer_id") = py::none(), kBatchDoc)
+      .def("read_batch", post_batch(Op::kRead), py::arg("ops"), py::kw_only(),
+           py::arg("deadline_ms") = py::none(), py::arg("notification") = py::none(),
+           py::arg("transfer_id") = py::none(), kBatchDoc)
+      .def_property_readonly("local", &Session::local, "The local MemoryDesc.")
+      .def_property_readonly("remote", &Session::remote, "The remote MemoryDesc.")
+      .def_property_readonly("path", &Session::path, "The TransferPath this session uses.")
+      .def("__repr__", [](const Session& s) {
+        return "<ferry.Session " + std::to_string(static_cast<uint64_t>(s.local().region)) +
+               " -> " + s.remote().engine_key + "/" +
+               std::to_string(static_cast<uint64_t>(s.remote().region)) + " via " +
+               s.path().ToString() + ">";
+      });
+}
+
+}  // namespace ferry::python

@@ -1,0 +1,294 @@
+"""Engine: options, registration and the buffers it holds, peers, notifications, shutdown."""
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+import ferry
+from util import TRANSPORTS, fresh_key, pop_notifications
+
+
+def error_code(fn, *args, **kwargs) -> str:
+    with pytest.raises(ferry.Error) as info:
+        fn(*args, **kwargs)
+    return info.value.code
+
+
+# ---- module -------------------------------------------------------------------------------
+
+
+def test_module_surface():
+    assert ferry.__version__ == ferry.version()
+    assert ferry.version().count(".") == 2
+    info = ferry.system_info()
+    assert info["version"] == ferry.version()
+    assert "local" in info["transports_compiled"]
+    assert set(info["transports_usable"]) <= set(info["transports_compiled"])
+    assert info["cuda_available"] == ferry.cuda_available()
+    assert bool(info["cuda_unavailable_reason"]) != ferry.cuda_available()
+    assert ferry.cuda_unavailable_reason() == info["cuda_unavailable_reason"]
+    if not info["cuda_built"]:
+        assert not info["cuda_available"]
+    for gpu in info["gpus"]:
+        assert {"ordinal", "name", "memory_bytes", "sm"} <= set(gpu)
+    assert ferry.CODES[0] == "OK" and "OUT_OF_RANGE" in ferry.CODES
+    assert ferry.Engine.__module__ == "ferry"
+    for name in ferry.__all__:
+        assert getattr(ferry, name).__doc__, name
+
+
+def test_error_is_a_plain_exception_with_a_code():
+    e = ferry.Error("NOT_FOUND", "region 9 is not registered")
+    assert isinstance(e, Exception)
+    assert (e.code, e.message) == ("NOT_FOUND", "region 9 is not registered")
+    assert str(e) == "NOT_FOUND: region 9 is not registered"
+    assert ferry.Error().code == "UNKNOWN"
+    import pickle
+
+    back = pickle.loads(pickle.dumps(e))
+    assert (back.code, back.message) == (e.code, e.message)
+
+
+# ---- construction -------------------------------------------------------------------------
+
+
+def test_engine_options_and_properties():
+    key = fresh_key("opts")
+    with ferry.Engine(key=key, default_deadline_ms=500, copy_threads=2, transports=["local"]) as e:
+        assert e.key == key
+        assert e.transports == ["local"]
+        assert e.describe().key == key
+        assert not e.closed
+        assert key in repr(e)
+    assert e.closed
+
+
+def test_create_is_the_constructor():
+    e = ferry.Engine.create(key=fresh_key("create"), copy_threads=1)
+    assert isinstance(e, ferry.Engine)
+    e.close()
+
+
+def test_default_keys_are_unique():
+    with ferry.Engine() as a, ferry.Engine() as b:
+        assert a.key and b.key and a.key != b.key
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"default_deadline_ms": 0},
+        {"default_deadline_ms": -5},
+        {"default_deadline_ms": float("nan")},
+        {"default_deadline_ms": float("inf")},
+        {"key": "k" * 300},
+    ],
+)
+def test_bad_options_are_invalid_arguments(options):
+    assert error_code(ferry.Engine, **options) == "INVALID_ARGUMENT"
+
+
+def test_unknown_transport_is_unavailable():
+    assert error_code(ferry.Engine, transports=["carrier-pigeon"]) == "UNAVAILABLE"
+
+
+def test_options_are_keyword_only():
+    with pytest.raises(TypeError):
+        ferry.Engine("positional-key")
+
+
+# ---- registration -------------------------------------------------------------------------
+
+
+def test_register_buffers_of_several_kinds(engine):
+    for buf in (np.zeros(1000, np.uint8), np.zeros((10, 10), np.float32), bytearray(64)):
+        desc = engine.register_memory(buf)
+        assert desc.size == memoryview(buf).nbytes
+        assert desc.kind == "host"
+    arr = np.zeros(64, np.uint8)
+    assert engine.register_memory(arr).address == arr.ctypes.data
+
+
+def read_only_array():
+    a = np.zeros(16, np.uint8)
+    a.setflags(write=False)
+    return a
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: b"read-only bytes",
+        read_only_array,
+        lambda: np.zeros((8, 8), np.uint8)[:, ::2],
+        lambda: np.zeros((8, 8), np.uint8).T,
+        lambda: np.zeros(0, np.uint8),
+    ],
+    ids=["bytes", "read-only", "strided", "fortran", "empty"],
+)
+def test_unusable_buffers_are_invalid_arguments(engine, make):
+    assert error_code(engine.register_memory, make()) == "INVALID_ARGUMENT"
+    assert engine._held_buffers() == 0
+
+
+def test_register_needs_a_buffer(engine):
+    with pytest.raises(TypeError):
+        engine.register_memory([1, 2, 3])
+    with pytest.raises(TypeError):
+        engine.register_memory(12345)
+
+
+def test_register_pointer(engine):
+    buf = np.zeros(4096, np.uint8)
+    desc = engine.register_memory(buf.ctypes.data, buf.nbytes)
+    assert (desc.address, desc.size, desc.kind) == (buf.ctypes.data, 4096, "host")
+    assert engine._held_buffers() == 0, "no owner given, none held"
+    engine.deregister_memory(desc)
+    assert error_code(engine.register_memory, 0, 64) == "INVALID_ARGUMENT"
+    assert error_code(engine.register_memory, buf.ctypes.data, 64, kind="gpu") == "INVALID_ARGUMENT"
+
+
+def test_cuda_pointer_without_cuda_fails_cleanly(engine):
+    if ferry.cuda_available():
+        pytest.skip("CUDA is available here")
+    assert error_code(engine.register_memory, 1 << 20, 4096, kind="cuda", device=0) in (
+        "FAILED_PRECONDITION",
+        "UNAVAILABLE",
+    )
+
+
+def test_registered_buffers_stay_alive_until_deregistered(engine):
+    buf = np.zeros(4096, np.uint8)
+    ref = weakref.ref(buf)
+    desc = engine.register_memory(buf)
+    del buf
+    gc.collect()
+    assert ref() is not None, "the engine holds the buffer while it is registered"
+    engine.deregister_memory(desc)
+    gc.collect()
+    assert ref() is None, "deregistration releases it"
+
+
+def test_owner_stays_alive_until_deregistered(engine):
+    buf = np.zeros(4096, np.uint8)
+    ref = weakref.ref(buf)
+    desc = engine.register_memory(buf.ctypes.data, buf.nbytes, owner=buf)
+    del buf
+    gc.collect()
+    assert ref() is not None
+    engine.deregister_memory(desc.region)  # by region id
+    gc.collect()
+    assert ref() is None
+
+
+def test_registered_bytearray_cannot_be_resized(engine):
+    buf = bytearray(100)
+    desc = engine.register_memory(buf)
+    with pytest.raises(BufferError):
+        buf.extend(b"x" * 100)
+    engine.deregister_memory(desc)
+    buf.extend(b"x" * 100)
+
+
+def test_close_releases_buffers():
+    e = ferry.Engine(key=fresh_key("close"))
+    buf = np.zeros(4096, np.uint8)
+    ref = weakref.ref(buf)
+    e.register_memory(buf)
+    del buf
+    e.close()
+    gc.collect()
+    assert ref() is None
+    e.close()  # closing twice is fine
+
+
+def test_deregister_twice_is_not_found(engine):
+    desc = engine.register_memory(np.zeros(64, np.uint8))
+    engine.deregister_memory(desc)
+    assert error_code(engine.deregister_memory, desc) == "NOT_FOUND"
+    assert error_code(engine.deregister_memory, 987654) == "NOT_FOUND"
+
+
+# ---- peers, sessions, notifications -------------------------------------------------------
+
+
+def test_peers_from_descriptors_or_bytes(engine):
+    with ferry.Engine(key=fresh_key("peer")) as other:
+        mine = engine.register_memory(np.zeros(64, np.uint8))
+        theirs = other.register_memory(np.zeros(64, np.uint8))
+        assert error_code(engine.open_session, mine, theirs) == "FAILED_PRECONDITION"
+        engine.add_peer(other.describe().pack())
+        engine.add_peer(other.describe())  # replacing a known peer is fine
+        session = engine.open_session(mine, theirs)
+        assert session.local == mine and session.remote == theirs
+        assert session.path.transport in engine.transports
+        engine.remove_peer(other.key)
+        assert error_code(engine.remove_peer, other.key) == "NOT_FOUND"
+        assert error_code(engine.open_session, mine, theirs) == "FAILED_PRECONDITION"
+        assert error_code(engine.add_peer, b"not a descriptor") == "INVALID_ARGUMENT"
+
+
+def test_local_side_must_belong_to_the_engine(engine):
+    with ferry.Engine(key=fresh_key("other")) as other:
+        theirs = other.register_memory(np.zeros(64, np.uint8))
+        engine.add_peer(other.describe())
+        assert error_code(engine.open_session, theirs, theirs) == "INVALID_ARGUMENT"
+
+
+def test_session_to_itself(engine):
+    buf = np.arange(256, dtype=np.uint8)
+    desc = engine.register_memory(buf)
+    session = engine.open_session(desc, desc)
+    assert session.write(0, 128, 64).wait()
+    assert np.array_equal(buf[128:192], np.arange(64, dtype=np.uint8))
+
+
+def test_transfer_ids_increase(engine):
+    ids = [engine.allocate_transfer_id() for _ in range(5)]
+    assert ids == sorted(ids) and len(set(ids)) == 5
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_notify_and_pop(transport):
+    with ferry.Engine(key=fresh_key("n"), transports=[transport]) as a, ferry.Engine(
+        key=fresh_key("m"), transports=[transport]
+    ) as b:
+        assert error_code(a.notify, b.key, b"hello") == "FAILED_PRECONDITION"
+        a.add_peer(b.describe())
+        messages = [b"first", b"\x00binary\xff", "text sent as utf-8", b""]
+        for m in messages:
+            a.notify(b.key, m)
+        got = pop_notifications(b, len(messages))
+        assert got == [(a.key, m.encode() if isinstance(m, str) else m) for m in messages]
+        assert b.pop_notifications() == []
+        a.notify(a.key, b"to myself")
+        assert pop_notifications(a, 1) == [(a.key, b"to myself")]
+        too_big = b"x" * 100_000
+        assert error_code(a.notify, b.key, too_big) == "INVALID_ARGUMENT"
+
+
+def test_max_notification_bytes_option():
+    with ferry.Engine(key=fresh_key("small"), max_notification_bytes=8) as e:
+        e.notify(e.key, b"12345678")
+        assert error_code(e.notify, e.key, b"123456789") == "INVALID_ARGUMENT"
+
+
+def test_closed_engine_raises_aborted():
+    e = ferry.Engine(key=fresh_key("closed"))
+    buf = np.zeros(64, np.uint8)
+    desc = e.register_memory(buf)
+    session = e.open_session(desc, desc)
+    e.close()
+    assert "closed" in repr(e)
+    for call in (
+        lambda: e.key,
+        lambda: e.describe(),
+        lambda: e.register_memory(np.zeros(8, np.uint8)),
+        lambda: e.notify("x", b"y"),
+        lambda: e.pop_notifications(),
+    ):
+        assert error_code(call) == "ABORTED"
+    # Sessions outlive their engine and fail cleanly.
+    assert error_code(session.write(0, 0, 8).wait) == "ABORTED"
