@@ -1,6 +1,7 @@
 // The batched gather/scatter copy kernel. Kept free of logging and formatting headers (nvcc
 // with g++ 13 rejects fmt's compile-time format strings).
 #include <cuda_runtime.h>
+#include <cstdlib>
 
 #include "cuda/copy_kernels.h"
 
@@ -8,23 +9,25 @@ namespace ferry::cuda {
 namespace {
 
 constexpr int kWarp = 32;
-constexpr int kUnroll = 4;  // words in flight per lane: enough bytes in flight to fill HBM/NVLink
+
+// Sizes inside the kernel are 32-bit: the caller cuts pieces to kMaxPieceBytes, and fewer
+// registers let every warp of an SM be resident.
 
 // Copies `n` bytes one byte per lane.
 __device__ __forceinline__ void CopyBytes(char* __restrict__ dst, const char* __restrict__ src,
-                                          uint64_t n, int lane) {
-  for (uint64_t i = lane; i < n; i += kWarp) dst[i] = src[i];
+                                          uint32_t n, int lane) {
+  for (uint32_t i = lane; i < n; i += kWarp) dst[i] = src[i];
 }
 
 // Copies `n` bytes whose dst and src are both aligned to sizeof(W); the tail that does not
 // fill a whole word is copied bytewise.
-template <typename W>
+template <int kUnroll, typename W>
 __device__ __forceinline__ void CopyWords(char* __restrict__ dst, const char* __restrict__ src,
-                                          uint64_t n, int lane) {
-  const uint64_t words = n / sizeof(W);
+                                          uint32_t n, int lane) {
+  const uint32_t words = n / sizeof(W);
   W* d = reinterpret_cast<W*>(dst);
   const W* s = reinterpret_cast<const W*>(src);
-  uint64_t i = lane;
+  uint32_t i = lane;
   for (; i + (kUnroll - 1) * kWarp < words; i += kUnroll * kWarp) {
     W v[kUnroll];
 #pragma unroll
@@ -33,46 +36,48 @@ __device__ __forceinline__ void CopyWords(char* __restrict__ dst, const char* __
     for (int u = 0; u < kUnroll; ++u) d[i + u * kWarp] = v[u];
   }
   for (; i < words; i += kWarp) d[i] = s[i];
-  const uint64_t done = words * sizeof(W);
+  const uint32_t done = words * sizeof(W);
   CopyBytes(dst + done, src + done, n - done, lane);
 }
 
 // Aligns dst to W bytes with a bytewise head (src follows, as both share their alignment
 // mod W), then copies whole words.
-template <typename W>
-__device__ __forceinline__ void CopyAligned(char* dst, const char* src, uint64_t n, int lane) {
-  uint64_t head = (sizeof(W) - (reinterpret_cast<uintptr_t>(dst) & (sizeof(W) - 1))) & (sizeof(W) - 1);
+template <int kUnroll, typename W>
+__device__ __forceinline__ void CopyAligned(char* dst, const char* src, uint32_t n, int lane) {
+  uint32_t head = (sizeof(W) - (reinterpret_cast<uintptr_t>(dst) & (sizeof(W) - 1))) & (sizeof(W) - 1);
   if (head > n) head = n;
   CopyBytes(dst, src, head, lane);
-  CopyWords<W>(dst + head, src + head, n - head, lane);
+  CopyWords<kUnroll, W>(dst + head, src + head, n - head, lane);
 }
 
-__device__ __forceinline__ void CopyPiece(char* dst, const char* src, uint64_t n, int lane) {
+template <int kUnroll>
+__device__ __forceinline__ void CopyPiece(char* dst, const char* src, uint32_t n, int lane) {
   const uintptr_t skew = reinterpret_cast<uintptr_t>(dst) ^ reinterpret_cast<uintptr_t>(src);
   if (n < 64) {
     CopyBytes(dst, src, n, lane);
   } else if ((skew & 15) == 0) {
-    CopyAligned<uint4>(dst, src, n, lane);
+    CopyAligned<kUnroll, uint4>(dst, src, n, lane);
   } else if ((skew & 7) == 0) {
-    CopyAligned<uint2>(dst, src, n, lane);
+    CopyAligned<kUnroll, uint2>(dst, src, n, lane);
   } else if ((skew & 3) == 0) {
-    CopyAligned<uint32_t>(dst, src, n, lane);
+    CopyAligned<kUnroll, uint32_t>(dst, src, n, lane);
   } else if ((skew & 1) == 0) {
-    CopyAligned<uint16_t>(dst, src, n, lane);
+    CopyAligned<kUnroll, uint16_t>(dst, src, n, lane);
   } else {
-    CopyWords<unsigned char>(dst, src, n, lane);
+    CopyWords<kUnroll, unsigned char>(dst, src, n, lane);
   }
 }
 
-__global__ void __launch_bounds__(kCopyThreadsPerBlock)
+template <int kUnroll, int kMinBlocks>
+__global__ void __launch_bounds__(kCopyThreadsPerBlock, kMinBlocks)
     BatchCopyKernel(const Piece* __restrict__ pieces, uint32_t count) {
   const int lane = threadIdx.x % kWarp;
   const uint32_t warps_per_block = blockDim.x / kWarp;
   const uint32_t total_warps = gridDim.x * warps_per_block;
   for (uint32_t p = blockIdx.x * warps_per_block + threadIdx.x / kWarp; p < count; p += total_warps) {
     const Piece piece = pieces[p];
-    CopyPiece(reinterpret_cast<char*>(piece.dst), reinterpret_cast<const char*>(piece.src),
-              piece.size, lane);
+    CopyPiece<kUnroll>(reinterpret_cast<char*>(piece.dst), reinterpret_cast<const char*>(piece.src),
+              static_cast<uint32_t>(piece.size), lane);
   }
 }
 
@@ -83,7 +88,18 @@ int LaunchBatchCopy(const Piece* pieces, uint32_t count, uint32_t max_blocks, CU
   constexpr uint32_t kWarpsPerBlock = kCopyThreadsPerBlock / kWarp;
   uint32_t blocks = (count + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (max_blocks > 0 && blocks > max_blocks) blocks = max_blocks;
-  BatchCopyKernel<<<blocks, kCopyThreadsPerBlock, 0, stream>>>(pieces, count);
+  // EXPERIMENT (removed before commit): FERRY_COPY_KERNEL_VARIANT picks unroll/occupancy.
+  const char* env = getenv("FERRY_COPY_KERNEL_VARIANT");
+  int variant = env ? atoi(env) : 0;
+  if (variant == 1) {
+    BatchCopyKernel<4, 1><<<blocks, kCopyThreadsPerBlock, 0, stream>>>(pieces, count);
+  } else if (variant == 2) {
+    BatchCopyKernel<2, 8><<<blocks, kCopyThreadsPerBlock, 0, stream>>>(pieces, count);
+  } else if (variant == 3) {
+    BatchCopyKernel<8, 4><<<blocks, kCopyThreadsPerBlock, 0, stream>>>(pieces, count);
+  } else {
+    BatchCopyKernel<4, 8><<<blocks, kCopyThreadsPerBlock, 0, stream>>>(pieces, count);
+  }
   return cudaGetLastError();
 }
 

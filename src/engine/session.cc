@@ -49,9 +49,11 @@ Transfer SessionCore::Post(Op op, std::span<const TransferOp> ops,
   Duration deadline = options.deadline ? *options.deadline : engine_->options().default_deadline;
   auto state = std::make_shared<TransferState>(id, total, path_, Deadline::After(deadline));
   if (options.notification) {
-    state->SetOnFinish([endpoint = endpoint_, message = *options.notification](Status s) {
-      if (!s.ok()) return s;
-      return endpoint->Notify(message).WithContext("data written, notification failed");
+    // The notification leaves once every byte of the batch is in place at the target; the
+    // transfer completes when the receiver has it.
+    state->SetContinuation([endpoint = endpoint_, message = *options.notification](
+                               const std::shared_ptr<TransferState>& s) {
+      endpoint->NotifyPart(message, s);
     });
   }
   if (!ops.empty()) {

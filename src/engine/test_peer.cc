@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/tsan.h"
 #include "ferry/engine.h"
 
 namespace {
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
   std::string last;
   std::string cmd;
   while (std::cin >> cmd) {
+    FERRY_TSAN_WIRE_ACQUIRE();  // commands follow transfers that landed through UCX
     if (cmd == "hash") {
       uint64_t off = 0, size = 0;
       std::cin >> off >> size;

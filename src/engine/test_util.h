@@ -36,8 +36,9 @@ inline void Fill(std::vector<uint8_t>& buf, uint64_t seed) {
 // Two engines restricted to one transport, each with a registered host buffer, and a session
 // from a's buffer to b's.
 struct EnginePair {
-  std::unique_ptr<Engine> a, b;
+  // Buffers first: they are destroyed after the engines that reach them.
   std::vector<uint8_t> a_buf, b_buf;
+  std::unique_ptr<Engine> a, b;
   MemoryDesc a_desc, b_desc;
   Session session;
 

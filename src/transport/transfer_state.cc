@@ -26,6 +26,14 @@ std::shared_ptr<TransferState> TransferState::Succeeded(TransferId id, TransferP
 void TransferState::PartDone(const Status& status) {
   if (!status.ok()) Finish(status);
   if (parts_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    if (continuation_ && !finished()) {
+      // Every part succeeded so far: run the next step, which adds parts of its own.
+      auto next = std::move(continuation_);
+      continuation_ = nullptr;
+      parts_.fetch_add(1, std::memory_order_acq_rel);
+      next(shared_from_this());
+      return PartDone(Status::Ok());
+    }
     Finish(Status::Ok());  // no-op when an error or the deadline finished it first
     // Every part is done: nothing touches the regions any more.
     std::vector<std::shared_ptr<void>> holds;
@@ -37,15 +45,9 @@ void TransferState::PartDone(const Status& status) {
 }
 
 bool TransferState::Finish(Status status) {
-  int expected = kRunning;
-  if (!phase_.compare_exchange_strong(expected, kFinishing, std::memory_order_acq_rel))
-    return false;
-  if (on_finish_) {
-    status = on_finish_(std::move(status));
-    on_finish_ = nullptr;
-  }
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (phase_.load(std::memory_order_relaxed) != kRunning) return false;
     status_ = std::move(status);
     phase_.store(kFinished, std::memory_order_release);
   }
@@ -84,15 +86,7 @@ Status TransferState::Wait(Deadline until) {
     });
   }
   CheckDeadline();
-  if (!finished()) {
-    // A Finish() in progress on another thread publishes within its hook's run time.
-    if (phase_.load(std::memory_order_acquire) == kFinishing) {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return phase_.load(std::memory_order_acquire) == kFinished; });
-    } else {
-      return Status(Code::kInProgress, "transfer still running");
-    }
-  }
+  if (!finished()) return Status(Code::kInProgress, "transfer still running");
   return status();
 }
 

@@ -2,12 +2,15 @@
 //
 // A transport announces the parts it will complete (AddParts) and completes each with
 // PartDone(status); the transfer finishes when every part is done, or earlier with an error
-// when a part fails or the deadline passes. Transports that complete by polling (CUDA events)
+// when a part fails or the deadline passes. A continuation (e.g. sending the notification of a
+// write batch) runs once when every part succeeded, and may add parts of its own. Transports that complete by polling (CUDA events)
 // install a poller that Test()/Wait() drive.
 //
 // Invariants:
-//  - phase_ goes kRunning -> kFinishing -> kFinished exactly once; the thread that wins the
-//    kRunning -> kFinishing exchange runs the on-finish hook and publishes the status.
+//  - phase_ goes kRunning -> kFinished exactly once; the thread that wins the exchange
+//    publishes the status.
+//  - the continuation runs at most once, on the thread that completed the last part, and only
+//    while the transfer is still running.
 //  - holds_ (regions pinned by the transfer) are released when the last part is done, never
 //    at the deadline: a late copy still owns the memory it touches.
 //
@@ -26,7 +29,7 @@
 
 namespace ferry::internal {
 
-class TransferState {
+class TransferState : public std::enable_shared_from_this<TransferState> {
  public:
   TransferState(TransferId id, uint64_t bytes, TransferPath path, Deadline deadline);
   ~TransferState();
@@ -42,9 +45,11 @@ class TransferState {
   // Finishes now (first call wins); returns whether this call finished it.
   bool Finish(Status status);
 
-  // Runs on the finishing thread before the status is published; may replace the status
-  // (e.g. a notification that could not be sent). Set before posting.
-  void SetOnFinish(std::function<Status(Status)> hook) { on_finish_ = std::move(hook); }
+  // Runs when every part succeeded, before the transfer finishes; it adds and completes parts
+  // of its own (AddParts/PartDone). Set before posting.
+  void SetContinuation(std::function<void(const std::shared_ptr<TransferState>&)> next) {
+    continuation_ = std::move(next);
+  }
   // Called by Test/Wait to drive completion. Set before posting.
   void SetPoller(std::function<void()> poller) { poller_ = std::move(poller); }
   // Keeps `hold` alive until every part is done.
@@ -61,14 +66,14 @@ class TransferState {
   Deadline deadline() const { return deadline_; }
 
  private:
-  enum Phase : int { kRunning = 0, kFinishing = 1, kFinished = 2 };
+  enum Phase : int { kRunning = 0, kFinished = 2 };
   void CheckDeadline();
 
   const TransferId id_;
   const uint64_t bytes_;
   const TransferPath path_;
   const Deadline deadline_;
-  std::function<Status(Status)> on_finish_;
+  std::function<void(const std::shared_ptr<TransferState>&)> continuation_;
   std::function<void()> poller_;
   std::vector<std::shared_ptr<void>> holds_;  // released when parts_ reaches zero
 

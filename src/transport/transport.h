@@ -66,6 +66,12 @@ class Endpoint {
                                                        const MemoryDesc& remote) = 0;
   // Delivers a notification; ordered after the data of writes already completed.
   virtual Status Notify(std::string_view message) = 0;
+  // Delivers a notification as one more part of `state`: AddParts(1), then PartDone() once the
+  // receiver has it (or it failed). The default calls Notify() on this thread.
+  virtual void NotifyPart(std::string message, const std::shared_ptr<TransferState>& state) {
+    state->AddParts(1);
+    state->PartDone(Notify(message).WithContext("data written, notification failed"));
+  }
   // False once the connection failed; the engine then connects anew.
   virtual bool healthy() const { return true; }
 };

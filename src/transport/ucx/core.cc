@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "base/log.h"
+#include "base/tsan.h"
 
 namespace ferry::internal::ucx {
 namespace {
@@ -337,6 +338,7 @@ void Core::Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string pa
   p.user_data = ctx;
   p.flags = UCP_AM_SEND_FLAG_REPLY | (eager ? UCP_AM_SEND_FLAG_EAGER : 0);
   ctx->in_flight = &sends_in_flight_;
+  FERRY_TSAN_WIRE_RELEASE();
   void* req = ucp_am_send_nbx(ep, kAmId, ctx->header, kAmHeaderBytes, buffer, size, &p);
   if (UCS_PTR_IS_PTR(req)) ++sends_in_flight_;
   else delete ctx;  // done at once, or failed (the peer's error handler reports it)
@@ -383,6 +385,7 @@ void Core::OnAcceptedError(void* arg, ucp_ep_h ep, ucs_status_t status) {
 ucs_status_t Core::OnMessage(void* arg, const void* header, size_t header_length, void* data,
                              size_t length, const ucp_am_recv_param_t* param) {
   auto* core = static_cast<Core*>(arg);
+  FERRY_TSAN_WIRE_ACQUIRE();
   auto decoded = DecodeHeader(header, header_length, length);
   if (!decoded.ok()) {
     core->Reject(std::string(decoded.status().message()).c_str());
@@ -445,6 +448,7 @@ struct RecvCtx {
 
 void OnRecvDone(void* request, ucs_status_t status, size_t length, void* user_data) {
   auto* ctx = static_cast<RecvCtx*>(user_data);
+  FERRY_TSAN_WIRE_ACQUIRE();  // the payload was written by UCX (possibly another process)
   ctx->done(FromUcs(status, "receiving a payload"));
   delete ctx;
   ucp_request_free(request);

@@ -9,6 +9,7 @@
 
 #include "base/codec.h"
 #include "base/log.h"
+#include "base/tsan.h"
 #include "transport/ucx/core.h"
 
 namespace ferry::internal::ucx {
@@ -124,6 +125,7 @@ struct FlushCtx {
 
 void OnFlushDone(void* request, ucs_status_t status, void* user_data) {
   auto* ctx = static_cast<FlushCtx*>(user_data);
+  FERRY_TSAN_WIRE_ACQUIRE();  // RMA completed at the target
   ctx->state->PartDone(FromUcs(status, "completing RMA"));
   delete ctx;
   ucp_request_free(request);
@@ -172,6 +174,7 @@ class UcxChannel final : public Channel {
 
   static Status PostRma(Core& core, Conn& conn, Region& local, const MemoryDesc& remote, Op op,
                         const std::vector<TransferOp>& ops, const std::shared_ptr<TransferState>& state) {
+    FERRY_TSAN_WIRE_RELEASE();
     const size_t lanes = conn.lanes();
     std::vector<bool> used(lanes, false);
     int posted = 0;
@@ -295,27 +298,40 @@ class UcxEndpoint final : public Endpoint {
     return std::unique_ptr<Channel>(new UcxChannel(core_, conn_, local, remote));
   }
 
-  Status Notify(std::string_view message) override {
-    if (conn_->failed()) return conn_->failure();
+  // [u16 sender key length][sender key][message]
+  std::string Payload(std::string_view message) const {
     std::string payload;
     const std::string& key = core_->engine_key();
     payload.push_back(static_cast<char>(key.size() & 0xff));
     payload.push_back(static_cast<char>(key.size() >> 8));
     payload += key;
     payload.append(message);
-    if (core_->worker().OnThread()) {
-      // From a transfer's completion on the progress thread: send without waiting.
-      AmHeader h;
-      h.type = MsgType::kNotify;
-      h.size = payload.size();
-      core_->Send(conn_->ep(0), h, nullptr, std::move(payload), /*eager=*/true);
-      return Status::Ok();
-    }
+    return payload;
+  }
+
+  Status Notify(std::string_view message) override {
+    if (conn_->failed()) return conn_->failure();
+    std::string payload = Payload(message);
     // From a user thread: wait for the receiver's answer, so a full inbox is reported.
     AmHeader h;
     h.type = MsgType::kNotify;
     h.size = payload.size();
     return core_->Call(conn_, h, std::move(payload), Deadline::After(kCallTimeout));
+  }
+
+  void NotifyPart(std::string message, const std::shared_ptr<TransferState>& state) override {
+    state->AddParts(1);
+    auto send = [core = core_, conn = conn_, state, payload = Payload(message)]() mutable {
+      if (conn->failed()) return state->PartDone(conn->failure());
+      AmHeader h;
+      h.type = MsgType::kNotify;
+      h.size = payload.size();
+      h.token = core->AddPending(Pending{state, conn.get(), nullptr});
+      core->Send(conn->ep(0), h, nullptr, std::move(payload), /*eager=*/true);
+    };
+    if (core_->worker().OnThread()) return send();
+    if (!core_->worker().Submit(std::move(send)))
+      state->PartDone(Status(Code::kAborted, "the ucx transport was shut down"));
   }
 
   bool healthy() const override { return !conn_->failed(); }

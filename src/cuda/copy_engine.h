@@ -1,0 +1,103 @@
+// CopyEngine: moves batches of copies on one CUDA device without blocking the caller.
+//
+// Each engine owns a non-blocking stream, a ring of piece descriptors (page-locked on the host,
+// mirrored on the device) and a pool of events. Post() enqueues a batch and returns at once:
+// many small pieces become one kernel launch; a few large pieces, or memory that kernels cannot
+// address (pageable host memory), go to the DMA engines (cudaMemcpyBatchAsync /
+// cudaMemcpyAsync). Completion is observed by cudaEventQuery from Poll() (never blocks) and by
+// the engine's completion thread, which sleeps on the oldest event, so that a batch nobody
+// polls (its transfer already timed out, say) still completes and releases what it holds.
+//
+// Thread safety: every method may be called from any thread. Callbacks run on the thread that
+// observes completion, with no lock of the engine held; they may Post() again.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <thread>
+
+#include "base/deadline.h"
+#include "ferry/status.h"
+
+namespace ferry::cuda {
+
+struct Copy {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  uint64_t size = 0;
+};
+
+struct PostOptions {
+  // Every dst and src is addressable by kernels on the engine's device: its own memory, peer
+  // memory with peer access enabled, or mapped page-locked host memory. When false only the
+  // DMA engines touch the memory.
+  bool kernel_ok = false;
+  // Called exactly once, when every copy of the batch is done or failed.
+  std::function<void(const Status&)> on_done;
+  // How long Post() may wait for descriptor space when many batches are in flight.
+  Deadline deadline = Deadline::After(std::chrono::seconds(30));
+};
+
+class Completion;
+
+class CopyEngine {
+ public:
+  // REQUIRES: cuda::Available() and 0 <= device < cuda::DeviceCount().
+  static Result<std::unique_ptr<CopyEngine>> Create(int device);
+  // Waits for the batches in flight (their callbacks run), then frees the stream and buffers.
+  ~CopyEngine();
+  CopyEngine(const CopyEngine&) = delete;
+  CopyEngine& operator=(const CopyEngine&) = delete;
+
+  // Enqueues `copies` (none empty, none overlapping another's destination). Returns an error,
+  // having enqueued nothing and without calling on_done, when nothing could be enqueued; once
+  // anything is enqueued, later failures are reported through the completion.
+  Result<std::shared_ptr<Completion>> Post(std::span<const Copy> copies, PostOptions options);
+  // Completes every finished batch (runs their callbacks). Never blocks on the GPU.
+  void Poll();
+  // A function that polls this engine while it lives (for TransferState::SetPoller); holds no
+  // strong reference, so it may outlive the engine.
+  std::function<void()> Poller() const;
+  int device() const;
+
+ private:
+  friend class Completion;
+  struct Core;
+  explicit CopyEngine(std::shared_ptr<Core> core);
+  std::shared_ptr<Core> core_;
+  std::thread completer_;
+};
+
+// The completion of one posted batch.
+class Completion {
+ public:
+  // True once the batch is done; polls the engine, never blocks.
+  bool Test();
+  // kInProgress until done, then the batch's status.
+  Status status() const;
+
+ private:
+  friend struct CopyEngine::Core;
+  // Publishes the status, then runs on_done_ (once).
+  void Finish(const Status& status);
+
+  std::weak_ptr<CopyEngine::Core> engine_;
+  std::function<void(const Status&)> on_done_;
+  std::atomic<bool> done_{false};
+  mutable std::mutex mu_;
+  Status status_;  // GUARDED_BY(mu_); valid once done_
+};
+
+// Lets kernels on `device` address memory of `peer` (once per pair; cached). kUnsupported
+// when the two devices cannot reach each other directly.
+Status EnablePeerAccess(int device, int peer);
+
+// True when `ptr` is page-locked host memory that kernels on `device` address with the host
+// pointer itself (registered mapped, or allocated with cudaHostAlloc, under UVA).
+bool IsMappedHost(const void* ptr, int device);
+
+}  // namespace ferry::cuda

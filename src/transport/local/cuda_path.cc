@@ -1,0 +1,85 @@
+// The local transport's CUDA path: each batch goes to the CopyEngine of the device that reads
+// the data (the source's device, or the device side of a host<->device copy), so that copies
+// across GPUs push over NVLink. The TransferState's poller polls that engine; the engine's
+// completer thread completes batches nobody polls.
+#include <mutex>
+#include <vector>
+
+#include "cuda/copy_engine.h"
+#include "cuda/runtime.h"
+#include "transport/local/cuda_path.h"
+
+namespace ferry::internal {
+namespace {
+
+class CudaPathImpl final : public CudaPath {
+ public:
+  explicit CudaPathImpl(int devices) : engines_(devices) {}
+
+  Status Post(Op op, const Region& local, const Region& remote, std::span<const TransferOp> ops,
+              uint64_t total_bytes, const std::shared_ptr<TransferState>& state) override {
+    const bool write = op == Op::kWrite;
+    const Region& src = write ? local : remote;
+    const Region& dst = write ? remote : local;
+    const int device = src.kind == MemoryKind::kCuda ? src.device : dst.device;
+    FERRY_ASSIGN_OR_RETURN(cuda::CopyEngine * engine, EngineFor(device));
+
+    std::vector<cuda::Copy> copies;
+    copies.reserve(ops.size());
+    for (const TransferOp& o : ops) {
+      if (o.size == 0) continue;
+      const uint64_t src_off = write ? o.local_offset : o.remote_offset;
+      const uint64_t dst_off = write ? o.remote_offset : o.local_offset;
+      copies.push_back(cuda::Copy{dst.base + dst_off, src.base + src_off, o.size});
+    }
+    if (copies.empty()) return Status::Ok();
+
+    cuda::PostOptions options;
+    options.kernel_ok = KernelReaches(src, device) && KernelReaches(dst, device);
+    options.deadline = state->deadline();
+    options.on_done = [state](const Status& s) { state->PartDone(s); };
+    // The poster's own part keeps the transfer open until Post returns, so the poller and the
+    // part are in place before the GPU part can complete.
+    state->SetPoller(engine->Poller());
+    state->AddParts(1);
+    auto posted = engine->Post(copies, std::move(options));
+    if (!posted.ok()) {
+      state->PartDone(posted.status());
+      return posted.status();
+    }
+    return Status::Ok();
+  }
+
+ private:
+  Result<cuda::CopyEngine*> EngineFor(int device) {
+    if (device < 0 || device >= static_cast<int>(engines_.size()))
+      return Status(Code::kInvalidArgument, "no CUDA device " + std::to_string(device));
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& slot = engines_[device];
+    if (!slot) {
+      // Made on first use: a stream on a device initialises its context (time and memory).
+      FERRY_ASSIGN_OR_RETURN(slot, cuda::CopyEngine::Create(device));
+    }
+    return slot.get();
+  }
+
+  // Whether a kernel on `device` can address `r`: its own memory, a peer's with peer access
+  // on, or page-locked host memory mapped into the device's address space. Pageable host
+  // memory only the DMA engines reach.
+  static bool KernelReaches(const Region& r, int device) {
+    if (r.kind == MemoryKind::kCuda) return r.device == device || cuda::EnablePeerAccess(device, r.device).ok();
+    return cuda::IsMappedHost(r.base, device);
+  }
+
+  std::mutex mu_;
+  std::vector<std::unique_ptr<cuda::CopyEngine>> engines_;  // GUARDED_BY(mu_); by ordinal
+};
+
+}  // namespace
+
+Result<std::unique_ptr<CudaPath>> CudaPath::Create() {
+  if (!cuda::Available()) return Status(Code::kUnsupported, "no CUDA device: " + cuda::UnavailableReason());
+  return std::unique_ptr<CudaPath>(new CudaPathImpl(cuda::DeviceCount()));
+}
+
+}  // namespace ferry::internal
