@@ -23,7 +23,9 @@ namespace ferry::testing {
 class PeerProcess {
  public:
   // Starts the peer with a buffer of `bytes`; null (with a test failure) if it does not come up.
-  static std::unique_ptr<PeerProcess> Start(uint64_t bytes, std::vector<std::string> args = {}) {
+  // `prefix` runs the peer through another command (e.g. `ip netns exec NS`).
+  static std::unique_ptr<PeerProcess> Start(uint64_t bytes, std::vector<std::string> args = {},
+                                            std::vector<std::string> prefix = {}) {
     int in[2], out[2];
     if (pipe(in) != 0 || pipe(out) != 0) return nullptr;
     posix_spawn_file_actions_t actions;
@@ -32,13 +34,15 @@ class PeerProcess {
     posix_spawn_file_actions_adddup2(&actions, out[1], 1);
     posix_spawn_file_actions_addclose(&actions, in[1]);
     posix_spawn_file_actions_addclose(&actions, out[0]);
-    std::vector<std::string> argv_s = {FERRY_TEST_PEER, std::to_string(bytes)};
+    std::vector<std::string> argv_s = prefix;
+    argv_s.push_back(FERRY_TEST_PEER);
+    argv_s.push_back(std::to_string(bytes));
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : argv_s) argv.push_back(a.data());
     argv.push_back(nullptr);
     auto p = std::unique_ptr<PeerProcess>(new PeerProcess());
-    int rc = posix_spawn(&p->pid_, argv[0], &actions, nullptr, argv.data(), environ);
+    int rc = posix_spawnp(&p->pid_, argv[0], &actions, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&actions);
     close(in[0]);
     close(out[1]);
