@@ -235,6 +235,15 @@ void BindEngine(py::module_& m) {
             return out;
           },
           "Takes every notification received so far: a list of (from_key, bytes).")
+      .def(
+          "stats",
+          [](const PyEngine& s) {
+            auto st = Call(s, [](Engine& e) { return e.stats(); });
+            py::dict out;
+            out["rejected_messages"] = st.rejected_messages;
+            return out;
+          },
+          "Counters: {'rejected_messages': malformed or out-of-bounds messages from peers}.")
       .def("close", &PyEngine::Close,
            "Shuts the engine down (its sessions' transfers then fail with ABORTED) and releases\n"
            "the buffers it holds. Later calls on the engine raise ferry.Error (ABORTED).")

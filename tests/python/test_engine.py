@@ -292,3 +292,12 @@ def test_closed_engine_raises_aborted():
         assert error_code(call) == "ABORTED"
     # Sessions outlive their engine and fail cleanly.
     assert error_code(session.write(0, 0, 8).wait) == "ABORTED"
+
+
+def test_stats_start_at_zero_and_count_nothing_for_good_traffic(transport):
+    with ferry.Engine(key=fresh_key("s"), transports=[transport]) as e:
+        assert e.stats() == {"rejected_messages": 0}
+        buf = np.zeros(4096, dtype=np.uint8)
+        d = e.register_memory(buf)
+        e.open_session(d, d).write(0, 2048, 1024).wait()
+        assert e.stats()["rejected_messages"] == 0
