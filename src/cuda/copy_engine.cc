@@ -120,7 +120,7 @@ Status CopyEngine::Core::Init(int ordinal) {
   int sms = 0;
   FERRY_RETURN_IF_ERROR(ToStatus(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
                                  "cudaDeviceGetAttribute"));
-  // One wave of resident blocks; the kernel's grid-stride loop covers larger batches.
+  // Enough blocks to fill every SM; the kernel's grid-stride loop covers larger batches.
   max_blocks = static_cast<uint32_t>(std::max(sms, 1) * (2048 / kCopyThreadsPerBlock));
   FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
                                  "cudaStreamCreateWithFlags"));

@@ -1,7 +1,6 @@
 // The batched gather/scatter copy kernel. Kept free of logging and formatting headers (nvcc
 // with g++ 13 rejects fmt's compile-time format strings).
 #include <cuda_runtime.h>
-#include <cstdlib>
 
 #include "cuda/copy_kernels.h"
 
@@ -9,9 +8,14 @@ namespace ferry::cuda {
 namespace {
 
 constexpr int kWarp = 32;
+// Words in flight per lane, and resident blocks per SM the kernel is compiled for. Measured on
+// an H200 (bench/results/cuda_local.md): unroll 8 at 4 blocks/SM (56 registers, no spills)
+// was the fastest of {4 at 8 (spills), 4 at any, 2 at 8, 8 at 4} on every path.
+constexpr int kUnroll = 8;
+constexpr int kMinBlocksPerSm = 4;
 
-// Sizes inside the kernel are 32-bit: the caller cuts pieces to kMaxPieceBytes, and fewer
-// registers let every warp of an SM be resident.
+// Sizes inside the kernel are 32-bit: the caller cuts pieces to kMaxPieceBytes, and 32-bit
+// indices save registers.
 
 // Copies `n` bytes one byte per lane.
 __device__ __forceinline__ void CopyBytes(char* __restrict__ dst, const char* __restrict__ src,
@@ -21,7 +25,7 @@ __device__ __forceinline__ void CopyBytes(char* __restrict__ dst, const char* __
 
 // Copies `n` bytes whose dst and src are both aligned to sizeof(W); the tail that does not
 // fill a whole word is copied bytewise.
-template <int kUnroll, typename W>
+template <typename W>
 __device__ __forceinline__ void CopyWords(char* __restrict__ dst, const char* __restrict__ src,
                                           uint32_t n, int lane) {
   const uint32_t words = n / sizeof(W);
@@ -42,41 +46,39 @@ __device__ __forceinline__ void CopyWords(char* __restrict__ dst, const char* __
 
 // Aligns dst to W bytes with a bytewise head (src follows, as both share their alignment
 // mod W), then copies whole words.
-template <int kUnroll, typename W>
+template <typename W>
 __device__ __forceinline__ void CopyAligned(char* dst, const char* src, uint32_t n, int lane) {
   uint32_t head = (sizeof(W) - (reinterpret_cast<uintptr_t>(dst) & (sizeof(W) - 1))) & (sizeof(W) - 1);
   if (head > n) head = n;
   CopyBytes(dst, src, head, lane);
-  CopyWords<kUnroll, W>(dst + head, src + head, n - head, lane);
+  CopyWords<W>(dst + head, src + head, n - head, lane);
 }
 
-template <int kUnroll>
 __device__ __forceinline__ void CopyPiece(char* dst, const char* src, uint32_t n, int lane) {
   const uintptr_t skew = reinterpret_cast<uintptr_t>(dst) ^ reinterpret_cast<uintptr_t>(src);
   if (n < 64) {
     CopyBytes(dst, src, n, lane);
   } else if ((skew & 15) == 0) {
-    CopyAligned<kUnroll, uint4>(dst, src, n, lane);
+    CopyAligned<uint4>(dst, src, n, lane);
   } else if ((skew & 7) == 0) {
-    CopyAligned<kUnroll, uint2>(dst, src, n, lane);
+    CopyAligned<uint2>(dst, src, n, lane);
   } else if ((skew & 3) == 0) {
-    CopyAligned<kUnroll, uint32_t>(dst, src, n, lane);
+    CopyAligned<uint32_t>(dst, src, n, lane);
   } else if ((skew & 1) == 0) {
-    CopyAligned<kUnroll, uint16_t>(dst, src, n, lane);
+    CopyAligned<uint16_t>(dst, src, n, lane);
   } else {
-    CopyWords<kUnroll, unsigned char>(dst, src, n, lane);
+    CopyWords<unsigned char>(dst, src, n, lane);
   }
 }
 
-template <int kUnroll, int kMinBlocks>
-__global__ void __launch_bounds__(kCopyThreadsPerBlock, kMinBlocks)
+__global__ void __launch_bounds__(kCopyThreadsPerBlock, kMinBlocksPerSm)
     BatchCopyKernel(const Piece* __restrict__ pieces, uint32_t count) {
   const int lane = threadIdx.x % kWarp;
   const uint32_t warps_per_block = blockDim.x / kWarp;
   const uint32_t total_warps = gridDim.x * warps_per_block;
   for (uint32_t p = blockIdx.x * warps_per_block + threadIdx.x / kWarp; p < count; p += total_warps) {
     const Piece piece = pieces[p];
-    CopyPiece<kUnroll>(reinterpret_cast<char*>(piece.dst), reinterpret_cast<const char*>(piece.src),
+    CopyPiece(reinterpret_cast<char*>(piece.dst), reinterpret_cast<const char*>(piece.src),
               static_cast<uint32_t>(piece.size), lane);
   }
 }
@@ -88,18 +90,7 @@ int LaunchBatchCopy(const Piece* pieces, uint32_t count, uint32_t max_blocks, CU
   constexpr uint32_t kWarpsPerBlock = kCopyThreadsPerBlock / kWarp;
   uint32_t blocks = (count + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (max_blocks > 0 && blocks > max_blocks) blocks = max_blocks;
-  // EXPERIMENT (removed before commit): FERRY_COPY_KERNEL_VARIANT picks unroll/occupancy.
-  const char* env = getenv("FERRY_COPY_KERNEL_VARIANT");
-  int variant = env ? atoi(env) : 0;
-  if (variant == 1) {
-    BatchCopyKernel<4, 1><<<blocks, kCopyThreadsPerBlock, 0, stream>>>(pieces, count);
-  } else if (variant == 2) {
-    BatchCopyKernel<2, 8><<<blocks, kCopyThreadsPerBlock, 0, stream>>>(pieces, count);
-  } else if (variant == 3) {
-    BatchCopyKernel<8, 4><<<blocks, kCopyThreadsPerBlock, 0, stream>>>(pieces, count);
-  } else {
-    BatchCopyKernel<4, 8><<<blocks, kCopyThreadsPerBlock, 0, stream>>>(pieces, count);
-  }
+  BatchCopyKernel<<<blocks, kCopyThreadsPerBlock, 0, stream>>>(pieces, count);
   return cudaGetLastError();
 }
 

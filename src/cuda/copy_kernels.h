@@ -26,6 +26,7 @@ inline constexpr int kCopyThreadsPerBlock = 256;
 // one warp per piece in a grid-stride loop over at most `max_blocks` blocks. Uses 16-byte
 // loads and stores where source and destination share their alignment mod 16, narrower words
 // where they share less. Returns the launch's cudaError_t (0 = success).
+// REQUIRES: every piece's size <= kMaxPieceBytes (the kernel counts bytes in 32 bits).
 int LaunchBatchCopy(const Piece* pieces, uint32_t count, uint32_t max_blocks, CUstream_st* stream);
 
 }  // namespace ferry::cuda

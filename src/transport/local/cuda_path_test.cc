@@ -519,17 +519,8 @@ TEST(CudaPathBench, DISABLED_Bandwidth) {
         if (!(*c)->status().ok()) failed = (*c)->status();
       });
     };
-    std::string kernel = "n/a (pageable)";
-    if (row.pin) {  // EXPERIMENT (removed before commit): kernel variants
-      kernel.clear();
-      for (const char* v : {"0", "1", "2", "3"}) {
-        setenv("FERRY_COPY_KERNEL_VARIANT", v, 1);
-        char buf[32];
-        std::snprintf(buf, sizeof(buf), "%s%.1f", kernel.empty() ? "" : " / ", direct(true));
-        kernel += buf;
-      }
-      unsetenv("FERRY_COPY_KERNEL_VARIANT");
-    }
+    char kernel[32] = "n/a (pageable)";
+    if (row.pin) std::snprintf(kernel, sizeof(kernel), "%.1f", direct(true));
     double dma = direct(false);
     ASSERT_TRUE(failed.ok()) << failed.ToString();
     double memcpy = gbps([&] {
@@ -547,7 +538,7 @@ TEST(CudaPathBench, DISABLED_Bandwidth) {
       lat.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
     }
     post_us.erase(post_us.begin(), post_us.begin() + kWarm);
-    std::printf("| %s | %.1f | %.1f | %s | %.1f | %.1f | %.2f | %.0f | %.1f |\n", row.name, spin, wait, kernel.c_str(), dma,
+    std::printf("| %s | %.1f | %.1f | %s | %.1f | %.1f | %.2f | %.0f | %.1f |\n", row.name, spin, wait, kernel, dma,
                 memcpy, spin / memcpy, median(post_us), median(lat));
     std::fflush(stdout);
   }
