@@ -22,7 +22,9 @@ class Conformance : public ::testing::TestWithParam<std::string> {
  protected:
   std::unique_ptr<EnginePair> Pair(size_t bytes, EngineOptions options = {}) {
     auto p = EnginePair::Make(GetParam(), bytes, options);
-    if (p) EXPECT_EQ(p->session.path().transport, GetParam());
+    if (p) {
+      EXPECT_EQ(p->session.path().transport, GetParam());
+    }
     return p;
   }
 };
@@ -222,12 +224,12 @@ TEST_P(Conformance, NotificationFollowsItsData) {
 TEST_P(Conformance, DirectNotificationsArriveInOrder) {
   auto p = Pair(4096);
   ASSERT_TRUE(p);
-  for (int i = 0; i < 100; ++i) ASSERT_TRUE(p->a->Notify(p->b->key(), "n" + std::to_string(i)).ok());
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(p->a->Notify(p->b->key(), "note " + std::to_string(i)).ok());
   std::string binary("\x00\xff\x00", 3);
   ASSERT_TRUE(p->b->Notify(p->a->key(), binary).ok());
   auto got = p->b->PopNotifications();
   ASSERT_EQ(got.size(), 100u);
-  for (int i = 0; i < 100; ++i) EXPECT_EQ(got[i].message, "n" + std::to_string(i));
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(got[i].message, "note " + std::to_string(i));
   EXPECT_EQ(p->a->PopNotifications().at(0).message, binary);
   EXPECT_EQ(p->a->Notify("nobody", "x").code(), Code::kFailedPrecondition);
   EXPECT_EQ(p->a->Notify(p->b->key(), std::string(64 * 1024 + 1, 'x')).code(), Code::kInvalidArgument);

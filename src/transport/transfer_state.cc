@@ -72,12 +72,18 @@ bool TransferState::Test() {
 Status TransferState::Wait(Deadline until) {
   until = Deadline::Earlier(until, deadline_);
   if (poller_) {
-    // Completion arrives through polling: poll with a short, growing back-off.
-    auto backoff = std::chrono::microseconds(1);
+    // Completion arrives through polling: spin (yielding) for 100 us, then sleep with a short,
+    // growing back-off capped at 50 us, so a waiter adds little to a millisecond-long copy.
+    auto spin_until = Clock::now() + std::chrono::microseconds(100);
+    auto backoff = std::chrono::microseconds(2);
     while (!Test()) {
       if (until.expired()) break;
+      if (Clock::now() < spin_until) {
+        std::this_thread::yield();
+        continue;
+      }
       std::this_thread::sleep_for(backoff);
-      backoff = std::min(backoff * 2, std::chrono::microseconds(200));
+      backoff = std::min(backoff * 2, std::chrono::microseconds(50));
     }
   } else {
     std::unique_lock<std::mutex> lock(mu_);
