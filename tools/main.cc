@@ -1,1 +1,32 @@
-int main() { return 0; }
+// `ferry`: the command-line front end (info, bench, demo). Logging follows FERRY_LOG
+// ("debug", "info", "warn", ...), read once here.
+#include <fmt/format.h>
+
+#include <cstdlib>
+
+#include "base/log.h"
+#include "commands.h"
+#include "ferry/engine.h"
+#include "ferry/status.h"
+
+namespace ferry::tools {
+
+int Fail(std::string_view command, const Status& status) {
+  fmt::print(stderr, "ferry {}: {}\n", command, status.ToString());
+  return status.code() == Code::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace ferry::tools
+
+int main(int argc, char** argv) {
+  if (const char* level = std::getenv("FERRY_LOG")) ferry::SetLogLevel(level);
+  CLI::App app{"ferry: moves LLM inference state (KV caches) between GPUs, processes and hosts"};
+  app.set_version_flag("--version", std::string(ferry::Version()));
+  app.require_subcommand(1);
+  int exit_code = 0;
+  ferry::tools::AddInfoCommand(app, &exit_code);
+  ferry::tools::AddBenchCommand(app, &exit_code);
+  ferry::tools::AddDemoCommand(app, &exit_code);
+  CLI11_PARSE(app, argc, argv);
+  return exit_code;
+}

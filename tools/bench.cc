@@ -1,0 +1,233 @@
+// `ferry bench`: transfer throughput and latency over a grid of piece sizes and batch sizes.
+// The grid and the output live here; the loop is in bench_loop.cc and the session comes from a
+// Link (link.h), so a two-process link can be added without touching either.
+#include <fmt/format.h>
+
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench_loop.h"
+#include "buffers.h"
+#include "commands.h"
+#include "ferry/system.h"
+#include "link.h"
+#include "report.h"
+#include "units.h"
+
+namespace ferry::tools {
+namespace {
+
+struct BenchFlags {
+  std::string sizes = "4K..64M";
+  std::string batches = "1,16,256";
+  std::string max_bytes = "256M";
+  std::string op = "write";
+  std::string kind = "host";
+  int device = 0;
+  uint64_t iters = 5;
+  double min_time_s = 0.2;
+  int threads = 0;
+  std::string parallel_bytes = "1M";
+  double deadline_s = 30;
+  std::string json;
+};
+
+struct Grid {
+  std::vector<PointSpec> points;
+  std::vector<std::pair<uint64_t, uint64_t>> skipped;  // (piece, batch) over --max-bytes
+  uint64_t largest_batch_bytes = 0;
+};
+
+Duration Seconds(double s) {
+  return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s));
+}
+
+Result<Grid> MakeGrid(const BenchFlags& f) {
+  FERRY_ASSIGN_OR_RETURN(std::vector<uint64_t> sizes, ParseBytesList(f.sizes));
+  FERRY_ASSIGN_OR_RETURN(std::vector<uint64_t> batches, ParseCountList(f.batches));
+  FERRY_ASSIGN_OR_RETURN(uint64_t max_bytes, ParseBytes(f.max_bytes));
+  if (f.iters == 0) return Status(Code::kInvalidArgument, "--iters must be at least 1");
+  if (f.min_time_s < 0) return Status(Code::kInvalidArgument, "--min-time must not be negative");
+  if (f.deadline_s <= 0) return Status(Code::kInvalidArgument, "--deadline must be positive");
+  PointSpec base;
+  base.op = f.op == "read" ? Op::kRead : Op::kWrite;
+  base.min_iters = f.iters;
+  base.min_time = Seconds(f.min_time_s);
+  base.deadline = Seconds(f.deadline_s);
+  Grid grid;
+  for (uint64_t size : sizes) {
+    for (uint64_t batch : batches) {
+      uint64_t total = 0;
+      if (__builtin_mul_overflow(size, batch, &total) || total > max_bytes) {
+        grid.skipped.emplace_back(size, batch);
+        continue;
+      }
+      PointSpec p = base;
+      p.piece_bytes = size;
+      p.batch = batch;
+      grid.points.push_back(p);
+      grid.largest_batch_bytes = std::max(grid.largest_batch_bytes, total);
+    }
+  }
+  if (grid.points.empty())
+    return Status(Code::kInvalidArgument,
+                  fmt::format("every point exceeds --max-bytes {}", FormatBytes(max_bytes)));
+  return grid;
+}
+
+std::string Micros(double us) {
+  if (us < 10) return fmt::format("{:.2f}", us);
+  if (us < 1000) return fmt::format("{:.1f}", us);
+  return fmt::format("{:.0f}", us);
+}
+
+void PrintTable(const std::vector<PointResult>& results) {
+  Table table;
+  for (const char* title :
+       {"piece", "batch", "bytes/batch", "iters", "GB/s", "median us", "p99 us"})
+    table.AddColumn(title);
+  for (const PointResult& r : results) {
+    table.AddRow({FormatBytes(r.spec.piece_bytes), std::to_string(r.spec.batch),
+                  FormatBytes(r.spec.piece_bytes * r.spec.batch), std::to_string(r.iters),
+                  fmt::format("{:.2f}", r.gbps), Micros(r.latency.median_us),
+                  Micros(r.latency.p99_us)});
+  }
+  table.Print(stdout);
+}
+
+Status WriteJson(const std::string& path, const BenchFlags& f, const Link& link, const Grid& grid,
+                 const std::vector<PointResult>& results) {
+  nlohmann::ordered_json points = nlohmann::ordered_json::array();
+  for (const PointResult& r : results) {
+    points.push_back({{"op", f.op},
+                      {"kind", f.kind},
+                      {"piece_bytes", r.spec.piece_bytes},
+                      {"batch", r.spec.batch},
+                      {"batch_bytes", r.spec.piece_bytes * r.spec.batch},
+                      {"iters", r.iters},
+                      {"bytes", r.bytes},
+                      {"seconds", r.seconds},
+                      {"gbps", r.gbps},
+                      {"latency_us",
+                       {{"min", r.latency.min_us},
+                        {"median", r.latency.median_us},
+                        {"p99", r.latency.p99_us},
+                        {"max", r.latency.max_us},
+                        {"mean", r.latency.mean_us}}}});
+  }
+  nlohmann::ordered_json skipped = nlohmann::ordered_json::array();
+  for (auto [piece, batch] : grid.skipped)
+    skipped.push_back({{"piece_bytes", piece}, {"batch", batch}});
+  nlohmann::ordered_json doc = {{"ferry_version", std::string(Version())},
+                                {"link", link.Describe()},
+                                {"config",
+                                 {{"sizes", f.sizes},
+                                  {"batches", f.batches},
+                                  {"max_bytes", f.max_bytes},
+                                  {"iters", f.iters},
+                                  {"min_time_s", f.min_time_s},
+                                  {"copy_threads", f.threads},
+                                  {"parallel_copy_bytes", f.parallel_bytes},
+                                  {"deadline_s", f.deadline_s}}},
+                                {"points", points},
+                                {"skipped", skipped}};
+  std::ofstream out(path);
+  out << doc.dump(2) << "\n";
+  out.close();
+  if (!out) return Status(Code::kUnavailable, "cannot write " + path);
+  return Status::Ok();
+}
+
+// Where the session comes from. A two-process mode adds --listen (serve a buffer and this
+// engine's descriptors) and --peer ADDRESS (fetch them, AddPeer, OpenSession) as another Link;
+// the grid, the loop and the output stay as they are.
+Result<std::unique_ptr<Link>> MakeLink(const BenchFlags& f, uint64_t bytes) {
+  FERRY_ASSIGN_OR_RETURN(MemoryKind kind, ParseMemoryKind(f.kind));
+  if (kind == MemoryKind::kCuda) {
+    std::string reason;
+    if (!CudaAvailable(&reason)) return Status(Code::kUnsupported, "--kind cuda: " + reason);
+  }
+  FERRY_ASSIGN_OR_RETURN(uint64_t parallel_bytes, ParseBytes(f.parallel_bytes));
+  InProcessLinkOptions o;
+  o.kind = kind;
+  o.device = f.device;
+  o.bytes = bytes;
+  o.engine.copy_threads = f.threads;
+  o.engine.parallel_copy_bytes = parallel_bytes;
+  return MakeInProcessLink(o);
+}
+
+int Run(const BenchFlags& f) {
+  auto grid = MakeGrid(f);
+  if (!grid.ok()) return Fail("bench", grid.status());
+  auto link = MakeLink(f, grid->largest_batch_bytes);
+  if (!link.ok()) return Fail("bench", link.status());
+  fmt::print("ferry bench: {}, {}\n", f.op, (*link)->Describe());
+  std::fflush(stdout);
+
+  std::vector<PointResult> results;
+  Progress progress("bench", grid->points.size());
+  for (const PointSpec& spec : grid->points) {
+    progress.Update(results.size(),
+                    fmt::format("{} x {}", FormatBytes(spec.piece_bytes), spec.batch));
+    std::vector<TransferOp> ops = PlanScatteredOps(spec.piece_bytes, spec.batch);
+    auto r = MeasurePoint((*link)->session(), spec, ops);
+    if (!r.ok()) {
+      progress.Done();
+      return Fail("bench", r.status().WithContext(
+                               fmt::format("{} x {}", FormatBytes(spec.piece_bytes), spec.batch)));
+    }
+    results.push_back(std::move(r).value());
+  }
+  progress.Done();
+  PrintTable(results);
+  if (!grid->skipped.empty()) {
+    std::vector<std::string> names;
+    for (auto [piece, batch] : grid->skipped)
+      names.push_back(fmt::format("{} x {}", FormatBytes(piece), batch));
+    fmt::print("skipped (over --max-bytes {}): {}\n", f.max_bytes, fmt::join(names, ", "));
+  }
+  if (!f.json.empty()) {
+    Status s = WriteJson(f.json, f, **link, *grid, results);
+    if (!s.ok()) return Fail("bench", s);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddBenchCommand(CLI::App& app, int* exit_code) {
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "Transfer throughput and latency over piece sizes x batch sizes (in-process)");
+  auto f = std::make_shared<BenchFlags>();
+  cmd->add_option("--sizes", f->sizes,
+                  "Piece sizes: a list (4K,1M) or ranges (4K..64M = powers of 4, 4K..64M:2)")
+      ->capture_default_str();
+  cmd->add_option("--batches", f->batches, "Pieces per batch, a list")->capture_default_str();
+  cmd->add_option("--max-bytes", f->max_bytes, "Skip points whose batch moves more than this")
+      ->capture_default_str();
+  cmd->add_option("--op", f->op, "write or read")
+      ->check(CLI::IsMember({"write", "read"}))
+      ->capture_default_str();
+  cmd->add_option("--kind", f->kind, "Memory of both buffers: host or cuda")
+      ->check(CLI::IsMember({"host", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--device", f->device, "CUDA device for --kind cuda")->capture_default_str();
+  cmd->add_option("--iters", f->iters, "Timed batches per point, at least")->capture_default_str();
+  cmd->add_option("--min-time", f->min_time_s, "Seconds per point, at least")
+      ->capture_default_str();
+  cmd->add_option("--threads", f->threads, "Copy threads (0 = one per core, at most 8)")
+      ->capture_default_str();
+  cmd->add_option("--parallel-bytes", f->parallel_bytes,
+                  "Batches of at least this many bytes are split over the copy threads")
+      ->capture_default_str();
+  cmd->add_option("--deadline", f->deadline_s, "Seconds each batch may take before it fails")
+      ->capture_default_str();
+  cmd->add_option("--json", f->json, "Write every point to this JSON file");
+  cmd->callback([f, exit_code] { *exit_code = Run(*f); });
+}
+
+}  // namespace ferry::tools

@@ -1,0 +1,61 @@
+#include "bench_loop.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+namespace ferry::tools {
+
+std::vector<TransferOp> PlanScatteredOps(uint64_t piece_bytes, uint64_t batch, uint64_t seed) {
+  std::vector<uint64_t> slot(batch);
+  std::iota(slot.begin(), slot.end(), 0);
+  std::mt19937_64 rng(seed);
+  std::shuffle(slot.begin(), slot.end(), rng);
+  std::vector<TransferOp> ops(batch);
+  for (uint64_t i = 0; i < batch; ++i)
+    ops[i] = {i * piece_bytes, slot[i] * piece_bytes, piece_bytes};
+  return ops;
+}
+
+Result<PointResult> MeasurePoint(const Session& session, const PointSpec& spec,
+                                 std::span<const TransferOp> ops) {
+  using Clock = std::chrono::steady_clock;
+  TransferOptions options;
+  options.deadline = spec.deadline;
+  auto run_one = [&]() -> Status {
+    Transfer t = session.Post(spec.op, ops, options);
+    return t.Wait();  // bounded by options.deadline
+  };
+  for (uint64_t i = 0; i < spec.warmup_iters; ++i) {
+    Status s = run_one();
+    if (!s.ok()) return s.WithContext("warm-up batch");
+  }
+
+  PointResult result;
+  result.spec = spec;
+  const uint64_t batch_bytes =
+      std::accumulate(ops.begin(), ops.end(), uint64_t{0},
+                      [](uint64_t sum, const TransferOp& o) { return sum + o.size; });
+  std::vector<double> latencies_us;
+  latencies_us.reserve(std::min<uint64_t>(spec.max_iters, 1 << 16));
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point min_end = start + spec.min_time;
+  Clock::time_point now = start;
+  while (result.iters < spec.max_iters && (result.iters < spec.min_iters || now < min_end)) {
+    Clock::time_point posted = Clock::now();
+    Status s = run_one();
+    now = Clock::now();
+    if (!s.ok()) return s.WithContext(fmt::format("batch {}", result.iters));
+    latencies_us.push_back(std::chrono::duration<double, std::micro>(now - posted).count());
+    ++result.iters;
+  }
+  result.seconds = std::chrono::duration<double>(now - start).count();
+  result.bytes = batch_bytes * result.iters;
+  result.gbps = GigabytesPerSecond(static_cast<double>(result.bytes), result.seconds);
+  result.latency = Summarize(latencies_us);
+  return result;
+}
+
+}  // namespace ferry::tools

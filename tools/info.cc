@@ -1,0 +1,70 @@
+// `ferry info`: what this build can do here (ferry::Probe()), as text or JSON.
+#include <fmt/format.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "commands.h"
+#include "ferry/system.h"
+#include "units.h"
+
+namespace ferry::tools {
+namespace {
+
+std::string Join(const std::vector<std::string>& items) {
+  return items.empty() ? "(none)" : fmt::format("{}", fmt::join(items, ", "));
+}
+
+nlohmann::ordered_json ToJson(const SystemInfo& info) {
+  nlohmann::ordered_json gpus = nlohmann::ordered_json::array();
+  for (const GpuInfo& g : info.gpus) {
+    gpus.push_back({{"ordinal", g.ordinal},
+                    {"name", g.name},
+                    {"memory_bytes", g.memory_bytes},
+                    {"compute_capability", fmt::format("{}.{}", g.sm_major, g.sm_minor)}});
+  }
+  return {{"version", info.version},
+          {"transports_compiled", info.transports_compiled},
+          {"transports_usable", info.transports_usable},
+          {"cuda_built", info.cuda_built},
+          {"cuda_available", info.cuda_available},
+          {"cuda_unavailable_reason", info.cuda_unavailable_reason},
+          {"gpus", gpus}};
+}
+
+void PrintText(const SystemInfo& info) {
+  fmt::print("ferry {}\n", info.version);
+  fmt::print("transports compiled: {}\n", Join(info.transports_compiled));
+  fmt::print("transports usable:   {}\n", Join(info.transports_usable));
+  fmt::print("cuda built:          {}\n", info.cuda_built ? "yes" : "no");
+  if (info.cuda_available) {
+    fmt::print("cuda available:      yes\n");
+  } else {
+    fmt::print("cuda available:      no ({})\n", info.cuda_unavailable_reason);
+  }
+  fmt::print("gpus:                {}\n", info.gpus.size());
+  for (const GpuInfo& g : info.gpus) {
+    fmt::print("  [{}] {}, {}, sm_{}{}\n", g.ordinal, g.name, FormatBytes(g.memory_bytes),
+               g.sm_major, g.sm_minor);
+  }
+}
+
+}  // namespace
+
+void AddInfoCommand(CLI::App& app, int* exit_code) {
+  CLI::App* cmd = app.add_subcommand("info", "Version, transports, CUDA and GPUs seen here");
+  auto json = std::make_shared<bool>(false);
+  cmd->add_flag("--json", *json, "Print machine-readable JSON");
+  cmd->callback([json, exit_code] {
+    SystemInfo info = Probe();
+    if (*json) {
+      fmt::print("{}\n", ToJson(info).dump(2));
+    } else {
+      PrintText(info);
+    }
+    *exit_code = 0;
+  });
+}
+
+}  // namespace ferry::tools
