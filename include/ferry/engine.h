@@ -69,7 +69,7 @@ struct EngineOptions {
   // Threads that copy host memory for large batches (the local transport); 0 = one per core,
   // at most 8. Batches under `parallel_copy_bytes` are copied on the posting thread.
   int copy_threads = 0;
-  uint64_t parallel_copy_bytes = 1 << 20;
+  uint64_t parallel_copy_bytes = 4 << 20;
   // Page-lock host regions at registration when a CUDA device is present, so GPU copies and
   // kernels can reach them directly.
   bool pin_host_memory = true;
@@ -182,7 +182,8 @@ class Engine {
   std::vector<std::string> transports() const;
 
   // Registers [ptr, ptr + bytes) of host memory or of CUDA device `device`.
-  // REQUIRES: the memory stays valid until DeregisterMemory() returns.
+  // REQUIRES: the memory stays valid until DeregisterMemory() returns OK (a region still in
+  // use when its deadline passes is reported with kDeadlineExceeded and must not be freed).
   Result<MemoryDesc> RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind = MemoryKind::kHost,
                                     int device = -1);
   // Waits (up to the default deadline) for transfers using the region to finish, then makes

@@ -1,14 +1,61 @@
 #include "transport/local/host_copy.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 namespace ferry::internal {
 
-void CopyInline(std::byte* local, const std::byte* remote_c, std::span<const TransferOp> ops,
-                bool write) {
-  auto* remote = const_cast<std::byte*>(remote_c);
+void StreamingCopy(std::byte* dst, const std::byte* src, size_t n) {
+#if defined(__x86_64__)
+  if (n < 4096) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  // Head: bring dst to a 16-byte boundary.
+  size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  n -= head;
+  auto* d = reinterpret_cast<__m128i*>(dst);
+  auto* s = reinterpret_cast<const __m128i*>(src);
+  size_t blocks = n / 64;
+  for (size_t i = 0; i < blocks; ++i, d += 4, s += 4) {
+    __m128i a = _mm_loadu_si128(s), b = _mm_loadu_si128(s + 1);
+    __m128i c = _mm_loadu_si128(s + 2), e = _mm_loadu_si128(s + 3);
+    _mm_stream_si128(d, a);
+    _mm_stream_si128(d + 1, b);
+    _mm_stream_si128(d + 2, c);
+    _mm_stream_si128(d + 3, e);
+  }
+  std::memcpy(d, s, n - blocks * 64);
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+void StreamingFence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+void CopyInline(std::byte* local, std::byte* remote, std::span<const TransferOp> ops, bool write,
+                uint64_t total_bytes) {
+  if (total_bytes >= kStreamingCopyBytes) {
+    for (const TransferOp& op : ops) {
+      if (write) StreamingCopy(remote + op.remote_offset, local + op.local_offset, op.size);
+      else StreamingCopy(local + op.local_offset, remote + op.remote_offset, op.size);
+    }
+    StreamingFence();
+    return;
+  }
   if (write) {
     for (const TransferOp& op : ops) std::memcpy(remote + op.remote_offset, local + op.local_offset, op.size);
   } else {
@@ -26,21 +73,25 @@ struct Job {
   std::byte* local;
   std::byte* remote;
   bool write;
+  bool streaming;
 
   // Stops early once the transfer has finished (its deadline passed): nobody waits for it.
   void CopyRange(uint64_t begin, uint64_t end, const TransferState& state) const {
     size_t i = std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin() - 1;
     for (; i < ops.size() && starts[i] < end; ++i) {
-      if ((i & 63) == 0 && state.finished()) return;
+      if ((i & 63) == 0 && state.finished()) break;
       const TransferOp& op = ops[i];
       uint64_t from = std::max(begin, starts[i]) - starts[i];
       uint64_t to = std::min(end, starts[i] + op.size) - starts[i];
       if (to <= from) continue;
       std::byte* l = local + op.local_offset + from;
       std::byte* r = remote + op.remote_offset + from;
-      if (write) std::memcpy(r, l, to - from);
-      else std::memcpy(l, r, to - from);
+      std::byte* dst = write ? r : l;
+      const std::byte* src = write ? l : r;
+      if (streaming) StreamingCopy(dst, src, to - from);
+      else std::memcpy(dst, src, to - from);
     }
+    if (streaming) StreamingFence();  // the stores are visible before the part reports done
   }
 };
 
@@ -61,6 +112,7 @@ void CopyParallel(ThreadPool* pool, std::byte* local, std::byte* remote,
   job->local = local;
   job->remote = remote;
   job->write = write;
+  job->streaming = total_bytes >= kStreamingCopyBytes;
   uint64_t parts = std::clamp<uint64_t>(total_bytes / kMinPartBytes, 1, pool->size());
   state->AddParts(static_cast<int>(parts));
   for (uint64_t p = 0; p < parts; ++p) {

@@ -90,7 +90,7 @@ class LocalChannel final : public Channel {
       return shared_->cuda->Post(op, *local_, *remote_, ops, total_bytes, state);
     }
     if (!shared_->pool || total_bytes < shared_->parallel_copy_bytes || ops.empty()) {
-      CopyInline(local_->base, remote_->base, ops, write);
+      CopyInline(local_->base, remote_->base, ops, write, total_bytes);
       return Status::Ok();
     }
     state->Hold(std::move(local_use));
