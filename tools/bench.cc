@@ -33,6 +33,12 @@ struct BenchFlags {
   std::string parallel_bytes = "1M";
   double deadline_s = 30;
   std::string json;
+  std::string listen;     // two processes: serve a buffer here ("host:port")
+  std::string peer;       // two processes: measure against the buffer served there
+  std::vector<std::string> transports;  // restrict the engines' transports (e.g. ucx)
+  std::string ucx_progress = "event";
+  std::string ucx_rma = "auto";
+  int ucx_lanes = 1;
 };
 
 struct Grid {
@@ -141,14 +147,38 @@ Status WriteJson(const std::string& path, const BenchFlags& f, const Link& link,
   return Status::Ok();
 }
 
-// Where the session comes from. A two-process mode adds --listen (serve a buffer and this
-// engine's descriptors) and --peer ADDRESS (fetch them, AddPeer, OpenSession) as another Link;
-// the grid, the loop and the output stay as they are.
+Result<EngineOptions> MakeEngineOptions(const BenchFlags& f) {
+  EngineOptions e;
+  e.copy_threads = f.threads;
+  FERRY_ASSIGN_OR_RETURN(e.parallel_copy_bytes, ParseBytes(f.parallel_bytes));
+  e.transports = f.transports;
+  e.default_deadline = Seconds(f.deadline_s);
+  e.ucx.progress = f.ucx_progress == "poll" ? UcxOptions::Progress::kPolling : UcxOptions::Progress::kEvent;
+  e.ucx.rma = f.ucx_rma == "always"  ? UcxOptions::Rma::kAlways
+              : f.ucx_rma == "never" ? UcxOptions::Rma::kNever
+                                     : UcxOptions::Rma::kAuto;
+  e.ucx.lanes = f.ucx_lanes;
+  return e;
+}
+
+// Where the session comes from: two engines of this process, or (--peer) a `ferry bench
+// --listen` process reached through a side channel. The grid, the loop and the output are
+// the same for both.
 Result<std::unique_ptr<Link>> MakeLink(const BenchFlags& f, uint64_t bytes) {
   FERRY_ASSIGN_OR_RETURN(MemoryKind kind, ParseMemoryKind(f.kind));
   if (kind == MemoryKind::kCuda) {
     std::string reason;
     if (!CudaAvailable(&reason)) return Status(Code::kUnsupported, "--kind cuda: " + reason);
+  }
+  FERRY_ASSIGN_OR_RETURN(EngineOptions engine, MakeEngineOptions(f));
+  if (!f.peer.empty()) {
+    RemoteLinkOptions r;
+    r.peer = f.peer;
+    r.kind = kind;
+    r.device = f.device;
+    r.bytes = bytes;
+    r.engine = engine;
+    return MakeRemoteLink(r);
   }
   FERRY_ASSIGN_OR_RETURN(uint64_t parallel_bytes, ParseBytes(f.parallel_bytes));
   InProcessLinkOptions o;
@@ -160,7 +190,34 @@ Result<std::unique_ptr<Link>> MakeLink(const BenchFlags& f, uint64_t bytes) {
   return MakeInProcessLink(o);
 }
 
+// --listen: serve a buffer of --max-bytes to one --peer run, then exit.
+int Serve(const BenchFlags& f) {
+  auto kind = ParseMemoryKind(f.kind);
+  if (!kind.ok()) return Fail("bench", kind.status());
+  auto bytes = ParseBytes(f.max_bytes);
+  if (!bytes.ok()) return Fail("bench", bytes.status());
+  auto engine = MakeEngineOptions(f);
+  if (!engine.ok()) return Fail("bench", engine.status());
+  ServeOptions o;
+  o.listen = f.listen;
+  o.kind = *kind;
+  o.device = f.device;
+  o.bytes = *bytes;
+  o.engine = *engine;
+  Status s = ServeBench(o, [&](const std::string& address) {
+    fmt::print("ferry bench: serving {} of {} memory; side channel on {}\n", FormatBytes(*bytes), f.kind,
+               address);
+    std::fflush(stdout);
+  });
+  if (!s.ok()) return Fail("bench", s);
+  fmt::print("ferry bench: the peer is done\n");
+  return 0;
+}
+
 int Run(const BenchFlags& f) {
+  if (!f.listen.empty() && !f.peer.empty())
+    return Fail("bench", Status(Code::kInvalidArgument, "--listen and --peer exclude each other"));
+  if (!f.listen.empty()) return Serve(f);
   auto grid = MakeGrid(f);
   if (!grid.ok()) return Fail("bench", grid.status());
   auto link = MakeLink(f, grid->largest_batch_bytes);
@@ -201,7 +258,8 @@ int Run(const BenchFlags& f) {
 
 void AddBenchCommand(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
-      "bench", "Transfer throughput and latency over piece sizes x batch sizes (in-process)");
+      "bench", "Transfer throughput and latency over piece sizes x batch sizes (in one process, "
+      "or two with --listen/--peer)");
   auto f = std::make_shared<BenchFlags>();
   cmd->add_option("--sizes", f->sizes,
                   "Piece sizes: a list (4K,1M) or ranges (4K..64M = powers of 4, 4K..64M:2)")
@@ -227,6 +285,19 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--deadline", f->deadline_s, "Seconds each batch may take before it fails")
       ->capture_default_str();
   cmd->add_option("--json", f->json, "Write every point to this JSON file");
+  cmd->add_option("--listen", f->listen,
+                  "Two processes: serve a buffer of --max-bytes for one --peer run; side channel "
+                  "on HOST:PORT (port 0 = any; the bound address is printed)");
+  cmd->add_option("--peer", f->peer,
+                  "Two processes: measure against the buffer a --listen process serves at HOST:PORT");
+  cmd->add_option("--transport", f->transports, "Transports the engines may use (default: all)");
+  cmd->add_option("--ucx-progress", f->ucx_progress, "ucx progress thread: event or poll")
+      ->check(CLI::IsMember({"event", "poll"}))
+      ->capture_default_str();
+  cmd->add_option("--ucx-rma", f->ucx_rma, "ucx one-sided RMA: auto, always or never (active messages)")
+      ->check(CLI::IsMember({"auto", "always", "never"}))
+      ->capture_default_str();
+  cmd->add_option("--ucx-lanes", f->ucx_lanes, "ucx endpoints per peer")->capture_default_str();
   cmd->callback([f, exit_code] { *exit_code = Run(*f); });
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "buffers.h"
+#include "side_channel.h"
 
 namespace ferry::tools {
 namespace {
@@ -68,10 +69,96 @@ class InProcessLink final : public Link {
   Session session_;
 };
 
+constexpr std::string_view kHello = "ferry-bench/1";
+
+class RemoteLink final : public Link {
+ public:
+  const Session& session() const override { return session_; }
+  uint64_t bytes() const override { return bytes_; }
+  std::string Describe() const override {
+    return fmt::format("two processes, {0} -> {0} of {1}, {2}", MemoryKindName(kind_), peer_,
+                       session_.path().ToString());
+  }
+  ~RemoteLink() override {
+    session_ = Session();
+    if (channel_) (void)channel_->Send("done");
+    if (local_desc_.size != 0) DeregisterAndFree(*engine_, local_desc_, buffer_);
+  }
+
+  static Result<std::unique_ptr<Link>> Make(const RemoteLinkOptions& o) {
+    std::unique_ptr<RemoteLink> link(new RemoteLink());
+    link->kind_ = o.kind;
+    link->bytes_ = o.bytes;
+    FERRY_ASSIGN_OR_RETURN(link->channel_, SideChannel::Dial(o.peer, o.connect_timeout));
+    link->peer_ = o.peer;
+    FERRY_ASSIGN_OR_RETURN(std::string hello, link->channel_->Receive(o.connect_timeout));
+    if (hello != kHello)
+      return Status(Code::kFailedPrecondition, o.peer + " is not a `ferry bench --listen` of this version");
+    FERRY_ASSIGN_OR_RETURN(std::string engine_bytes, link->channel_->Receive(o.connect_timeout));
+    FERRY_ASSIGN_OR_RETURN(std::string memory_bytes, link->channel_->Receive(o.connect_timeout));
+    FERRY_ASSIGN_OR_RETURN(EngineDesc peer, EngineDesc::Unpack(engine_bytes));
+    FERRY_ASSIGN_OR_RETURN(MemoryDesc remote, MemoryDesc::Unpack(memory_bytes));
+    if (remote.size < o.bytes)
+      return Status(Code::kFailedPrecondition,
+                    fmt::format("the listener serves {} bytes; this grid needs {}", remote.size, o.bytes));
+    int device = o.kind == MemoryKind::kCuda ? o.device : -1;
+    FERRY_ASSIGN_OR_RETURN(link->buffer_, Buffer::Allocate(o.kind, device, o.bytes));
+    FERRY_ASSIGN_OR_RETURN(link->engine_, Engine::Create(o.engine));
+    FERRY_ASSIGN_OR_RETURN(link->local_desc_,
+                           link->engine_->RegisterMemory(link->buffer_->data(), o.bytes, o.kind, device));
+    FERRY_RETURN_IF_ERROR(link->engine_->AddPeer(peer));
+    FERRY_ASSIGN_OR_RETURN(link->session_, link->engine_->OpenSession(link->local_desc_, remote));
+    return std::unique_ptr<Link>(std::move(link));
+  }
+
+ private:
+  RemoteLink() = default;
+  MemoryKind kind_ = MemoryKind::kHost;
+  uint64_t bytes_ = 0;
+  std::string peer_;
+  std::unique_ptr<SideChannel> channel_;
+  std::unique_ptr<Buffer> buffer_;  // freed after the engine
+  std::unique_ptr<Engine> engine_;
+  MemoryDesc local_desc_;
+  Session session_;
+};
+
 }  // namespace
 
 Result<std::unique_ptr<Link>> MakeInProcessLink(const InProcessLinkOptions& options) {
   return InProcessLink::Make(options);
+}
+
+Result<std::unique_ptr<Link>> MakeRemoteLink(const RemoteLinkOptions& options) {
+  return RemoteLink::Make(options);
+}
+
+Status ServeBench(const ServeOptions& o, const std::function<void(const std::string&)>& on_listening) {
+  int device = o.kind == MemoryKind::kCuda ? o.device : -1;
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buffer, Buffer::Allocate(o.kind, device, o.bytes));
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(o.engine));
+  FERRY_ASSIGN_OR_RETURN(MemoryDesc desc, engine->RegisterMemory(buffer->data(), o.bytes, o.kind, device));
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<SideListener> listener, SideListener::Listen(o.listen));
+  on_listening(listener->address());
+  Status result;
+  {
+    auto channel = listener->Accept(o.wait);
+    if (!channel.ok()) {
+      result = channel.status();
+    } else {
+      SideChannel& c = **channel;
+      result = c.Send(kHello);
+      if (result.ok()) result = c.Send(engine->Describe().Pack());
+      if (result.ok()) result = c.Send(desc.Pack());
+      if (result.ok()) {
+        auto done = c.Receive(o.wait);
+        // The peer says "done", or closes the channel when it exits: both end the serving.
+        if (!done.ok() && done.status().code() != Code::kUnavailable) result = done.status();
+      }
+    }
+  }
+  DeregisterAndFree(*engine, desc, buffer);
+  return result;
 }
 
 }  // namespace ferry::tools

@@ -1,14 +1,16 @@
 // Link: a session from a local buffer to a remote buffer, with whatever keeps both alive.
 //
-// `ferry bench` measures a Link without knowing how it was made. Today the only kind is
-// in-process (two engines of this process, each with a buffer); a two-process mode
-// (`--listen` on one side, `--peer` on the other) adds a Link whose remote buffer and engine
-// live in another process, reached through descriptors exchanged over a side channel.
+// `ferry bench` measures a Link without knowing how it was made: in-process (two engines of
+// this process, each with a buffer), or two-process (`--listen` on one side serves a buffer
+// and its engine's descriptors over a side channel; `--peer` on the other fetches them, adds
+// the peer and opens the session).
 //
 // Thread safety: session() may be used from any thread (Session is thread-safe).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -36,5 +38,32 @@ struct InProcessLinkOptions {
 // Two engines, a buffer registered in each, the first adding the second as a peer and opening
 // a session from its buffer to the other's.
 Result<std::unique_ptr<Link>> MakeInProcessLink(const InProcessLinkOptions& options);
+
+struct RemoteLinkOptions {
+  std::string peer;  // side channel of a `ferry bench --listen` process, "host:port"
+  MemoryKind kind = MemoryKind::kHost;
+  int device = 0;
+  uint64_t bytes = 0;  // of the local buffer; the remote one must be at least as large
+  EngineOptions engine;
+  std::chrono::milliseconds connect_timeout = std::chrono::seconds(30);
+};
+
+// A session to the buffer a `ferry bench --listen` process serves.
+Result<std::unique_ptr<Link>> MakeRemoteLink(const RemoteLinkOptions& options);
+
+struct ServeOptions {
+  std::string listen;  // side channel address, "host:port" (port 0 = any)
+  MemoryKind kind = MemoryKind::kHost;
+  int device = 0;
+  uint64_t bytes = 0;
+  EngineOptions engine;
+  std::chrono::milliseconds wait = std::chrono::hours(1);  // for the peer, and for its "done"
+};
+
+// Serves a registered buffer to one `ferry bench --peer` run: sends this engine's and the
+// buffer's descriptors, then waits until the peer says it is done or goes away.
+// `on_listening` receives the side channel's bound address once it listens.
+Status ServeBench(const ServeOptions& options,
+                  const std::function<void(const std::string&)>& on_listening);
 
 }  // namespace ferry::tools

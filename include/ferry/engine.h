@@ -186,8 +186,8 @@ class Engine {
   // use when its deadline passes is reported with kDeadlineExceeded and must not be freed).
   Result<MemoryDesc> RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind = MemoryKind::kHost,
                                     int device = -1);
-  // Waits (up to the default deadline) for transfers using the region to finish, then makes
-  // every later transfer on it fail with kFailedPrecondition.
+  // Makes every later transfer on the region fail with kFailedPrecondition, then waits for the
+  // transfers still using it (up to the default deadline, and at least 10 s).
   Status DeregisterMemory(RegionId region);
   Status DeregisterMemory(const MemoryDesc& desc) { return DeregisterMemory(desc.region); }
 

@@ -76,7 +76,7 @@ struct CopyEngine::Core {
   void CompleterLoop();
 
   // REQUIRES (every *Locked method): mu held.
-  Status EnqueueDmaLocked(const std::vector<const Copy*>& dma, bool* enqueued);
+  Status EnqueueDmaLocked(const std::vector<const Copy*>& dma, bool batched, bool* enqueued);
   Status PushSegmentLocked(bool uses_ring, size_t ring_end, std::shared_ptr<Completion> completion,
                            Status error);
   bool AllocRingLocked(size_t n, size_t* at);
@@ -186,9 +186,10 @@ Status CopyEngine::Core::PushSegmentLocked(bool uses_ring, size_t ring_end,
   return Status::Ok();
 }
 
-Status CopyEngine::Core::EnqueueDmaLocked(const std::vector<const Copy*>& dma, bool* enqueued) {
+Status CopyEngine::Core::EnqueueDmaLocked(const std::vector<const Copy*>& dma, bool batched,
+                                          bool* enqueued) {
 #if CUDART_VERSION >= 12080
-  if (dma.size() > 1) {
+  if (batched && dma.size() > 1) {
     std::vector<void*> dsts;
     std::vector<const void*> srcs;
     std::vector<size_t> sizes;
@@ -256,7 +257,7 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
   bool enqueued = false;
   bool placed = false;  // the completion sits on a segment already
   Status error;
-  if (!dma.empty()) error = EnqueueDmaLocked(dma, &enqueued);
+  if (!dma.empty()) error = EnqueueDmaLocked(dma, /*batched=*/!options.pageable, &enqueued);
   auto backoff = std::chrono::microseconds(5);
   for (size_t begin = 0; error.ok() && begin < kernel_pieces;) {
     const size_t n = std::min(kMaxLaunchPieces, kernel_pieces - begin);
@@ -469,6 +470,14 @@ Status EnablePeerAccess(int device, int peer) {
 bool IsMappedHost(const void* ptr, int device) {
   DeviceGuard guard(device);
   if (!guard.status().ok()) return false;
+  // Page-locked memory (cudaHostAlloc or cudaHostRegister) has host flags; pageable memory has
+  // none, even where the driver reports it as host memory the device can address (HMM), and a
+  // kernel must not read it.
+  unsigned int flags = 0;
+  if (cudaHostGetFlags(&flags, const_cast<void*>(ptr)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
   cudaPointerAttributes attr{};
   if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
     (void)cudaGetLastError();

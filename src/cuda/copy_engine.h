@@ -36,6 +36,9 @@ struct PostOptions {
   // memory with peer access enabled, or mapped page-locked host memory. When false only the
   // DMA engines touch the memory.
   bool kernel_ok = false;
+  // Some side is pageable host memory: the DMA copies go one cudaMemcpyAsync per piece (the
+  // batched copy call failed on pageable memory in testing on an H200 with driver 580).
+  bool pageable = false;
   // Called exactly once, when every copy of the batch is done or failed.
   std::function<void(const Status&)> on_done;
   // How long Post() may wait for descriptor space when many batches are in flight.

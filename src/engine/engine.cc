@@ -20,6 +20,14 @@ std::string DefaultKey() {
   return std::string(host) + ":" + std::to_string(getpid()) + ":" + suffix;
 }
 
+// How long deregistration waits for transfers still using a region: a transfer that passed its
+// deadline may still be copying, and a GPU copy always finishes, so wait at least 10 s even
+// when the engine's default deadline is shorter. A region still in use after that keeps its
+// page lock (a late copy may still touch it).
+Deadline RetireDeadline(const EngineOptions& options) {
+  return Deadline::After(std::max<Duration>(options.default_deadline, std::chrono::seconds(10)));
+}
+
 bool Carries(const Capabilities& caps, MemoryKind kind) {
   return kind == MemoryKind::kHost ? caps.host_memory : caps.cuda_memory;
 }
@@ -82,7 +90,7 @@ void EngineCore::Shutdown() {
     peers_.clear();
   }
   for (auto& [id, entry] : regions) {
-    Status s = entry.region->Retire(Deadline::After(options_.default_deadline));
+    Status s = entry.region->Retire(RetireDeadline(options_));
     if (!s.ok()) FERRY_LOG_WARN("engine shutdown: {}", s.ToString());
     for (const auto& t : transports_) t->Deregister(*entry.region);
     if (entry.region->pinned && s.ok()) (void)cuda::HostUnregister(entry.region->base);
@@ -167,7 +175,7 @@ Status EngineCore::DeregisterMemory(RegionId id) {
     regions_.erase(it);
   }
   for (const auto& t : transports_) t->Deregister(*entry.region);
-  Status retired = entry.region->Retire(Deadline::After(options_.default_deadline));
+  Status retired = entry.region->Retire(RetireDeadline(options_));
   // A region still in use keeps its page lock: a late GPU copy may still read it.
   if (retired.ok() && entry.region->pinned) (void)cuda::HostUnregister(entry.region->base);
   return retired;

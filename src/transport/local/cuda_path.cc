@@ -35,7 +35,10 @@ class CudaPathImpl final : public CudaPath {
     if (copies.empty()) return Status::Ok();
 
     cuda::PostOptions options;
-    options.kernel_ok = KernelReaches(src, device) && KernelReaches(dst, device);
+    const bool src_reached = KernelReaches(src, device), dst_reached = KernelReaches(dst, device);
+    options.kernel_ok = src_reached && dst_reached;
+    options.pageable = (src.kind == MemoryKind::kHost && !src_reached) ||
+                       (dst.kind == MemoryKind::kHost && !dst_reached);
     options.deadline = state->deadline();
     options.on_done = [state](const Status& s) { state->PartDone(s); };
     // The poster's own part keeps the transfer open until Post returns, so the poller and the

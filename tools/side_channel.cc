@@ -1,0 +1,155 @@
+#include "side_channel.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+namespace ferry::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Status Errno(const std::string& what) {
+  return Status(Code::kUnavailable, what + ": " + std::strerror(errno));
+}
+
+int Remaining(Clock::time_point until) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+  return left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30));
+}
+
+}  // namespace
+
+Status ParseHostPort(const std::string& address, std::string* host, uint16_t* port) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0)
+    return Status(Code::kInvalidArgument, "address '" + address + "' is not host:port");
+  char* end = nullptr;
+  long p = std::strtol(address.c_str() + colon + 1, &end, 10);
+  if (end == address.c_str() + colon + 1 || *end != '\0' || p < 0 || p > 65535)
+    return Status(Code::kInvalidArgument, "bad port in '" + address + "'");
+  *host = address.substr(0, colon);
+  *port = static_cast<uint16_t>(p);
+  return Status::Ok();
+}
+
+static Result<sockaddr_in> Resolve(const std::string& address) {
+  std::string host;
+  uint16_t port = 0;
+  FERRY_RETURN_IF_ERROR(ParseHostPort(address, &host, &port));
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1)
+    return Status(Code::kInvalidArgument, "'" + host + "' is not an IPv4 address");
+  return addr;
+}
+
+SideChannel::~SideChannel() { close(fd_); }
+
+Result<std::unique_ptr<SideChannel>> SideChannel::Dial(const std::string& address,
+                                                       std::chrono::milliseconds timeout) {
+  FERRY_ASSIGN_OR_RETURN(sockaddr_in addr, Resolve(address));
+  const auto until = Clock::now() + timeout;
+  for (;;) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return Errno("socket");
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      return std::unique_ptr<SideChannel>(new SideChannel(fd));
+    }
+    Status s = Errno("connecting to " + address);
+    close(fd);
+    if (Clock::now() >= until) return s;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+Status SideChannel::Send(std::string_view frame) {
+  if (frame.size() > kMaxFrameBytes) return Status(Code::kInvalidArgument, "frame too large");
+  std::string out(4, '\0');
+  uint32_t n = static_cast<uint32_t>(frame.size());
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<char>(n >> (8 * i));
+  out.append(frame);
+  size_t sent = 0;
+  while (sent < out.size()) {
+    ssize_t k = ::send(fd_, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return Errno("side channel send");
+    sent += static_cast<size_t>(k);
+  }
+  return Status::Ok();
+}
+
+Status SideChannel::ReadExactly(char* out, size_t n, Clock::time_point until) {
+  size_t got = 0;
+  while (got < n) {
+    pollfd pfd{fd_, POLLIN, 0};
+    int r = poll(&pfd, 1, Remaining(until));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Errno("side channel poll");
+    if (r == 0) return Status(Code::kDeadlineExceeded, "the other side sent nothing in time");
+    ssize_t k = ::recv(fd_, out + got, n - got, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) return Errno("side channel receive");
+    if (k == 0) return Status(Code::kUnavailable, "the other side closed the side channel");
+    got += static_cast<size_t>(k);
+  }
+  return Status::Ok();
+}
+
+Result<std::string> SideChannel::Receive(std::chrono::milliseconds timeout) {
+  const auto until = Clock::now() + timeout;
+  char len[4];
+  FERRY_RETURN_IF_ERROR(ReadExactly(len, 4, until));
+  uint32_t n = 0;
+  for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(static_cast<uint8_t>(len[i])) << (8 * i);
+  if (n > kMaxFrameBytes)
+    return Status(Code::kInvalidArgument, "side channel frame of " + std::to_string(n) + " bytes");
+  std::string frame(n, '\0');
+  FERRY_RETURN_IF_ERROR(ReadExactly(frame.data(), n, until));
+  return frame;
+}
+
+SideListener::~SideListener() { close(fd_); }
+
+Result<std::unique_ptr<SideListener>> SideListener::Listen(const std::string& address) {
+  FERRY_ASSIGN_OR_RETURN(sockaddr_in addr, Resolve(address));
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Errno("socket");
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 4) != 0) {
+    Status s = Errno("listening on " + address);
+    close(fd);
+    return s;
+  }
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  char host[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &addr.sin_addr, host, sizeof(host));
+  return std::unique_ptr<SideListener>(
+      new SideListener(fd, std::string(host) + ":" + std::to_string(ntohs(addr.sin_port))));
+}
+
+Result<std::unique_ptr<SideChannel>> SideListener::Accept(std::chrono::milliseconds timeout) {
+  pollfd pfd{fd_, POLLIN, 0};
+  int r = poll(&pfd, 1, static_cast<int>(timeout.count()));
+  if (r < 0) return Errno("accept poll");
+  if (r == 0) return Status(Code::kDeadlineExceeded, "no peer connected in time");
+  int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) return Errno("accept");
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return std::unique_ptr<SideChannel>(new SideChannel(fd));
+}
+
+}  // namespace ferry::tools

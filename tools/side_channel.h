@@ -1,0 +1,60 @@
+// SideChannel: a small TCP connection on which two ferry processes exchange their packed
+// descriptors and a few control messages before and around their transfers (the role ZMQ or
+// HTTP plays next to MoRI-IO in an inference server).
+//
+// Frames are a 4-byte little-endian length and that many bytes, at most kMaxFrameBytes; a
+// longer or truncated frame is an error, never a crash. Every receive has a timeout.
+//
+// Thread safety: one thread per object.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ferry/status.h"
+
+namespace ferry::tools {
+
+inline constexpr uint32_t kMaxFrameBytes = 1 << 20;
+
+class SideChannel {
+ public:
+  ~SideChannel();
+  SideChannel(const SideChannel&) = delete;
+  SideChannel& operator=(const SideChannel&) = delete;
+
+  // Connects to "host:port", retrying until `timeout` (the other side may still be starting).
+  static Result<std::unique_ptr<SideChannel>> Dial(const std::string& address,
+                                                   std::chrono::milliseconds timeout);
+
+  Status Send(std::string_view frame);
+  Result<std::string> Receive(std::chrono::milliseconds timeout);
+
+ private:
+  friend class SideListener;
+  explicit SideChannel(int fd) : fd_(fd) {}
+  Status ReadExactly(char* out, size_t n, std::chrono::steady_clock::time_point until);
+  int fd_;
+};
+
+class SideListener {
+ public:
+  ~SideListener();
+  // Listens on "host:port" (port 0 = any free port).
+  static Result<std::unique_ptr<SideListener>> Listen(const std::string& address);
+  // "host:port" actually bound.
+  const std::string& address() const { return address_; }
+  Result<std::unique_ptr<SideChannel>> Accept(std::chrono::milliseconds timeout);
+
+ private:
+  SideListener(int fd, std::string address) : fd_(fd), address_(std::move(address)) {}
+  int fd_;
+  std::string address_;
+};
+
+// Splits "host:port"; kInvalidArgument when malformed.
+Status ParseHostPort(const std::string& address, std::string* host, uint16_t* port);
+
+}  // namespace ferry::tools
