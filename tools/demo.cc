@@ -1,9 +1,14 @@
-// `ferry demo`: two engines in this process play prefill (producer) and decode (consumer) and
-// move a KV cache layer by layer: one WriteBatch per layer, blocks scattered on both sides, a
-// notification on the last layer's batch. The consumer checks that the notification arrived
-// and then every byte, and the command prints throughput and per-layer latency.
+// `ferry demo`: a prefill engine (producer) and a decode engine (consumer) move a KV cache layer
+// by layer: one WriteBatch per layer, blocks scattered on both sides, a notification on the
+// last layer's batch. The consumer checks that the notification arrived and then every byte,
+// and the command prints throughput and per-layer latency. Both engines live in this process,
+// or (--role) in two processes that find each other through a side channel: the consumer
+// listens (--listen) and hands over its descriptors, the producer dials it (--peer).
 #include <fmt/format.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
@@ -16,6 +21,7 @@
 #include "kv_fill.h"
 #include "kv_layout.h"
 #include "report.h"
+#include "side_channel.h"
 #include "units.h"
 
 namespace ferry::tools {
@@ -35,6 +41,10 @@ struct DemoFlags {
   uint64_t seed = 7;
   double deadline_s = 30;
   bool per_layer = false;
+  std::string role;    // "", "producer" or "consumer"
+  std::string listen;  // consumer: side channel address
+  std::string peer;    // producer: the consumer's side channel address
+  std::vector<std::string> transports;
 };
 
 // The flags, checked and parsed.
@@ -82,12 +92,14 @@ struct Side {
   }
 };
 
-Status MakeSide(const std::string& key, int copy_threads, const DemoConfig& c, Side* side) {
+Status MakeSide(const std::string& key, int copy_threads, const DemoConfig& c, Side* side,
+                const std::vector<std::string>& transports = {}) {
   const uint64_t bytes = c.shape.total_bytes();
   FERRY_ASSIGN_OR_RETURN(side->buffer, Buffer::Allocate(c.kind, c.device, bytes));
   EngineOptions options;
   options.key = key;
   options.copy_threads = copy_threads;
+  options.transports = transports;
   FERRY_ASSIGN_OR_RETURN(side->engine, Engine::Create(options));
   FERRY_ASSIGN_OR_RETURN(
       side->desc, side->engine->RegisterMemory(side->buffer->data(), bytes, c.kind, c.device));
@@ -189,10 +201,161 @@ void PrintLayers(uint64_t round, const KvShape& shape, const std::vector<double>
   table.Print(stdout);
 }
 
+// ---- Two processes -----------------------------------------------------------------------
+
+constexpr std::string_view kHello = "ferry-demo/1";
+constexpr auto kSideTimeout = std::chrono::seconds(120);
+
+std::string ShapeLine(const DemoFlags& f, const DemoConfig& c) {
+  return fmt::format("{} {} {} {} {} {}", c.shape.layers, c.shape.blocks, c.shape.block_bytes,
+                     f.seed, f.rounds, f.kind);
+}
+
+// The consumer: serves its cache's descriptors, then for each round waits for the producer's
+// notification, verifies every byte and reports back.
+int RunConsumer(const DemoFlags& f, const DemoConfig& c) {
+  Side consumer;
+  if (Status s = MakeSide(fmt::format("demo-decode-{}", getpid()), f.threads, c, &consumer, f.transports);
+      !s.ok())
+    return Fail(kCmd, s.WithContext("consumer"));
+  auto listener = SideListener::Listen(f.listen);
+  if (!listener.ok()) return Fail(kCmd, listener.status());
+  fmt::print("ferry demo (consumer): {} of KV cache registered; side channel on {}\n",
+             FormatBytes(c.shape.total_bytes()), (*listener)->address());
+  std::fflush(stdout);
+  auto channel = (*listener)->Accept(kSideTimeout);
+  if (!channel.ok()) return Fail(kCmd, channel.status());
+  SideChannel& side = **channel;
+  Status s = side.Send(kHello);
+  if (s.ok()) s = side.Send(ShapeLine(f, c));
+  if (s.ok()) s = side.Send(consumer.engine->Describe().Pack());
+  if (s.ok()) s = side.Send(consumer.desc.Pack());
+  auto producer_bytes = side.Receive(kSideTimeout);
+  if (!s.ok() || !producer_bytes.ok()) return Fail(kCmd, s.ok() ? producer_bytes.status() : s);
+  auto producer = EngineDesc::Unpack(*producer_bytes);
+  if (!producer.ok()) return Fail(kCmd, producer.status().WithContext("producer descriptor"));
+  if (Status added = consumer.engine->AddPeer(*producer); !added.ok()) return Fail(kCmd, added);
+
+  const BlockMapping mapping = MakeBlockMapping(c.shape.blocks, f.seed);
+  uint64_t bad_rounds = 0;
+  for (uint64_t round = 0; round < f.rounds; ++round) {
+    if (round > 0) {  // start from an empty cache, so stale data cannot pass the check
+      std::vector<std::byte> zeros(c.shape.blocks * c.shape.block_bytes);
+      for (uint64_t at = 0; at < c.shape.total_bytes(); at += zeros.size())
+        if (Status z = consumer.buffer->Write(at, zeros); !z.ok()) return Fail(kCmd, z);
+    }
+    if (Status r = side.Send(fmt::format("ready {}", round)); !r.ok()) return Fail(kCmd, r);
+    const std::string message = fmt::format("round {}: {} layers written", round, c.shape.layers);
+    Status notified = AwaitNotification(*consumer.engine, producer->key, message,
+                                        c.deadline * c.shape.layers + std::chrono::seconds(5));
+    auto verified = VerifyConsumer(*consumer.buffer, c.shape, mapping);
+    if (!verified.ok()) return Fail(kCmd, verified.status());
+    bool ok = notified.ok() && verified->bad_words == 0;
+    bad_rounds += ok ? 0 : 1;
+    fmt::print("round {}: notification {}, {} {}\n", round, notified.ok() ? "received" : notified.ToString(),
+               FormatBytes(verified->bytes_checked),
+               verified->bad_words == 0 ? "verified" : fmt::format("checked, {} bad words", verified->bad_words));
+    if (Status r = side.Send(fmt::format("verified {} {} {} {}", round, notified.ok() ? 1 : 0,
+                                         verified->bad_words, verified->bytes_checked));
+        !r.ok())
+      return Fail(kCmd, r);
+  }
+  return bad_rounds == 0 ? 0 : 1;
+}
+
+// The producer: learns of the consumer through the side channel, then pushes every round.
+int RunProducer(const DemoFlags& f, const DemoConfig& c) {
+  auto channel = SideChannel::Dial(f.peer, kSideTimeout);
+  if (!channel.ok()) return Fail(kCmd, channel.status());
+  SideChannel& side = **channel;
+  auto hello = side.Receive(kSideTimeout);
+  if (!hello.ok()) return Fail(kCmd, hello.status());
+  if (*hello != kHello)
+    return Fail(kCmd, Status(Code::kFailedPrecondition, f.peer + " is not a `ferry demo --role consumer`"));
+  auto shape = side.Receive(kSideTimeout);
+  auto engine_bytes = side.Receive(kSideTimeout);
+  auto memory_bytes = side.Receive(kSideTimeout);
+  if (!shape.ok() || !engine_bytes.ok() || !memory_bytes.ok())
+    return Fail(kCmd, Status(Code::kUnavailable, "the consumer's descriptors did not arrive"));
+  if (*shape != ShapeLine(f, c))
+    return Fail(kCmd, Status(Code::kFailedPrecondition,
+                             "the consumer's cache (" + *shape + ") differs from this one (" + ShapeLine(f, c) + ")"));
+  auto peer = EngineDesc::Unpack(*engine_bytes);
+  if (!peer.ok()) return Fail(kCmd, peer.status().WithContext("consumer engine descriptor"));
+  auto remote = MemoryDesc::Unpack(*memory_bytes);
+  if (!remote.ok()) return Fail(kCmd, remote.status().WithContext("consumer memory descriptor"));
+
+  Side producer;
+  if (Status s = MakeSide(fmt::format("demo-prefill-{}", getpid()), f.threads, c, &producer, f.transports);
+      !s.ok())
+    return Fail(kCmd, s.WithContext("producer"));
+  if (Status s = side.Send(producer.engine->Describe().Pack()); !s.ok()) return Fail(kCmd, s);
+  if (Status s = producer.engine->AddPeer(*peer); !s.ok()) return Fail(kCmd, s);
+  auto session = producer.engine->OpenSession(producer.desc, *remote);
+  if (!session.ok()) return Fail(kCmd, session.status());
+  if (Status s = FillProducer(*producer.buffer, c.shape); !s.ok()) return Fail(kCmd, s.WithContext("fill"));
+  const BlockMapping mapping = MakeBlockMapping(c.shape.blocks, f.seed);
+  std::vector<std::vector<TransferOp>> plans;
+  for (uint64_t layer = 0; layer < c.shape.layers; ++layer) plans.push_back(PlanLayer(c.shape, mapping, layer));
+  fmt::print("ferry demo (producer): two processes, path {}, {} ops per layer\n", session->path().ToString(),
+             plans[0].size());
+
+  Table table;
+  for (const char* title : {"round", "GB/s", "ms", "layer median us", "layer p99 us", "notification", "verified"})
+    table.AddColumn(title);
+  std::vector<double> all_layer_us;
+  double transfer_s = 0;
+  uint64_t bad_rounds = 0;
+  for (uint64_t round = 0; round < f.rounds; ++round) {
+    auto ready = side.Receive(kSideTimeout);
+    if (!ready.ok()) return Fail(kCmd, ready.status().WithContext("waiting for the consumer"));
+    const std::string message = fmt::format("round {}: {} layers written", round, c.shape.layers);
+    Progress progress(fmt::format("round {}", round), c.shape.layers);
+    const Clock::time_point start = Clock::now();
+    auto pushed = PushLayers(*session, plans, message, c.deadline, progress);
+    const double seconds = Since(start);
+    progress.Done();
+    if (!pushed.ok()) return Fail(kCmd, pushed.status().WithContext(fmt::format("round {}", round)));
+    auto report = side.Receive(kSideTimeout);
+    if (!report.ok()) return Fail(kCmd, report.status().WithContext("waiting for the consumer's check"));
+    uint64_t r = 0, notified = 0, bad = 0, checked = 0;
+    if (std::sscanf(report->c_str(), "verified %lu %lu %lu %lu", &r, &notified, &bad, &checked) != 4)
+      return Fail(kCmd, Status(Code::kInvalidArgument, "unexpected message from the consumer: " + *report));
+    bad_rounds += (notified == 1 && bad == 0) ? 0 : 1;
+    all_layer_us.insert(all_layer_us.end(), pushed->begin(), pushed->end());
+    transfer_s += seconds;
+    LatencySummary lat = Summarize(*pushed);
+    table.AddRow({std::to_string(round),
+                  fmt::format("{:.2f}", GigabytesPerSecond(static_cast<double>(c.shape.total_bytes()), seconds)),
+                  fmt::format("{:.2f}", seconds * 1e3), Micros(lat.median_us), Micros(lat.p99_us),
+                  notified == 1 ? "received" : "MISSING", bad == 0 ? FormatBytes(checked) : "MISMATCH"});
+  }
+  table.Print(stdout);
+  LatencySummary lat = Summarize(all_layer_us);
+  const double moved = static_cast<double>(c.shape.total_bytes() * f.rounds);
+  fmt::print("total ({}): {} moved in {:.2f} ms = {:.2f} GB/s; per layer: median {} us, p99 {} us\n",
+             session->path().ToString(), FormatBytes(c.shape.total_bytes() * f.rounds), transfer_s * 1e3,
+             GigabytesPerSecond(moved, transfer_s), Micros(lat.median_us), Micros(lat.p99_us));
+  if (bad_rounds != 0) {
+    fmt::print("FAILED: {} of {} rounds did not verify at the consumer\n", bad_rounds, f.rounds);
+    return 1;
+  }
+  fmt::print("OK: the consumer received the notification and verified every byte\n");
+  return 0;
+}
+
 int Run(const DemoFlags& f) {
   auto config = Configure(f);
   if (!config.ok()) return Fail(kCmd, config.status());
   const DemoConfig& c = *config;
+  if (f.role == "consumer") {
+    if (f.listen.empty()) return Fail(kCmd, Status(Code::kInvalidArgument, "--role consumer needs --listen"));
+    return RunConsumer(f, c);
+  }
+  if (f.role == "producer") {
+    if (f.peer.empty()) return Fail(kCmd, Status(Code::kInvalidArgument, "--role producer needs --peer"));
+    return RunProducer(f, c);
+  }
   const KvShape& shape = c.shape;
   const uint64_t total = shape.total_bytes();
   fmt::print(
@@ -290,6 +453,11 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--deadline", f->deadline_s, "Seconds each layer's batch may take")
       ->capture_default_str();
   cmd->add_flag("--per-layer", f->per_layer, "Print each layer's latency and GB/s");
+  cmd->add_option("--role", f->role, "Two processes: this one is the producer or the consumer")
+      ->check(CLI::IsMember({"producer", "consumer"}));
+  cmd->add_option("--listen", f->listen, "Consumer: side channel address HOST:PORT (port 0 = any)");
+  cmd->add_option("--peer", f->peer, "Producer: the consumer's side channel HOST:PORT");
+  cmd->add_option("--transport", f->transports, "Transports the engines may use (default: all)");
   cmd->callback([f, exit_code] { *exit_code = Run(*f); });
 }
 
