@@ -41,7 +41,7 @@ struct UcxOptions {
     kEvent,    // the progress thread sleeps on the worker's event fd when idle
   };
   enum class Rma : uint8_t {
-    kAuto,    // native RMA where the UCX transport has it, active messages where it is emulated
+    kAuto,    // native RMA over RDMA verbs; active messages elsewhere (TCP, shared memory)
     kAlways,  // always put/get
     kNever,   // always active messages
   };

@@ -14,8 +14,10 @@
 namespace ferry::internal::ucx {
 
 struct RmaPolicy {
-  bool same_host_native = false;  // posix/sysv/cma/xpmem/knem enabled
-  bool network_native = false;    // rc/dc verbs or mlx5 enabled
+  // posix/sysv/cma/xpmem/knem enabled. Informative: ferry does not use RMA on them by default,
+  // as UCX's put into memory it did not allocate was slower than active messages here.
+  bool same_host_native = false;
+  bool network_native = false;  // rc/dc verbs or mlx5 enabled: ferry uses RMA
 };
 
 // `available`: transport names UCX reports on this machine (uct resources, e.g. "posix",
