@@ -114,6 +114,10 @@ Result<ucp_rkey_h> Conn::RemoteKey(const MemoryDesc& remote, size_t lane) {
 
 namespace {
 
+// Write pieces up to this size are sent eagerly (copied through UCX's buffers) rather than by
+// rendezvous, whose extra round trips dominate for KV-cache-sized blocks.
+constexpr uint64_t kEagerBytes = 256 << 10;
+
 // How long a round trip made on a user thread (checks, notifications) may take.
 constexpr auto kCallTimeout = std::chrono::seconds(30);
 
@@ -243,7 +247,8 @@ class UcxChannel final : public Channel {
         h.offset = o.remote_offset + done;
         h.size = size;
         ucp_ep_h ep = conn.ep(lane++ % lanes);
-        if (op == Op::kWrite) core.Send(ep, h, local.base + o.local_offset + done, {});
+        // Pieces up to kEagerBytes go eagerly: no rendezvous round trips per piece.
+        if (op == Op::kWrite) core.Send(ep, h, local.base + o.local_offset + done, {}, size <= kEagerBytes);
         else core.Send(ep, h, nullptr, {});
         if (++posted % core.options().post_batch == 0) {
           ucp_worker_progress(core.worker().handle());

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# ferry's `ucx` transport between two processes of this machine against ucx_perftest (Debian's
+# ucx-utils), side by side in one run: shared memory (UCX's default choice) and TCP only.
+# Usage: bench/ucx_two_process.sh [ferry binary]   (prints a markdown table)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+F=${1:-build/release/tools/ferry}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"; kill $(jobs -p) 2>/dev/null || true' EXIT
+
+perftest() {  # perftest TLS TEST SIZE ITERS -> the "Final:" line's overall MB/s, or latency (us)
+  local tls=$1 test=$2 size=$3 iters=$4 port=$((20000 + RANDOM % 20000))
+  env UCX_TLS="$tls" ucx_perftest -p "$port" >/dev/null 2>&1 &
+  local server=$!
+  sleep 0.5
+  local line
+  line=$(env UCX_TLS="$tls" ucx_perftest 127.0.0.1 -p "$port" -t "$test" -s "$size" -n "$iters" 2>/dev/null | grep '^Final:')
+  wait "$server" 2>/dev/null || true
+  if [ "$test" = ucp_am_lat ]; then awk '{print $4}' <<<"$line"; else awk '{print $7}' <<<"$line"; fi
+}
+
+ferry_bw() {  # ferry_bw TLS SIZE BATCH -> GB/s of write batches of BATCH pieces of SIZE
+  local tls=$1 size=$2 batch=$3
+  local bytes=$((size * batch))
+  env UCX_TLS="$tls" "$F" bench --listen 127.0.0.1:0 --max-bytes "$bytes" --transport ucx >"$tmp/listen" 2>&1 &
+  local server=$! address=""
+  for _ in $(seq 100); do
+    address=$(grep -o 'side channel on [0-9.:]*' "$tmp/listen" | awk '{print $4}' || true)
+    [ -n "$address" ] && break
+    sleep 0.1
+  done
+  env UCX_TLS="$tls" "$F" bench --peer "$address" --transport ucx --sizes "$size" --batches "$batch" \
+    --max-bytes "$bytes" --min-time 1 --json "$tmp/out.json" >/dev/null
+  wait "$server" || true
+  python3 -c "import json,sys; print('%.2f' % json.load(open(sys.argv[1]))['points'][0]['gbps'])" "$tmp/out.json"
+}
+
+mb_to_gb() { python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) * 1048576 / 1e9))" "$1"; }
+ratio() { python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$1" "$2"; }
+
+# ucx_perftest keeps a window of messages in flight; ferry's side posts batches of 16 pieces of
+# 1 MiB (and of 4 pieces of 64 MiB), so that both have several messages in flight.
+echo "| link | piece | ferry write GB/s | ucp_put_bw GB/s | tag_bw GB/s | ferry / put_bw | ferry / tag_bw |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
+for tls in "all" "tcp"; do
+  for size in 1048576 67108864; do
+    iters=$([ "$size" -gt 1048576 ] && echo 20 || echo 200)
+    put=$(mb_to_gb "$(perftest "$tls" ucp_put_bw "$size" "$iters")")
+    tag=$(mb_to_gb "$(perftest "$tls" tag_bw "$size" "$iters")")
+    fw=$(ferry_bw "$tls" "$size" "$([ "$size" -gt 1048576 ] && echo 4 || echo 16)")
+    echo "| UCX_TLS=$tls | $((size >> 20)) MiB | $fw | $put | $tag | $(ratio "$fw" "$put") | $(ratio "$fw" "$tag") |"
+  done
+done
+echo
+echo "| link | ucp_am_lat one-way us |"
+echo "| --- | ---: |"
+for tls in "all" "tcp"; do
+  echo "| UCX_TLS=$tls | $(perftest "$tls" ucp_am_lat 8 10000) |"
+done
