@@ -99,7 +99,7 @@ class Core : public std::enable_shared_from_this<Core> {
   // Sends an active message whose payload is `data` (h.size bytes; must stay valid until the
   // send completes, e.g. registered memory) or, when `data` is null, `payload`.
   void Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string payload,
-            bool eager = false);
+            bool eager = false, std::shared_ptr<RegionUse> hold = nullptr);
   void FailPending(const Conn* conn, ucp_ep_h accepted, const Status& why);
   void Track(const std::shared_ptr<Conn>& conn) { conns_.insert(conn); }
   void Untrack(const std::shared_ptr<Conn>& conn) { conns_.erase(conn); }

@@ -1,0 +1,243 @@
+// The `ucx` transport's receiving side: every active message is decoded and checked here
+// before any byte of it lands in registered memory (see am_wire.h for the messages).
+#include <cstring>
+
+#include "base/log.h"
+#include "base/tsan.h"
+#include "transport/ucx/core.h"
+
+namespace ferry::internal::ucx {
+
+void Core::HandleCheck(const AmHeader& h, ucp_ep_h reply) {
+  auto region = FindRegion(h.region);
+  Code code = Code::kOk;
+  if (!region || !region->live()) code = Code::kFailedPrecondition;
+  else if (reinterpret_cast<uint64_t>(region->base) != h.offset || region->size != h.size)
+    code = Code::kInvalidArgument;
+  SendAck(reply, h.token, code);
+}
+
+namespace {
+struct RevokeCtx {
+  Core* core;
+  ucp_ep_h reply;
+  uint64_t token;
+  int left;
+};
+}  // namespace
+
+void Core::HandleRevoke(const AmHeader& h, ucp_ep_h reply) {
+  auto it = conn_by_ep_.find(reply);
+  if (it == conn_by_ep_.end()) return SendAck(reply, h.token, Code::kOk);
+  Conn* conn = it->second;
+  conn->Revoke(h.region);
+  // Ack once every lane's RMA has completed at the target.
+  auto* ctx = new RevokeCtx{this, reply, h.token, static_cast<int>(conn->lanes()) + 1};
+  auto finish = [](RevokeCtx* c) {
+    if (--c->left == 0) {
+      if (c->core->conn_by_ep_.count(c->reply) != 0) c->core->SendAck(c->reply, c->token, Code::kOk);
+      delete c;
+    }
+  };
+  for (size_t lane = 0; lane < conn->lanes(); ++lane) {
+    ucp_request_param_t p = {};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = [](void* request, ucs_status_t, void* user_data) {
+      auto* c = static_cast<RevokeCtx*>(user_data);
+      if (--c->left == 0) {
+        if (c->core->conn_by_ep_.count(c->reply) != 0) c->core->SendAck(c->reply, c->token, Code::kOk);
+        delete c;
+      }
+      ucp_request_free(request);
+    };
+    p.user_data = ctx;
+    void* req = ucp_ep_flush_nbx(conn->ep(lane), &p);
+    if (!UCS_PTR_IS_PTR(req)) finish(ctx);
+  }
+  finish(ctx);
+}
+
+ucs_status_t Core::OnMessage(void* arg, const void* header, size_t header_length, void* data,
+                             size_t length, const ucp_am_recv_param_t* param) {
+  auto* core = static_cast<Core*>(arg);
+  FERRY_TSAN_WIRE_ACQUIRE();
+  auto decoded = DecodeHeader(header, header_length, length);
+  if (!decoded.ok()) {
+    core->Reject(std::string(decoded.status().message()).c_str());
+    return UCS_OK;  // drops the payload (a rendezvous send completes on the sender's side)
+  }
+  const AmHeader& h = *decoded;
+  ucp_ep_h reply = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
+  bool keep = false;
+  switch (h.type) {
+    case MsgType::kWrite:
+      if (reply == nullptr) {
+        core->Reject("write without a reply endpoint");
+        return UCS_OK;
+      }
+      core->HandleWrite(h, data, param, &keep);
+      break;
+    case MsgType::kReadReq:
+      if (reply == nullptr) {
+        core->Reject("read request without a reply endpoint");
+        return UCS_OK;
+      }
+      core->HandleReadReq(h, reply);
+      break;
+    case MsgType::kReadResp:
+      core->HandleReadResp(h, data, param, &keep);
+      break;
+    case MsgType::kAck:
+      core->HandleAck(h);
+      break;
+    case MsgType::kNotify:
+      if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+        core->Reject("notification sent by rendezvous");
+        return UCS_OK;
+      }
+      core->HandleNotify(h, data, length, reply);
+      break;
+    case MsgType::kCheck:
+      if (reply != nullptr) core->HandleCheck(h, reply);
+      break;
+    case MsgType::kRevoke:
+      if (reply != nullptr) core->HandleRevoke(h, reply);
+      break;
+    case MsgType::kHello:
+      break;
+  }
+  return keep ? UCS_INPROGRESS : UCS_OK;
+}
+
+namespace {
+
+// A payload being received straight into registered memory.
+struct RecvCtx {
+  Core* core;
+  std::shared_ptr<RegionUse> hold;
+  ucp_ep_h reply = nullptr;   // writes: where the ack goes
+  uint64_t token = 0;
+  std::shared_ptr<TransferState> state;  // read responses: the waiting transfer
+  std::function<void(Status)> done;
+};
+
+void OnRecvDone(void* request, ucs_status_t status, size_t length, void* user_data) {
+  auto* ctx = static_cast<RecvCtx*>(user_data);
+  FERRY_TSAN_WIRE_ACQUIRE();  // the payload was written by UCX (possibly another process)
+  ctx->done(FromUcs(status, "receiving a payload"));
+  delete ctx;
+  ucp_request_free(request);
+}
+
+// Receives `size` bytes of a message into `dst`: copied at once for eager data, or through
+// ucp_am_recv_data_nbx for a rendezvous. Returns whether UCX keeps the descriptor.
+bool Receive(ucp_worker_h worker, void* data, const ucp_am_recv_param_t* param, std::byte* dst,
+             uint64_t size, RecvCtx* ctx) {
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    if (size > 0) std::memcpy(dst, data, size);
+    ctx->done(Status::Ok());
+    delete ctx;
+    return false;
+  }
+  ucp_request_param_t p = {};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.recv_am = &OnRecvDone;
+  p.user_data = ctx;
+  void* req = ucp_am_recv_data_nbx(worker, data, dst, size, &p);
+  if (UCS_PTR_IS_ERR(req)) {
+    ctx->done(FromUcs(UCS_PTR_STATUS(req), "ucp_am_recv_data_nbx"));
+    delete ctx;
+  } else if (req == nullptr) {
+    ctx->done(Status::Ok());
+    delete ctx;
+  }
+  return true;
+}
+
+}  // namespace
+
+void Core::HandleWrite(const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep) {
+  ucp_ep_h reply = param->reply_ep;
+  auto region = FindRegion(h.region);
+  if (!region) {
+    Reject("write to an unknown region");
+    return SendAck(reply, h.token, Code::kFailedPrecondition);
+  }
+  if (!InBounds(h.offset, h.size, region->size)) {
+    Reject("write out of a region's bounds");
+    return SendAck(reply, h.token, Code::kOutOfRange);
+  }
+  auto hold = RegionUse::Make(region);
+  if (!hold) return SendAck(reply, h.token, Code::kFailedPrecondition);
+  auto* ctx = new RecvCtx{this, hold, reply, h.token, nullptr, nullptr};
+  ctx->done = [this, reply, token = h.token](Status s) {
+    if (accepted_.count(reply) != 0) SendAck(reply, token, s.code());
+  };
+  *keep = Receive(worker_->handle(), data, param, region->base + h.offset, h.size, ctx);
+}
+
+void Core::HandleReadReq(const AmHeader& h, ucp_ep_h reply) {
+  auto region = FindRegion(h.region);
+  Code code = Code::kOk;
+  if (!region) code = Code::kFailedPrecondition;
+  else if (!InBounds(h.offset, h.size, region->size)) code = Code::kOutOfRange;
+  auto hold = code == Code::kOk ? RegionUse::Make(region) : nullptr;
+  if (code == Code::kOk && !hold) code = Code::kFailedPrecondition;
+  if (code != Code::kOk) {
+    Reject("read outside the registered regions");
+    return SendAck(reply, h.token, code);
+  }
+  AmHeader resp;
+  resp.type = MsgType::kReadResp;
+  resp.token = h.token;
+  resp.size = h.size;
+  // The payload is sent from the region itself, held until the send completes.
+  Send(reply, resp, region->base + h.offset, {}, /*eager=*/false, std::move(hold));
+}
+
+void Core::HandleReadResp(const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep) {
+  auto it = pending_.find(h.token);
+  if (it == pending_.end()) return;  // its transfer already ended; drop the late answer
+  Pending p = std::move(it->second);
+  pending_.erase(it);
+  if (h.size != p.size) {
+    Reject("read response of the wrong size");
+    p.state->PartDone(Status(Code::kDataLoss, "read response of the wrong size"));
+    return;
+  }
+  auto* ctx = new RecvCtx{this, nullptr, nullptr, h.token, p.state, nullptr};
+  ctx->done = [state = p.state](Status s) { state->PartDone(s); };
+  *keep = Receive(worker_->handle(), data, param, p.dst, p.size, ctx);
+}
+
+void Core::HandleAck(const AmHeader& h) {
+  auto it = pending_.find(h.token);
+  if (it == pending_.end()) return;
+  Status s;
+  switch (static_cast<Code>(h.code)) {
+    case Code::kOk: break;
+    case Code::kOutOfRange: s = Status(Code::kOutOfRange, "the target rejected an out-of-range access"); break;
+    case Code::kFailedPrecondition: s = Status(Code::kFailedPrecondition, "the target region is not registered"); break;
+    case Code::kResourceExhausted: s = Status(Code::kResourceExhausted, "the receiver's notification backlog is full"); break;
+    case Code::kInvalidArgument: s = Status(Code::kInvalidArgument, "the receiver rejected the notification"); break;
+    default: s = Status(static_cast<Code>(h.code), "the target failed the operation"); break;
+  }
+  it->second.state->PartDone(s);
+  pending_.erase(it);
+}
+
+void Core::HandleNotify(const AmHeader& h, const void* data, size_t length, ucp_ep_h reply) {
+  // Payload: [u16 key length][key][message]
+  const auto* p = static_cast<const uint8_t*>(data);
+  if (length < 2) return Reject("truncated notification");
+  size_t key_len = p[0] | (size_t{p[1]} << 8);
+  if (key_len > kMaxKeyBytes || 2 + key_len > length) return Reject("malformed notification");
+  Notification n;
+  n.from.assign(reinterpret_cast<const char*>(p + 2), key_len);
+  n.message.assign(reinterpret_cast<const char*>(p + 2 + key_len), length - 2 - key_len);
+  Status s = inbox_->Push(std::move(n));
+  if (h.token != 0 && reply != nullptr) SendAck(reply, h.token, s.code());
+  else if (!s.ok()) FERRY_LOG_WARN("ucx: dropped a notification: {}", s.ToString());
+}
+
+}  // namespace ferry::internal::ucx
