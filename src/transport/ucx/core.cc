@@ -157,11 +157,7 @@ void Core::Shutdown() {
     for (const auto& conn : conns_) conn->Close();
     conns_.clear();
     for (ucp_ep_h ep : accepted_) {
-      ucp_request_param_t p = {};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      void* req = ucp_ep_close_nbx(ep, &p);
-      if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
+      CloseEndpoint(ep);
     }
     accepted_.clear();
     if (listener_ != nullptr) ucp_listener_destroy(listener_);
@@ -332,11 +328,7 @@ void Core::OnAcceptedError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   FERRY_LOG_DEBUG("ucx: a peer's connection closed: {}", ucs_status_string(status));
   if (core->accepted_.erase(ep) == 0) return;
   core->FailPending(nullptr, ep, Status(Code::kUnavailable, "a peer's connection closed"));
-  ucp_request_param_t p = {};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  void* req = ucp_ep_close_nbx(ep, &p);
-  if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
+  CloseEndpoint(ep);
 }
 
 }  // namespace ferry::internal::ucx

@@ -75,11 +75,7 @@ void Conn::Close() {
   rkeys_.clear();
   for (ucp_ep_h ep : eps_) {
     core_->conn_by_ep_.erase(ep);
-    ucp_request_param_t p = {};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    void* req = ucp_ep_close_nbx(ep, &p);
-    if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
+    CloseEndpoint(ep);
   }
   eps_.clear();
   failed_.store(true, std::memory_order_release);

@@ -37,6 +37,14 @@ Status FromUcs(ucs_status_t status, std::string_view what) {
   return Status(code, std::string(what) + ": " + ucs_status_string(status));
 }
 
+void CloseEndpoint(ucp_ep_h ep) {
+  ucp_request_param_t p = {};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  void* req = ucp_ep_close_nbx(ep, &p);
+  if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
+}
+
 Result<std::unique_ptr<Worker>> Worker::Create(ucp_context_h context, UcxOptions::Progress mode) {
   ucp_worker_params_t params = {};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;

@@ -57,6 +57,9 @@ class Worker {
   std::function<void()> last_;                // GUARDED_BY(mu_)
 };
 
+// Closes `ep` at once (in-flight operations on it fail). Progress thread only.
+void CloseEndpoint(ucp_ep_h ep);
+
 // A UCX status as a ferry Status: transport failures map to kUnavailable.
 Status FromUcs(ucs_status_t status, std::string_view what);
 
