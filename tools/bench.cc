@@ -39,6 +39,7 @@ struct BenchFlags {
   std::string ucx_progress = "event";
   std::string ucx_rma = "auto";
   int ucx_lanes = 1;
+  int pings = 0;  // notification round trips to time (two processes)
 };
 
 struct Grid {
@@ -241,6 +242,13 @@ int Run(const BenchFlags& f) {
   }
   progress.Done();
   PrintTable(results);
+  if (f.pings > 0) {
+    auto lat = (*link)->NotificationLatencyUs(f.pings);
+    if (!lat.ok()) return Fail("bench", lat.status().WithContext("notification latency"));
+    LatencySummary s = Summarize(*lat);
+    fmt::print("notification one-way latency ({} round trips / 2): median {} us, p99 {} us\n", f.pings,
+               Micros(s.median_us), Micros(s.p99_us));
+  }
   if (!grid->skipped.empty()) {
     std::vector<std::string> names;
     for (auto [piece, batch] : grid->skipped)
@@ -298,6 +306,8 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"auto", "always", "never"}))
       ->capture_default_str();
   cmd->add_option("--ucx-lanes", f->ucx_lanes, "ucx endpoints per peer")->capture_default_str();
+  cmd->add_option("--pings", f->pings,
+                  "Two processes: also time this many notification round trips (one-way = half)");
   cmd->callback([f, exit_code] { *exit_code = Run(*f); });
 }
 

@@ -108,7 +108,31 @@ class RemoteLink final : public Link {
                            link->engine_->RegisterMemory(link->buffer_->data(), o.bytes, o.kind, device));
     FERRY_RETURN_IF_ERROR(link->engine_->AddPeer(peer));
     FERRY_ASSIGN_OR_RETURN(link->session_, link->engine_->OpenSession(link->local_desc_, remote));
+    // The listener answers this engine's notifications: it needs to know it.
+    FERRY_RETURN_IF_ERROR(link->channel_->Send(link->engine_->Describe().Pack()));
+    link->peer_key_ = peer.key;
     return std::unique_ptr<Link>(std::move(link));
+  }
+
+  Result<std::vector<double>> NotificationLatencyUs(int count) const override {
+    using Clock = std::chrono::steady_clock;
+    std::vector<double> one_way_us;
+    FERRY_RETURN_IF_ERROR(channel_->Send("pings"));  // the listener answers until the next message
+    for (int i = 0; i < count; ++i) {
+      const std::string ping = "ping " + std::to_string(i);
+      const auto start = Clock::now();
+      FERRY_RETURN_IF_ERROR(engine_->Notify(peer_key_, ping));
+      const auto until = start + std::chrono::seconds(5);
+      bool answered = false;
+      while (!answered) {
+        for (const Notification& n : engine_->PopNotifications()) answered = answered || n.message == ping;
+        if (!answered && Clock::now() > until)
+          return Status(Code::kDeadlineExceeded, "the listener did not answer '" + ping + "'");
+      }
+      one_way_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count() / 2);
+    }
+    FERRY_RETURN_IF_ERROR(channel_->Send("pause"));
+    return one_way_us;
   }
 
  private:
@@ -116,6 +140,7 @@ class RemoteLink final : public Link {
   MemoryKind kind_ = MemoryKind::kHost;
   uint64_t bytes_ = 0;
   std::string peer_;
+  std::string peer_key_;
   std::unique_ptr<SideChannel> channel_;
   std::unique_ptr<Buffer> buffer_;  // freed after the engine
   std::unique_ptr<Engine> engine_;
@@ -150,10 +175,27 @@ Status ServeBench(const ServeOptions& o, const std::function<void(const std::str
       result = c.Send(kHello);
       if (result.ok()) result = c.Send(engine->Describe().Pack());
       if (result.ok()) result = c.Send(desc.Pack());
-      if (result.ok()) {
-        auto done = c.Receive(o.wait);
-        // The peer says "done", or closes the channel when it exits: both end the serving.
-        if (!done.ok() && done.status().code() != Code::kUnavailable) result = done.status();
+      auto peer_bytes = result.ok() ? c.Receive(o.wait) : Result<std::string>(result);
+      if (peer_bytes.ok()) {
+        auto peer = EngineDesc::Unpack(*peer_bytes);
+        result = peer.ok() ? engine->AddPeer(*peer) : peer.status();
+      } else {
+        result = peer_bytes.status();
+      }
+      // Until the peer says "done" (or closes the channel when it exits). Between "pings" and
+      // the next message, answer each of its notifications with the same message, spinning so
+      // that the answer adds no sleep to its latency measurement.
+      while (result.ok()) {
+        auto msg = c.Receive(o.wait);
+        if (!msg.ok()) {
+          if (msg.status().code() != Code::kUnavailable) result = msg.status();
+          break;
+        }
+        if (*msg == "done") break;
+        if (*msg != "pings") continue;
+        while (!c.Readable(std::chrono::milliseconds(0))) {
+          for (const Notification& n : engine->PopNotifications()) (void)engine->Notify(n.from, n.message);
+        }
       }
     }
   }

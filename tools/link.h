@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ferry/engine.h"
 
@@ -26,6 +27,11 @@ class Link {
   virtual uint64_t bytes() const = 0;
   // One line for humans: "in-process, host -> host, local (direct), 2 copy threads".
   virtual std::string Describe() const = 0;
+  // One-way notification latency: `count` round trips of a notification answered by the other
+  // side, halved. kUnsupported where the other side does not answer (in-process links).
+  virtual Result<std::vector<double>> NotificationLatencyUs(int count) const {
+    return Status(Code::kUnsupported, "notification latency needs a --peer link");
+  }
 };
 
 struct InProcessLinkOptions {

@@ -119,6 +119,11 @@ Result<std::string> SideChannel::Receive(std::chrono::milliseconds timeout) {
   return frame;
 }
 
+bool SideChannel::Readable(std::chrono::milliseconds timeout) {
+  pollfd pfd{fd_, POLLIN, 0};
+  return poll(&pfd, 1, static_cast<int>(timeout.count())) > 0;
+}
+
 SideListener::~SideListener() { close(fd_); }
 
 Result<std::unique_ptr<SideListener>> SideListener::Listen(const std::string& address) {

@@ -31,6 +31,8 @@ class SideChannel {
 
   Status Send(std::string_view frame);
   Result<std::string> Receive(std::chrono::milliseconds timeout);
+  // Whether bytes (or the peer's close) are waiting, after at most `timeout`.
+  bool Readable(std::chrono::milliseconds timeout);
 
  private:
   friend class SideListener;
