@@ -89,6 +89,9 @@ void EngineCore::Shutdown() {
     endpoints_.clear();
     peers_.clear();
   }
+  // Connections first: transfers waiting on a peer fail at once and release their regions, and
+  // no peer can write any more; then wait for local copies still running.
+  for (const auto& t : transports_) t->Shutdown();
   for (auto& [id, entry] : regions) {
     Status s = entry.region->Retire(RetireDeadline(options_));
     if (!s.ok()) FERRY_LOG_WARN("engine shutdown: {}", s.ToString());

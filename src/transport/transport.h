@@ -93,6 +93,9 @@ class Transport {
   virtual Result<std::shared_ptr<Endpoint>> Connect(const EngineDesc& peer) = 0;
   // Messages from peers rejected as malformed or out of bounds.
   virtual uint64_t rejected_messages() const { return 0; }
+  // The engine is closing: drop every connection, fail what waits on a peer (kAborted) and
+  // accept nothing more. Registered regions are deregistered afterwards.
+  virtual void Shutdown() {}
 };
 
 using TransportFactory = Result<std::unique_ptr<Transport>> (*)(const TransportContext&);

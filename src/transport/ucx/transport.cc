@@ -348,6 +348,7 @@ class UcxTransport final : public Transport {
  public:
   explicit UcxTransport(std::shared_ptr<Core> core) : core_(std::move(core)) {}
   ~UcxTransport() override { core_->Shutdown(); }
+  void Shutdown() override { core_->Shutdown(); }
 
   std::string_view name() const override { return "ucx"; }
   Capabilities caps() const override {
