@@ -87,10 +87,17 @@ Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx) {
 
   Core* raw = core.get();
   core->worker_->Start([raw] {
-    // Forget operations whose transfer already ended (deadline, failure): a late answer for
-    // them is dropped.
+    // Forget operations whose transfer already ended (deadline, failure), completing their
+    // part so the transfer lets go of its regions: a late answer for them is dropped, and a
+    // message still being sent holds its own region (see Send).
     for (auto it = raw->pending_.begin(); it != raw->pending_.end();) {
-      it = it->second.state->finished() ? raw->pending_.erase(it) : std::next(it);
+      if (!it->second.state->finished()) {
+        ++it;
+        continue;
+      }
+      auto state = std::move(it->second.state);
+      it = raw->pending_.erase(it);
+      state->PartDone(Status(Code::kDeadlineExceeded, "no answer before the deadline"));
     }
   }, [raw] { return !raw->pending_.empty() || raw->sends_in_flight_ > 0; });
   return core;

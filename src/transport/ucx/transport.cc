@@ -146,12 +146,12 @@ class UcxChannel final : public Channel {
       return Status(Code::kFailedPrecondition, "local region " +
                                                    std::to_string(static_cast<uint64_t>(local_->id)) +
                                                    " was deregistered");
-    state->Hold(std::move(hold));
+    state->Hold(hold);
     state->AddParts(1);  // the posting task's own part
     auto batch = std::make_shared<std::vector<TransferOp>>(ops.begin(), ops.end());
     bool submitted = core_->worker().Submit([this_core = core_, conn = conn_, local = local_,
-                                             remote = remote_, op, batch, state] {
-      Run(*this_core, *conn, *local, remote, op, *batch, state);
+                                             remote = remote_, op, batch, state, hold] {
+      Run(*this_core, *conn, *local, remote, op, *batch, state, hold);
     });
     if (!submitted) {
       state->PartDone(Status(Code::kAborted, "the ucx transport was shut down"));
@@ -164,11 +164,12 @@ class UcxChannel final : public Channel {
  private:
   // On the progress thread: posts every op, then finishes the task's part.
   static void Run(Core& core, Conn& conn, Region& local, const MemoryDesc& remote, Op op,
-                  const std::vector<TransferOp>& ops, const std::shared_ptr<TransferState>& state) {
+                  const std::vector<TransferOp>& ops, const std::shared_ptr<TransferState>& state,
+                  const std::shared_ptr<RegionUse>& hold) {
     if (conn.failed()) return state->PartDone(conn.failure());
     if (state->finished()) return state->PartDone(Status::Ok());  // e.g. its deadline passed
     Status s = core.UseRma(conn) ? PostRma(core, conn, local, remote, op, ops, state)
-                                 : PostAm(core, conn, local, remote, op, ops, state);
+                                 : PostAm(core, conn, local, remote, op, ops, state, hold);
     state->PartDone(s);
   }
 
@@ -223,8 +224,11 @@ class UcxChannel final : public Channel {
     return Status::Ok();
   }
 
+  // Each write message holds the local region until UCX has sent it (a rendezvous reads it
+  // in place), even after its transfer ended at the deadline.
   static Status PostAm(Core& core, Conn& conn, Region& local, const MemoryDesc& remote, Op op,
-                       const std::vector<TransferOp>& ops, const std::shared_ptr<TransferState>& state) {
+                       const std::vector<TransferOp>& ops, const std::shared_ptr<TransferState>& state,
+                       const std::shared_ptr<RegionUse>& hold) {
     const uint64_t max_piece = core.options().max_am_bytes;
     const size_t lanes = conn.lanes();
     int posted = 0;
@@ -244,7 +248,8 @@ class UcxChannel final : public Channel {
         h.size = size;
         ucp_ep_h ep = conn.ep(lane++ % lanes);
         // Pieces up to kEagerBytes go eagerly: no rendezvous round trips per piece.
-        if (op == Op::kWrite) core.Send(ep, h, local.base + o.local_offset + done, {}, size <= kEagerBytes);
+        if (op == Op::kWrite)
+          core.Send(ep, h, local.base + o.local_offset + done, {}, size <= kEagerBytes, hold);
         else core.Send(ep, h, nullptr, {});
         if (++posted % core.options().post_batch == 0) {
           ucp_worker_progress(core.worker().handle());
