@@ -72,7 +72,7 @@ class PeerProcess {
   std::string Command(const std::string& line) {
     std::string l = line + "\n";
     if (write(to_, l.data(), l.size()) != static_cast<ssize_t>(l.size())) return "";
-    return ReadLine(std::chrono::seconds(30));
+    return ReadLine(std::chrono::seconds(120));  // sanitizer builds of the peer are slow
   }
 
   void Signal(int sig) {
