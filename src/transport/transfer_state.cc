@@ -34,7 +34,9 @@ void TransferState::PartDone(const Status& status) {
       next(shared_from_this());
       return PartDone(Status::Ok());
     }
-    Finish(Status::Ok());  // no-op when an error or the deadline finished it first
+    // A transfer whose last part lands after its deadline failed it, whether or not a waiter
+    // noticed in time (no-op when an error or the deadline finished it first).
+    Finish(deadline_.expired() ? DeadlineStatus() : Status::Ok());
     // Every part is done: nothing touches the regions any more.
     std::vector<std::shared_ptr<void>> holds;
     {
@@ -55,11 +57,13 @@ bool TransferState::Finish(Status status) {
   return true;
 }
 
+Status TransferState::DeadlineStatus() const {
+  return Status(Code::kDeadlineExceeded,
+                "transfer " + std::to_string(static_cast<uint64_t>(id_)) + " passed its deadline");
+}
+
 void TransferState::CheckDeadline() {
-  if (phase_.load(std::memory_order_acquire) == kRunning && deadline_.expired()) {
-    Finish(Status(Code::kDeadlineExceeded, "transfer " + std::to_string(static_cast<uint64_t>(id_)) +
-                                               " passed its deadline"));
-  }
+  if (phase_.load(std::memory_order_acquire) == kRunning && deadline_.expired()) Finish(DeadlineStatus());
 }
 
 bool TransferState::Test() {

@@ -68,6 +68,7 @@ class TransferState : public std::enable_shared_from_this<TransferState> {
  private:
   enum Phase : int { kRunning = 0, kFinished = 2 };
   void CheckDeadline();
+  Status DeadlineStatus() const;
 
   const TransferId id_;
   const uint64_t bytes_;
