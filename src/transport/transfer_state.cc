@@ -26,8 +26,8 @@ std::shared_ptr<TransferState> TransferState::Succeeded(TransferId id, TransferP
 void TransferState::PartDone(const Status& status) {
   if (!status.ok()) Finish(status);
   if (parts_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    if (continuation_ && !finished()) {
-      // Every part succeeded so far: run the next step, which adds parts of its own.
+    if (continuation_ && !finished() && !deadline_.expired()) {
+      // Every part succeeded in time: run the next step, which adds parts of its own.
       auto next = std::move(continuation_);
       continuation_ = nullptr;
       parts_.fetch_add(1, std::memory_order_acq_rel);
