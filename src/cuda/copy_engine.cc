@@ -120,8 +120,10 @@ Status CopyEngine::Core::Init(int ordinal) {
   int sms = 0;
   FERRY_RETURN_IF_ERROR(ToStatus(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
                                  "cudaDeviceGetAttribute"));
-  // Enough blocks to fill every SM; the kernel's grid-stride loop covers larger batches.
-  max_blocks = static_cast<uint32_t>(std::max(sms, 1) * (2048 / kCopyThreadsPerBlock));
+  // One block per SM; the kernel's grid-stride loop covers larger batches. Measured on an H200
+  // (bench/results/copy_sweep_h200.md): as fast as or 1-2% faster than 2, 4 or 8 blocks per SM
+  // on every path (device, pinned host both ways) at 16, 32 and 128 KiB pieces.
+  max_blocks = static_cast<uint32_t>(std::max(sms, 1));
   FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
                                  "cudaStreamCreateWithFlags"));
   const size_t ring_bytes = kRingPieces * sizeof(Piece);
