@@ -1,0 +1,180 @@
+// Embedding-offload benchmarks (src/embed/), side by side with the machine's bound in the same
+// run:
+//  - row_ids/<tokens>x<reqs>/threads:<t>: row ids of a step with the model's layout (V 248320,
+//    N 3, H 8, E 2560, B 2e7): 8192 tokens in 8 requests (prefill) and 256 in 256 (decode).
+//  - gather/<tokens>x<reqs>/threads:<t>/prefetch:<rows>: ids precomputed, rows copied from a
+//    synthetic bf16 table (320-byte rows) into a [T, 2560] destination.
+//  - gather_step/...: ids and rows in one pass (Gatherer::GatherStep).
+//  - random_row_read/threads:<t>: the bound: t threads each read random 320-byte rows of the
+//    same table (every cache line touched, prefetched ahead, one add per line), nothing written.
+// The table has the model's shape but a base vocabulary B scaled so that it holds
+// FERRY_EMBED_TABLE_GB gigabytes (default 4; the model's own table is 102 GB). Gather rates are
+// bytes of rows moved per second; compare them with random_row_read at the same thread count.
+// Run: build/release/bench/ferry_bench_embed (results in bench/results/embed_cpu.md).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "embed/gather.h"
+#include "embed/row_ids.h"
+#include "embed/table.h"
+
+namespace {
+
+using namespace ferry::embed;
+
+constexpr int64_t kEos = 1;
+
+double TableGigabytes() {
+  const char* env = std::getenv("FERRY_EMBED_TABLE_GB");
+  double gb = env ? std::atof(env) : 4.0;
+  return gb > 0 ? gb : 4.0;
+}
+
+const Layout& ModelLayout() {
+  static const Layout layout = Layout::Create(Config::Model(kEos)).value();
+  return layout;
+}
+
+// The model's layout with B scaled so that the bf16 table holds TableGigabytes().
+const Layout& BenchLayout() {
+  static const Layout layout = [] {
+    Config c = Config::Model(kEos);
+    c.base_vocab = static_cast<uint64_t>(TableGigabytes() * 1e9 / (320.0 * 16));
+    return Layout::Create(c).value();
+  }();
+  return layout;
+}
+
+const Table& BenchTable() {
+  static const std::unique_ptr<Table> table = [] {
+    ferry::ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), "fill");
+    return Table::Synthetic(BenchLayout(), Dtype::kBf16, &pool).value();
+  }();
+  return *table;
+}
+
+struct Step {
+  std::vector<int32_t> tokens, qsl, ctx;
+  StepInput input() const { return StepInput{tokens, qsl, ctx}; }
+};
+
+// `reqs` requests of tokens / reqs tokens each: random ids with an EOS about every 500.
+Step MakeStep(int tokens, int reqs) {
+  std::mt19937 rng(tokens * 31 + reqs);
+  Step s;
+  for (int r = 0; r <= reqs; ++r) s.qsl.push_back(static_cast<int32_t>(int64_t{tokens} * r / reqs));
+  s.tokens.resize(tokens);
+  for (auto& t : s.tokens) t = rng() % 500 == 0 ? kEos : static_cast<int32_t>(rng() % 248320);
+  s.ctx.resize(reqs * 2);
+  for (auto& t : s.ctx) t = static_cast<int32_t>(rng() % 248320);
+  return s;
+}
+
+void RowIds(benchmark::State& state) {
+  const int tokens = static_cast<int>(state.range(0)), reqs = static_cast<int>(state.range(1));
+  const int threads = static_cast<int>(state.range(2));
+  Step step = MakeStep(tokens, reqs);
+  std::vector<uint64_t> ids(tokens * 16);
+  std::unique_ptr<ferry::ThreadPool> pool;
+  if (threads > 1) pool = std::make_unique<ferry::ThreadPool>(threads - 1, "ids");
+  for (auto _ : state) {
+    if (!ComputeRowIds(ModelLayout(), step.input(), ids, pool.get()).ok()) state.SkipWithError("ids");
+    benchmark::DoNotOptimize(ids.data());
+  }
+  state.SetItemsProcessed(state.iterations() * tokens);
+}
+
+void GatherBench(benchmark::State& state, bool fused) {
+  const int tokens = static_cast<int>(state.range(0)), reqs = static_cast<int>(state.range(1));
+  const int threads = static_cast<int>(state.range(2));
+  const int prefetch = static_cast<int>(state.range(3));
+  const Table& table = BenchTable();
+  Step step = MakeStep(tokens, reqs);
+  std::vector<uint64_t> ids(tokens * 16);
+  if (!ComputeRowIds(BenchLayout(), step.input(), ids).ok()) state.SkipWithError("ids");
+  std::vector<uint8_t> dst(ids.size() * table.row_bytes(), 1);
+  auto gatherer = Gatherer::Create({.threads = threads, .prefetch_rows = prefetch}).value();
+  for (auto _ : state) {
+    ferry::Status s = fused ? gatherer->GatherStep(BenchLayout(), table, step.input(), dst)
+                            : gatherer->Gather(table, 16, ids, dst);
+    if (!s.ok()) state.SkipWithError(s.ToString().c_str());
+    benchmark::DoNotOptimize(dst.data());
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(dst.size()));
+  state.SetItemsProcessed(state.iterations() * tokens);
+}
+
+void Gather(benchmark::State& state) { GatherBench(state, false); }
+void GatherStepBench(benchmark::State& state) { GatherBench(state, true); }
+
+// The bound: random 320-byte rows read with nothing else to do. Each benchmark thread walks its
+// own random ids; every line of every row is touched, rows are prefetched 32 ahead.
+void RandomRowRead(benchmark::State& state) {
+  const Table& table = BenchTable();
+  const uint64_t rb = table.row_bytes();
+  constexpr int kRows = 1 << 16, kAhead = 32;
+  std::vector<uint64_t> ids(kRows);
+  std::mt19937_64 rng(state.thread_index() + 1);
+  for (auto& id : ids) id = rng() % table.rows();
+  uint64_t sum = 0;
+  for (auto _ : state) {
+    for (int i = 0; i < kRows; ++i) {
+      if (i + kAhead < kRows) {
+        const uint8_t* p = table.Row(ids[i + kAhead]);
+        for (uint64_t off = 0; off < rb + 63; off += 64) __builtin_prefetch(p + std::min(off, rb - 1), 0, 0);
+      }
+      const uint8_t* row = table.Row(ids[i]);
+      for (uint64_t off = 0; off < rb; off += 64) sum += *reinterpret_cast<const uint64_t*>(row + off);
+      sum += *reinterpret_cast<const uint64_t*>(row + rb - 8);
+    }
+    benchmark::DoNotOptimize(sum);
+  }
+  state.SetBytesProcessed(state.iterations() * kRows * static_cast<int64_t>(rb));
+}
+
+std::vector<int64_t> ThreadCounts() {
+  std::vector<int64_t> counts = {1, 2};
+  int64_t n = std::thread::hardware_concurrency();
+  if (n > 2) counts.push_back(n);
+  return counts;
+}
+
+void StepArgs(benchmark::internal::Benchmark* b, bool prefetch_variants) {
+  for (auto [tokens, reqs] : {std::pair{8192, 8}, std::pair{256, 256}})
+    for (int64_t t : ThreadCounts())
+      for (int64_t pf : prefetch_variants ? std::vector<int64_t>{0, 32} : std::vector<int64_t>{32})
+        b->Args({tokens, reqs, t, pf});
+}
+
+BENCHMARK(RowIds)
+    ->Name("row_ids")
+    ->ArgNames({"tokens", "reqs", "threads"})
+    ->Apply([](auto* b) {
+      for (auto [tokens, reqs] : {std::pair{8192, 8}, std::pair{256, 256}})
+        for (int64_t t : ThreadCounts()) b->Args({tokens, reqs, t});
+    })
+    ->UseRealTime();
+BENCHMARK(Gather)
+    ->Name("gather")
+    ->ArgNames({"tokens", "reqs", "threads", "prefetch"})
+    ->Apply([](auto* b) { StepArgs(b, true); })
+    ->UseRealTime();
+BENCHMARK(GatherStepBench)
+    ->Name("gather_step")
+    ->ArgNames({"tokens", "reqs", "threads", "prefetch"})
+    ->Apply([](auto* b) { StepArgs(b, false); })
+    ->UseRealTime();
+BENCHMARK(RandomRowRead)->Name("random_row_read")->Apply([](auto* b) {
+  for (int64_t t : ThreadCounts()) b->Threads(static_cast<int>(t));
+})->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
