@@ -2,8 +2,9 @@
 // run:
 //  - row_ids/<tokens>x<reqs>/threads:<t>: row ids of a step with the model's layout (V 248320,
 //    N 3, H 8, E 2560, B 2e7): 8192 tokens in 8 requests (prefill) and 256 in 256 (decode).
-//  - gather/<tokens>x<reqs>/threads:<t>/prefetch:<rows>: ids precomputed, rows copied from a
-//    synthetic bf16 table (320-byte rows) into a [T, 2560] destination.
+//  - gather/<tokens>x<reqs>/threads:<t>/prefetch:<rows>/nt:<0|1>: ids precomputed, rows copied
+//    from a synthetic bf16 table (320-byte rows) into a [T, 2560] destination, with or without
+//    prefetching and non-temporal stores (the defaults: prefetch 32, nt 0).
 //  - gather_step/...: ids and rows in one pass (Gatherer::GatherStep).
 //  - random_row_read/threads:<t>: the bound: t threads each read random 320-byte rows of the
 //    same table (every cache line touched, prefetched ahead, one add per line), nothing written.
@@ -66,8 +67,8 @@ struct Step {
 };
 
 // `reqs` requests of tokens / reqs tokens each: random ids with an EOS about every 500.
-Step MakeStep(int tokens, int reqs) {
-  std::mt19937 rng(tokens * 31 + reqs);
+Step MakeStep(int tokens, int reqs, int variant = 0) {
+  std::mt19937 rng(tokens * 31 + reqs * 7 + variant * 1000003);
   Step s;
   for (int r = 0; r <= reqs; ++r) s.qsl.push_back(static_cast<int32_t>(int64_t{tokens} * r / reqs));
   s.tokens.resize(tokens);
@@ -91,31 +92,46 @@ void RowIds(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * tokens);
 }
 
+// Distinct steps cycled through, so that a benchmark moves at least kCycleBytes of rows per
+// cycle and rows are not found in the 32 MiB L3 from a previous iteration.
+constexpr uint64_t kCycleBytes = 256ull << 20;
+
 void GatherBench(benchmark::State& state, bool fused) {
   const int tokens = static_cast<int>(state.range(0)), reqs = static_cast<int>(state.range(1));
   const int threads = static_cast<int>(state.range(2));
   const int prefetch = static_cast<int>(state.range(3));
+  const bool nt = state.range(4) != 0;
   const Table& table = BenchTable();
-  Step step = MakeStep(tokens, reqs);
-  std::vector<uint64_t> ids(tokens * 16);
-  if (!ComputeRowIds(BenchLayout(), step.input(), ids).ok()) state.SkipWithError("ids");
-  std::vector<uint8_t> dst(ids.size() * table.row_bytes(), 1);
-  auto gatherer = Gatherer::Create({.threads = threads, .prefetch_rows = prefetch}).value();
+  const uint64_t step_bytes = uint64_t{16} * tokens * table.row_bytes();
+  const int cycle = static_cast<int>((kCycleBytes + step_bytes - 1) / step_bytes);
+  std::vector<Step> steps;
+  std::vector<std::vector<uint64_t>> ids(cycle, std::vector<uint64_t>(tokens * 16));
+  for (int i = 0; i < cycle; ++i) {
+    steps.push_back(MakeStep(tokens, reqs, i));
+    if (!ComputeRowIds(BenchLayout(), steps[i].input(), ids[i]).ok()) state.SkipWithError("ids");
+  }
+  std::vector<uint8_t> dst(step_bytes, 1);
+  auto gatherer = Gatherer::Create(
+      {.threads = threads, .prefetch_rows = prefetch, .streaming_stores = nt}).value();
+  int i = 0;
   for (auto _ : state) {
-    ferry::Status s = fused ? gatherer->GatherStep(BenchLayout(), table, step.input(), dst)
-                            : gatherer->Gather(table, 16, ids, dst);
+    ferry::Status s = fused ? gatherer->GatherStep(BenchLayout(), table, steps[i].input(), dst)
+                            : gatherer->Gather(table, 16, ids[i], dst);
     if (!s.ok()) state.SkipWithError(s.ToString().c_str());
     benchmark::DoNotOptimize(dst.data());
+    i = (i + 1) % cycle;
   }
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(dst.size()));
   state.SetItemsProcessed(state.iterations() * tokens);
+  state.counters["cycle"] = cycle;
 }
 
 void Gather(benchmark::State& state) { GatherBench(state, false); }
 void GatherStepBench(benchmark::State& state) { GatherBench(state, true); }
 
 // The bound: random 320-byte rows read with nothing else to do. Each benchmark thread walks its
-// own random ids; every line of every row is touched, rows are prefetched 32 ahead.
+// own 2^16 random ids (20 MiB of rows: fresh lines each iteration, as the table is 4 GB); every
+// line of every row is touched, rows are prefetched 32 ahead.
 void RandomRowRead(benchmark::State& state) {
   const Table& table = BenchTable();
   const uint64_t rb = table.row_bytes();
@@ -146,11 +162,13 @@ std::vector<int64_t> ThreadCounts() {
   return counts;
 }
 
-void StepArgs(benchmark::internal::Benchmark* b, bool prefetch_variants) {
+// (prefetch rows, non-temporal stores): without prefetching, with streaming stores, the default.
+void StepArgs(benchmark::internal::Benchmark* b, bool variants) {
+  using Variant = std::pair<int64_t, int64_t>;
+  const std::vector<Variant> all = {{0, 0}, {32, 1}, {32, 0}}, dflt = {{32, 0}};
   for (auto [tokens, reqs] : {std::pair{8192, 8}, std::pair{256, 256}})
     for (int64_t t : ThreadCounts())
-      for (int64_t pf : prefetch_variants ? std::vector<int64_t>{0, 32} : std::vector<int64_t>{32})
-        b->Args({tokens, reqs, t, pf});
+      for (auto [pf, nt] : variants ? all : dflt) b->Args({tokens, reqs, t, pf, nt});
 }
 
 BENCHMARK(RowIds)
@@ -163,12 +181,12 @@ BENCHMARK(RowIds)
     ->UseRealTime();
 BENCHMARK(Gather)
     ->Name("gather")
-    ->ArgNames({"tokens", "reqs", "threads", "prefetch"})
+    ->ArgNames({"tokens", "reqs", "threads", "prefetch", "nt"})
     ->Apply([](auto* b) { StepArgs(b, true); })
     ->UseRealTime();
 BENCHMARK(GatherStepBench)
     ->Name("gather_step")
-    ->ArgNames({"tokens", "reqs", "threads", "prefetch"})
+    ->ArgNames({"tokens", "reqs", "threads", "prefetch", "nt"})
     ->Apply([](auto* b) { StepArgs(b, false); })
     ->UseRealTime();
 BENCHMARK(RandomRowRead)->Name("random_row_read")->Apply([](auto* b) {
