@@ -189,7 +189,9 @@ const uint8_t* Table::RowInSegments(uint64_t row) const {
 Status Table::Pin() {
   if (pinned_) return Status::Ok();
   for (size_t i = 0; i < mappings_.size(); ++i) {
-    Status s = cuda::HostRegister(mappings_[i].addr, mappings_[i].bytes);
+    // File mappings are read-only: registered as such (the GPU only reads rows).
+    Status s = synthetic_ ? cuda::HostRegister(mappings_[i].addr, mappings_[i].bytes)
+                          : cuda::HostRegisterReadOnly(mappings_[i].addr, mappings_[i].bytes);
     if (!s.ok()) {
       for (size_t j = 0; j < i; ++j) (void)cuda::HostUnregister(mappings_[j].addr);
       return s.WithContext("pinning the embedding table");
