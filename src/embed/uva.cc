@@ -16,6 +16,31 @@ Status CudaError(int error, const char* what) {
 
 }  // namespace
 
+std::vector<UvaHead> UvaHeads(const Layout& layout) {
+  std::vector<UvaHead> heads;
+  for (int h = 0; h < layout.num_heads(); ++h)
+    heads.push_back({layout.head_sizes()[h], layout.head_mods()[h].magic, layout.head_offsets()[h]});
+  return heads;
+}
+
+UvaStepArgs UvaBaseArgs(const Layout& layout, const Table& table, const UvaHead* heads,
+                        int32_t* error) {
+  UvaStepArgs a{};
+  a.table = table.data();
+  a.table_rows = table.rows();
+  a.row_bytes = table.row_bytes();
+  a.heads = heads;
+  a.num_heads = layout.num_heads();
+  a.heads_per_ngram = layout.config().heads_per_ngram;
+  a.ngram = layout.ngram_size();
+  a.vocab_size = layout.config().vocab_size;
+  a.eos = static_cast<uint64_t>(layout.config().eos_id);
+  for (int k = 0; k < layout.ngram_size() && k < kUvaMaxNgram; ++k)
+    a.multipliers[k] = layout.multipliers()[k];
+  a.error = error;
+  return a;
+}
+
 Result<std::unique_ptr<UvaGatherer>> UvaGatherer::Create(const Layout& layout, const Table& table,
                                                          int device) {
   if (!cuda::Available())
@@ -31,9 +56,7 @@ Result<std::unique_ptr<UvaGatherer>> UvaGatherer::Create(const Layout& layout, c
 
   auto g = std::unique_ptr<UvaGatherer>(new UvaGatherer());
   g->device_ = device;
-  std::vector<UvaHead> heads;
-  for (int h = 0; h < layout.num_heads(); ++h)
-    heads.push_back({layout.head_sizes()[h], layout.head_mods()[h].magic, layout.head_offsets()[h]});
+  std::vector<UvaHead> heads = UvaHeads(layout);
   FERRY_ASSIGN_OR_RETURN(void* dheads, cuda::Malloc(device, heads.size() * sizeof(UvaHead)));
   g->heads_ = static_cast<UvaHead*>(dheads);
   FERRY_RETURN_IF_ERROR(cuda::CopySync(g->heads_, heads.data(), heads.size() * sizeof(UvaHead)));
@@ -41,18 +64,7 @@ Result<std::unique_ptr<UvaGatherer>> UvaGatherer::Create(const Layout& layout, c
   g->error_ = static_cast<int32_t*>(derror);
   FERRY_RETURN_IF_ERROR(cuda::MemsetSync(g->error_, 0, sizeof(int32_t)));
 
-  UvaStepArgs& a = g->base_;
-  a.table = table.data();
-  a.table_rows = table.rows();
-  a.row_bytes = table.row_bytes();
-  a.heads = g->heads_;
-  a.num_heads = layout.num_heads();
-  a.heads_per_ngram = layout.config().heads_per_ngram;
-  a.ngram = layout.ngram_size();
-  a.vocab_size = layout.config().vocab_size;
-  a.eos = static_cast<uint64_t>(layout.config().eos_id);
-  for (int k = 0; k < layout.ngram_size(); ++k) a.multipliers[k] = layout.multipliers()[k];
-  a.error = g->error_;
+  g->base_ = UvaBaseArgs(layout, table, g->heads_, g->error_);
   return g;
 }
 

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "embed/config.h"
 #include "embed/row_ids.h"
@@ -33,6 +34,13 @@ struct DeviceStep {
   int64_t num_tokens = 0;
   int64_t num_reqs = 0;
 };
+
+// The kernel's per-head constants and the fields of its arguments that come from the layout
+// and the table (`heads` and `error` are where the kernel finds them). Used by UvaGatherer and
+// by the host test of the kernel's logic.
+std::vector<UvaHead> UvaHeads(const Layout& layout);
+UvaStepArgs UvaBaseArgs(const Layout& layout, const Table& table, const UvaHead* heads,
+                        int32_t* error);
 
 class UvaGatherer {
  public:
