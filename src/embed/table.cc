@@ -28,8 +28,15 @@ Status Errno(int err, const std::string& what) {
   return Status(code, what + ": " + std::strerror(err));
 }
 
-// The row dtype of a file tensor, checking its row width against the layout's head dim.
-Result<Dtype> TensorDtype(const SafetensorsTensor& t, int64_t head_dim, const std::string& where) {
+struct TensorRows {
+  Dtype dtype;
+  uint64_t rows;  // table rows (of one head's values) the tensor holds
+};
+
+// The row dtype and row count of a file tensor: shape [rows, d] (one head's values a row), or
+// [rows / G, E] (a token's G heads a row: the same bytes), in units of the dtype's elements.
+Result<TensorRows> TensorLayout(const SafetensorsTensor& t, const Layout& layout,
+                                const std::string& where) {
   Dtype dtype;
   if (t.dtype == "BF16") dtype = Dtype::kBf16;
   else if (t.dtype == "F16") dtype = Dtype::kF16;
@@ -39,14 +46,16 @@ Result<Dtype> TensorDtype(const SafetensorsTensor& t, int64_t head_dim, const st
   else return Status(Code::kInvalidArgument, where + ": dtype " + t.dtype +
                                                  " is not a table dtype (BF16, F16, F32, "
                                                  "F8_E4M3, or U8 for packed NVFP4)");
-  FERRY_ASSIGN_OR_RETURN(uint64_t row_bytes, RowBytes(dtype, head_dim));
+  FERRY_ASSIGN_OR_RETURN(uint64_t row_bytes, RowBytes(dtype, layout.head_dim()));
   const uint64_t columns = row_bytes / t.element_bytes;
-  if (t.shape.size() != 2 || t.shape[1] != columns)
-    return Status(Code::kInvalidArgument,
-                  where + ": shape must be [rows, " + std::to_string(columns) + "] for " +
-                      std::string(DtypeName(dtype)) + " rows of head dim " +
-                      std::to_string(head_dim));
-  return dtype;
+  const uint64_t heads = static_cast<uint64_t>(layout.num_heads());
+  if (t.shape.size() == 2 && t.shape[1] == columns) return TensorRows{dtype, t.shape[0]};
+  if (t.shape.size() == 2 && t.shape[1] == columns * heads)
+    return TensorRows{dtype, t.shape[0] * heads};  // no overflow: the bytes exist
+  return Status(Code::kInvalidArgument,
+                where + ": shape must be [rows, " + std::to_string(columns) + "] or [rows, " +
+                    std::to_string(columns * heads) + "] for " + std::string(DtypeName(dtype)) +
+                    " rows of head dim " + std::to_string(layout.head_dim()));
 }
 
 }  // namespace
@@ -151,7 +160,8 @@ Result<std::unique_ptr<Table>> Table::Open(const Layout& layout,
                       path + ": has no tensor \"" + options.tensor_name + "\"");
     }
     const std::string where = path + ": tensor \"" + tensor->name + "\"";
-    FERRY_ASSIGN_OR_RETURN(Dtype dtype, TensorDtype(*tensor, layout.head_dim(), where));
+    FERRY_ASSIGN_OR_RETURN(TensorRows tr, TensorLayout(*tensor, layout, where));
+    const Dtype dtype = tr.dtype;
     if (i == 0) {
       table->dtype_ = dtype;
       table->row_bytes_ = RowBytes(dtype, layout.head_dim()).value();
@@ -160,7 +170,7 @@ Result<std::unique_ptr<Table>> Table::Open(const Layout& layout,
                                                 " differs from the first file's " +
                                                 std::string(DtypeName(table->dtype_)));
     }
-    const uint64_t file_rows = tensor->shape[0];
+    const uint64_t file_rows = tr.rows;
     if (file_rows > 0)
       table->segments_.push_back({rows, file_rows, static_cast<const uint8_t*>(addr) + tensor->begin});
     rows += file_rows;  // cannot overflow: each file's rows fit in its bytes

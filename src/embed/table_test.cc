@@ -110,7 +110,9 @@ TEST(Table, OpenErrors) {
   EXPECT_EQ(open(Safetensors(OneTensorHeader("w", "BF16", 39, 8, 39 * 16), data.substr(16))),
             Code::kInvalidArgument);  // rows match neither 40 nor 36
   EXPECT_EQ(open(Safetensors(OneTensorHeader("w", "BF16", 20, 16, data.size()), data)),
-            Code::kInvalidArgument);  // row width is not d
+            Code::kInvalidArgument);  // row width is neither d nor E
+  EXPECT_EQ(open(Safetensors(OneTensorHeader("w", "BF16", 10, 32, data.size()), data)),
+            Code::kOk);  // [rows / G, E]: the same bytes
   EXPECT_EQ(open(Safetensors(OneTensorHeader("w", "I32", 40, 4, data.size()), data)),
             Code::kInvalidArgument);  // not a table dtype
   EXPECT_EQ(open(Safetensors(OneTensorHeader("w", "BF16", 40, 8, data.size()), data),
