@@ -8,6 +8,11 @@
 //  - gather_step/...: ids and rows in one pass (Gatherer::GatherStep).
 //  - random_row_read/threads:<t>: the bound: t threads each read random 320-byte rows of the
 //    same table (every cache line touched, prefetched ahead, one add per line), nothing written.
+//  With a GPU (registered only then), the same steps delivered into device memory:
+//  - uva_gather/<tokens>x<reqs>: the UVA kernel computes ids and reads the pinned table itself
+//    (inputs already on the device), until the stream is idle;
+//  - cpu_gather_copy/<tokens>x<reqs>/threads:<t>: GatherStep into a pinned staging buffer, then
+//    one copy to the device: what the CPU service does for one TP rank, without the IPC.
 // The table has the model's shape but a base vocabulary B scaled so that it holds
 // FERRY_EMBED_TABLE_GB gigabytes (default 4; the model's own table is 102 GB). Gather rates are
 // bytes of rows moved per second; compare them with random_row_read at the same thread count.
@@ -22,9 +27,12 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/runtime.h"
 #include "embed/gather.h"
 #include "embed/row_ids.h"
 #include "embed/table.h"
+#include "embed/uva.h"
+#include "embed/uva_kernels.h"
 
 namespace {
 
@@ -53,7 +61,7 @@ const Layout& BenchLayout() {
   return layout;
 }
 
-const Table& BenchTable() {
+Table& BenchTable() {
   static const std::unique_ptr<Table> table = [] {
     ferry::ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), "fill");
     return Table::Synthetic(BenchLayout(), Dtype::kBf16, &pool).value();
@@ -193,6 +201,105 @@ BENCHMARK(RandomRowRead)->Name("random_row_read")->Apply([](auto* b) {
   for (int64_t t : ThreadCounts()) b->Threads(static_cast<int>(t));
 })->UseRealTime();
 
+// The GPU benchmarks: device dst of one step; inputs of every step of the cycle on the device.
+struct DeviceSteps {
+  std::vector<Step> steps;
+  std::vector<void*> inputs;  // per step: tokens, qsl, ctx back to back (int32)
+  void* dst = nullptr;
+  ~DeviceSteps() {
+    for (void* p : inputs) (void)ferry::cuda::Free(p);
+    if (dst) (void)ferry::cuda::Free(dst);
+  }
+};
+
+bool MakeDeviceSteps(int tokens, int reqs, DeviceSteps* d, uint64_t* step_bytes, int* cycle) {
+  *step_bytes = uint64_t{16} * tokens * BenchTable().row_bytes();
+  *cycle = static_cast<int>((kCycleBytes + *step_bytes - 1) / *step_bytes);
+  for (int i = 0; i < *cycle; ++i) {
+    d->steps.push_back(MakeStep(tokens, reqs, i));
+    const Step& s = d->steps.back();
+    const size_t n = s.tokens.size() + s.qsl.size() + s.ctx.size();
+    auto buf = ferry::cuda::Malloc(0, n * 4);
+    if (!buf.ok()) return false;
+    d->inputs.push_back(*buf);
+    auto* p = static_cast<int32_t*>(*buf);
+    if (!ferry::cuda::CopySync(p, s.tokens.data(), s.tokens.size() * 4).ok() ||
+        !ferry::cuda::CopySync(p + s.tokens.size(), s.qsl.data(), s.qsl.size() * 4).ok() ||
+        !ferry::cuda::CopySync(p + s.tokens.size() + s.qsl.size(), s.ctx.data(), s.ctx.size() * 4).ok())
+      return false;
+  }
+  auto dst = ferry::cuda::Malloc(0, *step_bytes);
+  if (!dst.ok()) return false;
+  d->dst = *dst;
+  return true;
+}
+
+void UvaGather(benchmark::State& state) {
+  const int tokens = static_cast<int>(state.range(0)), reqs = static_cast<int>(state.range(1));
+  Table& table = BenchTable();
+  if (!table.pinned() && !table.Pin().ok()) return state.SkipWithError("pin");
+  auto uva = UvaGatherer::Create(BenchLayout(), table);
+  if (!uva.ok()) return state.SkipWithError(uva.status().ToString().c_str());
+  DeviceSteps d;
+  uint64_t step_bytes = 0;
+  int cycle = 0;
+  if (!MakeDeviceSteps(tokens, reqs, &d, &step_bytes, &cycle)) return state.SkipWithError("inputs");
+  int i = 0;
+  for (auto _ : state) {
+    const Step& s = d.steps[i];
+    auto* p = static_cast<const int32_t*>(d.inputs[i]);
+    DeviceStep step{p, p + s.tokens.size(), p + s.tokens.size() + s.qsl.size(),
+                    static_cast<int64_t>(s.tokens.size()), static_cast<int64_t>(s.qsl.size()) - 1};
+    if (!(*uva)->Enqueue(step, d.dst, nullptr).ok() || SynchronizeUvaStream(nullptr) != 0)
+      return state.SkipWithError("uva gather");
+    i = (i + 1) % cycle;
+  }
+  if (!(*uva)->CheckErrors().ok()) state.SkipWithError("uva errors");
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(step_bytes));
+  state.SetItemsProcessed(state.iterations() * tokens);
+}
+
+void CpuGatherCopy(benchmark::State& state) {
+  const int tokens = static_cast<int>(state.range(0)), reqs = static_cast<int>(state.range(1));
+  const int threads = static_cast<int>(state.range(2));
+  DeviceSteps d;
+  uint64_t step_bytes = 0;
+  int cycle = 0;
+  if (!MakeDeviceSteps(tokens, reqs, &d, &step_bytes, &cycle)) return state.SkipWithError("inputs");
+  std::vector<uint8_t> staging(step_bytes, 1);
+  if (!ferry::cuda::HostRegister(staging.data(), staging.size()).ok()) return state.SkipWithError("pin");
+  auto gatherer = Gatherer::Create({.threads = threads}).value();
+  int i = 0;
+  for (auto _ : state) {
+    if (!gatherer->GatherStep(BenchLayout(), BenchTable(), d.steps[i].input(), staging).ok() ||
+        !ferry::cuda::CopySync(d.dst, staging.data(), staging.size()).ok())
+      return state.SkipWithError("gather or copy");
+    i = (i + 1) % cycle;
+  }
+  (void)ferry::cuda::HostUnregister(staging.data());
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(step_bytes));
+  state.SetItemsProcessed(state.iterations() * tokens);
+}
+
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (ferry::cuda::Available()) {
+    for (auto [tokens, reqs] : {std::pair{8192, 8}, std::pair{256, 256}}) {
+      const std::string shape = "/tokens:" + std::to_string(tokens) + "/reqs:" + std::to_string(reqs);
+      benchmark::RegisterBenchmark(("uva_gather" + shape).c_str(), UvaGather)
+          ->Args({tokens, reqs})
+          ->UseRealTime();
+      for (int64_t t : ThreadCounts())
+        benchmark::RegisterBenchmark(("cpu_gather_copy" + shape + "/threads:" + std::to_string(t)).c_str(),
+                                     CpuGatherCopy)
+            ->Args({tokens, reqs, t})
+            ->UseRealTime();
+    }
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
