@@ -91,7 +91,7 @@ Result<Layout> Layout::Create(const Config& c) {
   if (c.base_vocab < 1) return Invalid("base_vocab must be at least 1");
   if (c.row_padding < 1 || c.row_padding > (uint64_t{1} << 32))
     return Invalid("row_padding must be in [1, 2^32], not " + std::to_string(c.row_padding));
-  if (c.layer < 0 || static_cast<uint64_t>(c.layer + 1) * g > kMaxPrimesPerBase)
+  if (c.layer < 0 || (static_cast<uint64_t>(c.layer) + 1) * static_cast<uint64_t>(g) > kMaxPrimesPerBase)
     return Invalid("layer " + std::to_string(c.layer) + " must be in [0, " +
                    std::to_string(kMaxPrimesPerBase / g) + ")");
 

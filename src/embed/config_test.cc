@@ -127,6 +127,7 @@ TEST(Layout, ValidationErrors) {
   expect_invalid([](Config& c) { c.row_padding = 0; }, "P = 0");
   expect_invalid([](Config& c) { c.layer = -1; }, "L < 0");
   expect_invalid([](Config& c) { c.layer = 1 << 20; }, "L too large");
+  expect_invalid([](Config& c) { c.layer = 2147483647; }, "L = INT_MAX");
 }
 
 TEST(Dtype, RowBytes) {
