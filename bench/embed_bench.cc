@@ -63,7 +63,8 @@ const Layout& BenchLayout() {
 
 Table& BenchTable() {
   static const std::unique_ptr<Table> table = [] {
-    ferry::ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), "fill");
+    ferry::ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
+                           "fill");
     return Table::Synthetic(BenchLayout(), Dtype::kBf16, &pool).value();
   }();
   return *table;
@@ -94,7 +95,8 @@ void RowIds(benchmark::State& state) {
   std::unique_ptr<ferry::ThreadPool> pool;
   if (threads > 1) pool = std::make_unique<ferry::ThreadPool>(threads - 1, "ids");
   for (auto _ : state) {
-    if (!ComputeRowIds(ModelLayout(), step.input(), ids, pool.get()).ok()) state.SkipWithError("ids");
+    if (!ComputeRowIds(ModelLayout(), step.input(), ids, pool.get()).ok())
+      state.SkipWithError("ids");
     benchmark::DoNotOptimize(ids.data());
   }
   state.SetItemsProcessed(state.iterations() * tokens);
@@ -119,8 +121,9 @@ void GatherBench(benchmark::State& state, bool fused) {
     if (!ComputeRowIds(BenchLayout(), steps[i].input(), ids[i]).ok()) state.SkipWithError("ids");
   }
   std::vector<uint8_t> dst(step_bytes, 1);
-  auto gatherer = Gatherer::Create(
-      {.threads = threads, .prefetch_rows = prefetch, .streaming_stores = nt}).value();
+  auto gatherer =
+      Gatherer::Create({.threads = threads, .prefetch_rows = prefetch, .streaming_stores = nt})
+          .value();
   int i = 0;
   for (auto _ : state) {
     ferry::Status s = fused ? gatherer->GatherStep(BenchLayout(), table, steps[i].input(), dst)
@@ -152,10 +155,12 @@ void RandomRowRead(benchmark::State& state) {
     for (int i = 0; i < kRows; ++i) {
       if (i + kAhead < kRows) {
         const uint8_t* p = table.Row(ids[i + kAhead]);
-        for (uint64_t off = 0; off < rb + 63; off += 64) __builtin_prefetch(p + std::min(off, rb - 1), 0, 0);
+        for (uint64_t off = 0; off < rb + 63; off += 64)
+          __builtin_prefetch(p + std::min(off, rb - 1), 0, 0);
       }
       const uint8_t* row = table.Row(ids[i]);
-      for (uint64_t off = 0; off < rb; off += 64) sum += *reinterpret_cast<const uint64_t*>(row + off);
+      for (uint64_t off = 0; off < rb; off += 64)
+        sum += *reinterpret_cast<const uint64_t*>(row + off);
       sum += *reinterpret_cast<const uint64_t*>(row + rb - 8);
     }
     benchmark::DoNotOptimize(sum);
@@ -185,21 +190,20 @@ BENCHMARK(RowIds)
     ->Apply([](auto* b) {
       for (auto [tokens, reqs] : {std::pair{8192, 8}, std::pair{256, 256}})
         for (int64_t t : ThreadCounts()) b->Args({tokens, reqs, t});
-    })
-    ->UseRealTime();
+    }) -> UseRealTime();
 BENCHMARK(Gather)
     ->Name("gather")
     ->ArgNames({"tokens", "reqs", "threads", "prefetch", "nt"})
-    ->Apply([](auto* b) { StepArgs(b, true); })
-    ->UseRealTime();
+    ->Apply([](auto* b) { StepArgs(b, true); }) -> UseRealTime();
 BENCHMARK(GatherStepBench)
     ->Name("gather_step")
     ->ArgNames({"tokens", "reqs", "threads", "prefetch", "nt"})
-    ->Apply([](auto* b) { StepArgs(b, false); })
-    ->UseRealTime();
-BENCHMARK(RandomRowRead)->Name("random_row_read")->Apply([](auto* b) {
-  for (int64_t t : ThreadCounts()) b->Threads(static_cast<int>(t));
-})->UseRealTime();
+    ->Apply([](auto* b) { StepArgs(b, false); }) -> UseRealTime();
+BENCHMARK(RandomRowRead)
+    ->Name("random_row_read")
+    ->Apply([](auto* b) {
+      for (int64_t t : ThreadCounts()) b->Threads(static_cast<int>(t));
+    }) -> UseRealTime();
 
 // The GPU benchmarks: device dst of one step; inputs of every step of the cycle on the device.
 struct DeviceSteps {
@@ -225,7 +229,8 @@ bool MakeDeviceSteps(int tokens, int reqs, DeviceSteps* d, uint64_t* step_bytes,
     auto* p = static_cast<int32_t*>(*buf);
     if (!ferry::cuda::CopySync(p, s.tokens.data(), s.tokens.size() * 4).ok() ||
         !ferry::cuda::CopySync(p + s.tokens.size(), s.qsl.data(), s.qsl.size() * 4).ok() ||
-        !ferry::cuda::CopySync(p + s.tokens.size() + s.qsl.size(), s.ctx.data(), s.ctx.size() * 4).ok())
+        !ferry::cuda::CopySync(p + s.tokens.size() + s.qsl.size(), s.ctx.data(), s.ctx.size() * 4)
+             .ok())
       return false;
   }
   auto dst = ferry::cuda::Malloc(0, *step_bytes);
@@ -267,7 +272,8 @@ void CpuGatherCopy(benchmark::State& state) {
   int cycle = 0;
   if (!MakeDeviceSteps(tokens, reqs, &d, &step_bytes, &cycle)) return state.SkipWithError("inputs");
   std::vector<uint8_t> staging(step_bytes, 1);
-  if (!ferry::cuda::HostRegister(staging.data(), staging.size()).ok()) return state.SkipWithError("pin");
+  if (!ferry::cuda::HostRegister(staging.data(), staging.size()).ok())
+    return state.SkipWithError("pin");
   auto gatherer = Gatherer::Create({.threads = threads}).value();
   int i = 0;
   for (auto _ : state) {
@@ -288,13 +294,14 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   if (ferry::cuda::Available()) {
     for (auto [tokens, reqs] : {std::pair{8192, 8}, std::pair{256, 256}}) {
-      const std::string shape = "/tokens:" + std::to_string(tokens) + "/reqs:" + std::to_string(reqs);
+      const std::string shape =
+          "/tokens:" + std::to_string(tokens) + "/reqs:" + std::to_string(reqs);
       benchmark::RegisterBenchmark(("uva_gather" + shape).c_str(), UvaGather)
           ->Args({tokens, reqs})
           ->UseRealTime();
       for (int64_t t : ThreadCounts())
-        benchmark::RegisterBenchmark(("cpu_gather_copy" + shape + "/threads:" + std::to_string(t)).c_str(),
-                                     CpuGatherCopy)
+        benchmark::RegisterBenchmark(
+            ("cpu_gather_copy" + shape + "/threads:" + std::to_string(t)).c_str(), CpuGatherCopy)
             ->Args({tokens, reqs, t})
             ->UseRealTime();
     }

@@ -142,7 +142,8 @@ Result<std::unique_ptr<Gatherer>> Gatherer::Create(const GatherOptions& options)
 }
 
 Gatherer::Gatherer(const GatherOptions& options) : options_(options) {
-  if (options.threads > 1) pool_ = std::make_unique<ThreadPool>(options.threads - 1, "embed-gather");
+  if (options.threads > 1)
+    pool_ = std::make_unique<ThreadPool>(options.threads - 1, "embed-gather");
 }
 
 Status Gatherer::Gather(const Table& table, int heads, std::span<const uint64_t> row_ids,
@@ -178,11 +179,11 @@ Status Gatherer::GatherStep(const Layout& layout, const Table& table, const Step
     return SizeError("dst (bytes)", dst.size(), in.num_tokens() * token_bytes);
   FERRY_ASSIGN_OR_RETURN(uint64_t layout_row_bytes, RowBytes(table.dtype(), layout.head_dim()));
   if (layout_row_bytes != table.row_bytes() || table.rows() < layout.used_rows())
-    return Status(Code::kInvalidArgument,
-                  "the table (" + std::to_string(table.rows()) + " rows of " +
-                      std::to_string(table.row_bytes()) + " bytes) does not fit the layout (" +
-                      std::to_string(layout.used_rows()) + " rows of " +
-                      std::to_string(layout_row_bytes) + ")");
+    return Status(Code::kInvalidArgument, "the table (" + std::to_string(table.rows()) +
+                                              " rows of " + std::to_string(table.row_bytes()) +
+                                              " bytes) does not fit the layout (" +
+                                              std::to_string(layout.used_rows()) + " rows of " +
+                                              std::to_string(layout_row_bytes) + ")");
   FERRY_RETURN_IF_ERROR(ValidateStep(layout, in));
   const int64_t chunk = options_.chunk_tokens;
   // One id buffer per worker, reused across its chunks.

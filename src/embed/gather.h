@@ -32,9 +32,9 @@
 namespace ferry::embed {
 
 struct GatherOptions {
-  int threads = 1;             // threads that gather, the calling one included; >= 1
-  int64_t chunk_tokens = 32;   // tokens per chunk (the unit of work and of on_chunk)
-  int prefetch_rows = 32;      // rows prefetched ahead; 0 disables prefetching
+  int threads = 1;            // threads that gather, the calling one included; >= 1
+  int64_t chunk_tokens = 32;  // tokens per chunk (the unit of work and of on_chunk)
+  int prefetch_rows = 32;     // rows prefetched ahead; 0 disables prefetching
   // Non-temporal stores into dst (x86 SSE2; used when dst is 16-byte aligned and rows are a
   // multiple of 16 bytes): they skip the read for ownership of dst lines. Off by default: on
   // the 2-core EPYC development VM they were 5-20% slower (bench/results/embed_cpu.md).

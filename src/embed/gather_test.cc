@@ -102,8 +102,10 @@ TEST(Gather, OtherDtypesStoresAndAlignments) {
     ASSERT_TRUE(ComputeRowIds(l, step.input(), ids).ok());
     const std::vector<uint8_t> want = Expected(*table, ids);
     for (bool nt : {false, true}) {
-      auto gatherer = Gatherer::Create(
-          {.threads = 2, .chunk_tokens = 5, .prefetch_rows = 0, .streaming_stores = nt}).value();
+      auto gatherer =
+          Gatherer::Create(
+              {.threads = 2, .chunk_tokens = 5, .prefetch_rows = 0, .streaming_stores = nt})
+              .value();
       std::vector<uint8_t> dst(ids.size() * table->row_bytes());
       ASSERT_TRUE(gatherer->Gather(*table, l.num_heads(), ids, dst).ok());
       EXPECT_EQ(dst, want) << DtypeName(dtype) << " nt " << nt;

@@ -21,10 +21,10 @@ namespace {
 constexpr uint64_t kHugePage = 2ull << 20;
 
 Status Errno(int err, const std::string& what) {
-  Code code = err == ENOENT ? Code::kNotFound
+  Code code = err == ENOENT                   ? Code::kNotFound
               : err == EACCES || err == EPERM ? Code::kPermissionDenied
-              : err == ENOMEM ? Code::kResourceExhausted
-                              : Code::kInternal;
+              : err == ENOMEM                 ? Code::kResourceExhausted
+                                              : Code::kInternal;
   return Status(code, what + ": " + std::strerror(err));
 }
 
@@ -38,14 +38,20 @@ struct TensorRows {
 Result<TensorRows> TensorLayout(const SafetensorsTensor& t, const Layout& layout,
                                 const std::string& where) {
   Dtype dtype;
-  if (t.dtype == "BF16") dtype = Dtype::kBf16;
-  else if (t.dtype == "F16") dtype = Dtype::kF16;
-  else if (t.dtype == "F32") dtype = Dtype::kF32;
-  else if (t.dtype == "F8_E4M3") dtype = Dtype::kF8E4M3;
-  else if (t.dtype == "U8") dtype = Dtype::kNvfp4;
-  else return Status(Code::kInvalidArgument, where + ": dtype " + t.dtype +
-                                                 " is not a table dtype (BF16, F16, F32, "
-                                                 "F8_E4M3, or U8 for packed NVFP4)");
+  if (t.dtype == "BF16")
+    dtype = Dtype::kBf16;
+  else if (t.dtype == "F16")
+    dtype = Dtype::kF16;
+  else if (t.dtype == "F32")
+    dtype = Dtype::kF32;
+  else if (t.dtype == "F8_E4M3")
+    dtype = Dtype::kF8E4M3;
+  else if (t.dtype == "U8")
+    dtype = Dtype::kNvfp4;
+  else
+    return Status(Code::kInvalidArgument, where + ": dtype " + t.dtype +
+                                              " is not a table dtype (BF16, F16, F32, "
+                                              "F8_E4M3, or U8 for packed NVFP4)");
   FERRY_ASSIGN_OR_RETURN(uint64_t row_bytes, RowBytes(dtype, layout.head_dim()));
   const uint64_t columns = row_bytes / t.element_bytes;
   const uint64_t heads = static_cast<uint64_t>(layout.num_heads());
@@ -73,8 +79,8 @@ void SyntheticRow(uint64_t row, uint64_t row_bytes, uint8_t* out) {
   }
 }
 
-Result<std::unique_ptr<Table>> Table::Synthetic(const Layout& layout, Dtype dtype,
-                                                ThreadPool* pool, uint64_t rows) {
+Result<std::unique_ptr<Table>> Table::Synthetic(const Layout& layout, Dtype dtype, ThreadPool* pool,
+                                                uint64_t rows) {
   FERRY_ASSIGN_OR_RETURN(uint64_t row_bytes, RowBytes(dtype, layout.head_dim()));
   if (rows == 0) rows = layout.table_rows();
   if (rows < layout.used_rows())
@@ -85,8 +91,10 @@ Result<std::unique_ptr<Table>> Table::Synthetic(const Layout& layout, Dtype dtyp
   if (__builtin_mul_overflow(rows, row_bytes, &bytes) || bytes > (1ull << 48))
     return Status(Code::kInvalidArgument, "synthetic table too large");
   const size_t mapped = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-  void* addr = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (addr == MAP_FAILED) return Errno(errno, "mmap of a " + std::to_string(mapped) + "-byte table");
+  void* addr = mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (addr == MAP_FAILED)
+    return Errno(errno, "mmap of a " + std::to_string(mapped) + "-byte table");
   (void)madvise(addr, mapped, MADV_HUGEPAGE);  // advice only: EINVAL without THP
 
   auto table = std::unique_ptr<Table>(new Table());
@@ -112,8 +120,7 @@ Result<std::unique_ptr<Table>> Table::Synthetic(const Layout& layout, Dtype dtyp
   return table;
 }
 
-Result<std::unique_ptr<Table>> Table::Open(const Layout& layout,
-                                           std::span<const std::string> paths,
+Result<std::unique_ptr<Table>> Table::Open(const Layout& layout, std::span<const std::string> paths,
                                            const OpenOptions& options) {
   if (paths.empty()) return Status(Code::kInvalidArgument, "a table needs at least one file");
   auto table = std::unique_ptr<Table>(new Table());
@@ -148,9 +155,9 @@ Result<std::unique_ptr<Table>> Table::Open(const Layout& layout,
     const SafetensorsTensor* tensor = nullptr;
     if (options.tensor_name.empty()) {
       if (header->tensors.size() != 1)
-        return Status(Code::kInvalidArgument,
-                      path + ": holds " + std::to_string(header->tensors.size()) +
-                          " tensors; name the table's tensor");
+        return Status(Code::kInvalidArgument, path + ": holds " +
+                                                  std::to_string(header->tensors.size()) +
+                                                  " tensors; name the table's tensor");
       tensor = &header->tensors[0];
     } else {
       for (const auto& t : header->tensors)
@@ -172,14 +179,15 @@ Result<std::unique_ptr<Table>> Table::Open(const Layout& layout,
     }
     const uint64_t file_rows = tr.rows;
     if (file_rows > 0)
-      table->segments_.push_back({rows, file_rows, static_cast<const uint8_t*>(addr) + tensor->begin});
+      table->segments_.push_back(
+          {rows, file_rows, static_cast<const uint8_t*>(addr) + tensor->begin});
     rows += file_rows;  // cannot overflow: each file's rows fit in its bytes
   }
   if (rows != layout.table_rows() && rows != layout.used_rows())
-    return Status(Code::kInvalidArgument,
-                  "the files hold " + std::to_string(rows) + " rows; the layout needs " +
-                      std::to_string(layout.table_rows()) + " (or " +
-                      std::to_string(layout.used_rows()) + " unpadded)");
+    return Status(Code::kInvalidArgument, "the files hold " + std::to_string(rows) +
+                                              " rows; the layout needs " +
+                                              std::to_string(layout.table_rows()) + " (or " +
+                                              std::to_string(layout.used_rows()) + " unpadded)");
   table->rows_ = rows;
   return table;
 }

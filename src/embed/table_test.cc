@@ -120,8 +120,9 @@ TEST(Table, OpenErrors) {
             Code::kInvalidArgument);  // no such tensor
   EXPECT_EQ(open("short"), Code::kInvalidArgument);
   EXPECT_EQ(open(Safetensors("{\"w\": 1}", data)), Code::kInvalidArgument);  // parser errors
-  std::string two = "{\"a\": {\"dtype\": \"BF16\", \"shape\": [20, 8], \"data_offsets\": [0, 320]},"
-                    " \"b\": {\"dtype\": \"BF16\", \"shape\": [20, 8], \"data_offsets\": [320, 640]}}";
+  std::string two =
+      "{\"a\": {\"dtype\": \"BF16\", \"shape\": [20, 8], \"data_offsets\": [0, 320]},"
+      " \"b\": {\"dtype\": \"BF16\", \"shape\": [20, 8], \"data_offsets\": [320, 640]}}";
   EXPECT_EQ(open(Safetensors(two, data)), Code::kInvalidArgument);  // two tensors, none named
   EXPECT_EQ(Table::Open(l, std::vector<std::string>{"/nonexistent/ferry.safetensors"}, {})
                 .status()

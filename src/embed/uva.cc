@@ -11,7 +11,8 @@ namespace {
 
 Status CudaError(int error, const char* what) {
   if (error == 0) return Status::Ok();
-  return Status(Code::kInternal, std::string(what) + " failed with CUDA error " + std::to_string(error));
+  return Status(Code::kInternal,
+                std::string(what) + " failed with CUDA error " + std::to_string(error));
 }
 
 }  // namespace
@@ -19,7 +20,8 @@ Status CudaError(int error, const char* what) {
 std::vector<UvaHead> UvaHeads(const Layout& layout) {
   std::vector<UvaHead> heads;
   for (int h = 0; h < layout.num_heads(); ++h)
-    heads.push_back({layout.head_sizes()[h], layout.head_mods()[h].magic, layout.head_offsets()[h]});
+    heads.push_back(
+        {layout.head_sizes()[h], layout.head_mods()[h].magic, layout.head_offsets()[h]});
   return heads;
 }
 
@@ -44,15 +46,18 @@ UvaStepArgs UvaBaseArgs(const Layout& layout, const Table& table, const UvaHead*
 Result<std::unique_ptr<UvaGatherer>> UvaGatherer::Create(const Layout& layout, const Table& table,
                                                          int device) {
   if (!cuda::Available())
-    return Status(Code::kFailedPrecondition, "the UVA mode needs a GPU: " + cuda::UnavailableReason());
-  if (!table.pinned()) return Status(Code::kFailedPrecondition, "the UVA mode needs a pinned table");
+    return Status(Code::kFailedPrecondition,
+                  "the UVA mode needs a GPU: " + cuda::UnavailableReason());
+  if (!table.pinned())
+    return Status(Code::kFailedPrecondition, "the UVA mode needs a pinned table");
   if (table.data() == nullptr)
     return Status(Code::kInvalidArgument, "the UVA mode needs a table of one segment");
   FERRY_ASSIGN_OR_RETURN(uint64_t row_bytes, RowBytes(table.dtype(), layout.head_dim()));
   if (row_bytes != table.row_bytes() || table.rows() < layout.used_rows())
     return Status(Code::kInvalidArgument, "the table does not fit the layout");
   if (layout.ngram_size() > kUvaMaxNgram)
-    return Status(Code::kInvalidArgument, "the UVA kernel takes ngram_size <= " + std::to_string(kUvaMaxNgram));
+    return Status(Code::kInvalidArgument,
+                  "the UVA kernel takes ngram_size <= " + std::to_string(kUvaMaxNgram));
 
   auto g = std::unique_ptr<UvaGatherer>(new UvaGatherer());
   g->device_ = device;

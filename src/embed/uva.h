@@ -63,10 +63,10 @@ class UvaGatherer {
 
  private:
   UvaGatherer() = default;
-  UvaStepArgs base_{};          // the layout's and table's fields
+  UvaStepArgs base_{};  // the layout's and table's fields
   int device_ = 0;
-  UvaHead* heads_ = nullptr;    // device memory
-  int32_t* error_ = nullptr;    // device memory
+  UvaHead* heads_ = nullptr;  // device memory
+  int32_t* error_ = nullptr;  // device memory
 };
 
 }  // namespace ferry::embed

@@ -38,8 +38,10 @@ FERRY_HD bool FindToken(const UvaStepArgs& a, int64_t t, int64_t* r_out, int64_t
   int64_t lo = 0, hi = a.num_reqs + 1;  // the first index whose start is past t
   while (lo < hi) {
     const int64_t mid = (lo + hi) / 2;
-    if (a.query_start[mid] <= t) lo = mid + 1;
-    else hi = mid;
+    if (a.query_start[mid] <= t)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   const int64_t r = lo - 1;
   if (r < 0 || r >= a.num_reqs || t >= a.query_start[r + 1] || a.query_start[r] < 0) return false;

@@ -69,10 +69,13 @@ TEST(UvaDevice, IdsMatchCpu) {
         for (int r = 0; r < reqs; ++r) s.qsl.push_back(s.qsl.back() + rng() % 9);
         auto id = [&] {
           uint32_t k = rng() % 6;
-          return k == 0 ? static_cast<int32_t>(l.config().eos_id) : k == 1 ? -3 : static_cast<int32_t>(rng() % v);
+          return k == 0   ? static_cast<int32_t>(l.config().eos_id)
+                 : k == 1 ? -3
+                          : static_cast<int32_t>(rng() % v);
         };
         for (int t = 0; t < s.qsl.back(); ++t) s.tokens.push_back(id());
-        for (int t = 0; t < static_cast<int>(rng() % 4); ++t) s.tokens.push_back(static_cast<int32_t>(rng()));
+        for (int t = 0; t < static_cast<int>(rng() % 4); ++t)
+          s.tokens.push_back(static_cast<int32_t>(rng()));
         for (int k = 0; k < reqs * (n - 1); ++k) s.ctx.push_back(id());
         std::vector<uint64_t> cpu(s.tokens.size() * l.num_heads());
         ASSERT_TRUE(ComputeRowIds(l, StepInput{s.tokens, s.qsl, s.ctx}, cpu).ok());

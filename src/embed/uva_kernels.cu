@@ -63,8 +63,10 @@ __global__ void UvaGatherKernel(UvaStepArgs a) {
       for (int j = 0; j < count; ++j) {  // then the warp copies those rows one by one
         const uint64_t row = __shfl_sync(0xffffffffu, id, j);
         uint8_t* d = out + static_cast<uint64_t>(hb + j) * a.row_bytes;
-        if (row >= a.table_rows) ZeroRow(d, a.row_bytes, wide, lane);
-        else CopyRow(d, a.table + row * a.row_bytes, a.row_bytes, wide, lane);
+        if (row >= a.table_rows)
+          ZeroRow(d, a.row_bytes, wide, lane);
+        else
+          CopyRow(d, a.table + row * a.row_bytes, a.row_bytes, wide, lane);
       }
     }
   }
@@ -77,10 +79,13 @@ int LaunchUvaGather(const UvaStepArgs& args, CUstream_st* stream) {
   const int64_t threads = kWarpsPerBlock * kWarp;
   int64_t blocks = (args.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (blocks > 65535) blocks = 65535;
-  UvaGatherKernel<<<static_cast<unsigned>(blocks), static_cast<unsigned>(threads), 0, stream>>>(args);
+  UvaGatherKernel<<<static_cast<unsigned>(blocks), static_cast<unsigned>(threads), 0, stream>>>(
+      args);
   return static_cast<int>(cudaGetLastError());
 }
 
-int SynchronizeUvaStream(CUstream_st* stream) { return static_cast<int>(cudaStreamSynchronize(stream)); }
+int SynchronizeUvaStream(CUstream_st* stream) {
+  return static_cast<int>(cudaStreamSynchronize(stream));
+}
 
 }  // namespace ferry::embed

@@ -22,23 +22,23 @@ struct UvaHead {
 enum UvaError : int32_t { kUvaOk = 0, kUvaIdOutOfRange = 1, kUvaBadQueryStart = 2 };
 
 struct UvaStepArgs {
-  const int32_t* tokens;         // device-visible, num_tokens
-  const int32_t* query_start;    // device-visible, num_reqs + 1
-  const int32_t* context;        // device-visible, num_reqs * (ngram - 1)
+  const int32_t* tokens;       // device-visible, num_tokens
+  const int32_t* query_start;  // device-visible, num_reqs + 1
+  const int32_t* context;      // device-visible, num_reqs * (ngram - 1)
   int64_t num_tokens;
   int64_t num_reqs;
-  const uint8_t* table;          // mapped page-locked host memory (UVA), table_rows rows
+  const uint8_t* table;  // mapped page-locked host memory (UVA), table_rows rows
   uint64_t table_rows;
   uint64_t row_bytes;
-  uint8_t* dst;                  // device memory, num_tokens * num_heads * row_bytes
-  const UvaHead* heads;          // device memory, num_heads
+  uint8_t* dst;          // device memory, num_tokens * num_heads * row_bytes
+  const UvaHead* heads;  // device memory, num_heads
   int32_t num_heads;
   int32_t heads_per_ngram;
   int32_t ngram;
   int64_t vocab_size;
   uint64_t eos;
   uint64_t multipliers[kUvaMaxNgram];
-  int32_t* error;                // device memory, one int32 set to 0 before the launch
+  int32_t* error;  // device memory, one int32 set to 0 before the launch
 };
 
 // Enqueues the kernel on `stream`; returns the launch's cudaError_t (0 = success).

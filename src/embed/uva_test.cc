@@ -96,8 +96,10 @@ TEST(Uva, MatchesCpuByteForByte) {
       auto uva = UvaGatherer::Create(l, *table);
       ASSERT_TRUE(uva.ok()) << uva.status().ToString();
       for (uint32_t seed = 0; seed < 4; ++seed) {
-        SCOPED_TRACE(::testing::Message() << "n=" << n << " " << DtypeName(dtype) << " seed " << seed);
-        ExpectSameAsCpu(l, *table, **uva, RandomStep(l, 1 + seed * 5, 1 + seed * 40, seed * 3, seed));
+        SCOPED_TRACE(::testing::Message()
+                     << "n=" << n << " " << DtypeName(dtype) << " seed " << seed);
+        ExpectSameAsCpu(l, *table, **uva,
+                        RandomStep(l, 1 + seed * 5, 1 + seed * 40, seed * 3, seed));
       }
     }
   }
@@ -111,8 +113,8 @@ TEST(Uva, ModelShapedLargeStep) {
   auto table = Table::Synthetic(l, Dtype::kBf16).value();
   ASSERT_TRUE(table->Pin().ok());
   auto uva = UvaGatherer::Create(l, *table).value();
-  ExpectSameAsCpu(l, *table, *uva, RandomStep(l, 8, 2048, 100, 1));   // prefill-like
-  ExpectSameAsCpu(l, *table, *uva, RandomStep(l, 256, 1, 0, 2));      // decode-like
+  ExpectSameAsCpu(l, *table, *uva, RandomStep(l, 8, 2048, 100, 1));  // prefill-like
+  ExpectSameAsCpu(l, *table, *uva, RandomStep(l, 256, 1, 0, 2));     // decode-like
 }
 
 TEST(Uva, FileTablePinnedReadOnly) {
@@ -122,8 +124,8 @@ TEST(Uva, FileTablePinnedReadOnly) {
   std::string data(rows * row_bytes, '\0');
   for (uint64_t r = 0; r < rows; ++r)
     SyntheticRow(r * 3 + 1, row_bytes, reinterpret_cast<uint8_t*>(data.data() + r * row_bytes));
-  testing::TempFile file(testing::Safetensors(
-      testing::OneTensorHeader("w", "BF16", rows, 16, data.size()), data));
+  testing::TempFile file(
+      testing::Safetensors(testing::OneTensorHeader("w", "BF16", rows, 16, data.size()), data));
   auto table = Table::Open(l, std::vector<std::string>{file.path()}, {}).value();
   Status pin = table->Pin();
   ASSERT_TRUE(pin.ok()) << pin.ToString();
