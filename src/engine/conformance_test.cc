@@ -20,6 +20,20 @@ using testing::RandomBytes;
 
 class Conformance : public ::testing::TestWithParam<std::string> {
  protected:
+  // The suite runs two engines of this process over host memory: transports that cannot
+  // (cuda_ipc: GPU memory between processes) or that say they are unsupported here skip.
+  void SetUp() override {
+    for (const auto& e : internal::RegisteredTransports()) {
+      if (e.name != GetParam()) continue;
+      EngineOptions o;
+      internal::TransportContext ctx{"conformance-probe", &o, std::make_shared<internal::Inbox>(1, 1)};
+      auto t = e.make(ctx);
+      if (!t.ok() && t.status().code() == Code::kUnsupported)
+        GTEST_SKIP() << GetParam() << " is not usable here: " << t.status().ToString();
+      if (t.ok() && !(*t)->caps().host_memory)
+        GTEST_SKIP() << GetParam() << " does not carry host memory between engines of one process";
+    }
+  }
   std::unique_ptr<EnginePair> Pair(size_t bytes, EngineOptions options = {}) {
     auto p = EnginePair::Make(GetParam(), bytes, options);
     if (p) {
