@@ -54,7 +54,7 @@ std::string ReadUcxTls() {
 
 }  // namespace
 
-Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx) {
+Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx, std::unique_ptr<StageCopier> copier) {
   const UcxOptions& o = ctx.options->ucx;
   if (o.lanes < 1 || o.lanes > 64) return Status(Code::kInvalidArgument, "ucx.lanes must be in 1..64");
   if (o.post_batch < 1) return Status(Code::kInvalidArgument, "ucx.post_batch must be positive");
@@ -84,7 +84,7 @@ Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx) {
   st = ucp_worker_set_am_recv_handler(core->worker_->handle(), &am);
   if (st != UCS_OK) return FromUcs(st, "ucp_worker_set_am_recv_handler");
   FERRY_RETURN_IF_ERROR(core->Listen());
-  core->stager_ = std::make_unique<Stager>(core.get());
+  core->stager_ = std::make_unique<Stager>(core.get(), std::move(copier));
 
   Core* raw = core.get();
   core->worker_->Start([raw] {
@@ -150,7 +150,8 @@ Core::~Core() {
   Shutdown();
   stager_.reset();  // waits for its GPU copies; needs the (stopped) worker
   std::lock_guard<std::mutex> lock(regions_mu_);
-  for (auto& [id, r] : regions_) ucp_mem_unmap(context_, r.memh);
+  for (auto& [id, r] : regions_)
+    if (r.memh != nullptr) ucp_mem_unmap(context_, r.memh);
   regions_.clear();
   worker_.reset();
   if (context_ != nullptr) ucp_cleanup(context_);

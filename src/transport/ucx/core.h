@@ -78,7 +78,9 @@ struct Pending {
 
 class Core : public std::enable_shared_from_this<Core> {
  public:
-  static Result<std::shared_ptr<Core>> Create(const TransportContext& ctx);
+  // `copier`: how GPU memory is staged; null = the CUDA one (staged.h).
+  static Result<std::shared_ptr<Core>> Create(const TransportContext& ctx,
+                                              std::unique_ptr<StageCopier> copier = nullptr);
   ~Core();
   void Shutdown();  // stops the worker; idempotent
 

@@ -13,6 +13,7 @@
 #if FERRY_HAVE_CUDA
 #include "cuda/copy_engine.h"
 #endif
+#include "transport/ucx/staged.h"
 
 namespace ferry::internal::ucx {
 
@@ -201,39 +202,20 @@ std::shared_ptr<Bounce> AnyBuffer(BouncePool* pool) {
 
 // ---- GPU copies ------------------------------------------------------------------------------
 
-struct GpuCopy {
-  std::byte* dst;
-  const std::byte* src;
-  uint64_t size;
-};
-
-struct Stager::Impl : std::enable_shared_from_this<Stager::Impl> {
-  Core* core = nullptr;
-  std::shared_ptr<Dispatcher> dispatch = std::make_shared<Dispatcher>();
-  std::shared_ptr<BouncePool> send_pool, recv_pool;
+namespace {
 #if FERRY_HAVE_CUDA
-  std::mutex engines_mu;
-  std::vector<std::unique_ptr<cuda::CopyEngine>> engines;  // GUARDED_BY(engines_mu); last member
-#endif
-
-  bool gpu() const {
-#if FERRY_HAVE_CUDA
-    return cuda::Available();
-#else
-    return false;
-#endif
-  }
-
-  // Enqueues the copies on `device`; `done` runs once on any thread. Returns false (without
-  // calling `done`) when nothing was enqueued, with the reason in *error.
-  Status Copy(int device, const std::vector<GpuCopy>& copies, bool pinned, std::function<void(const Status&)> done) {
-#if FERRY_HAVE_CUDA
+class CudaStageCopier final : public StageCopier {
+ public:
+  CudaStageCopier() : engines_(cuda::Available() ? cuda::DeviceCount() : 0) {}
+  bool gpu() const override { return !engines_.empty(); }
+  Status Copy(int device, std::span<const StageCopy> copies, bool pinned,
+              std::function<void(const Status&)> done) override {
     cuda::CopyEngine* engine = nullptr;
     {
-      std::lock_guard<std::mutex> lock(engines_mu);
-      if (device < 0 || device >= static_cast<int>(engines.size()))
+      std::lock_guard<std::mutex> lock(mu_);
+      if (device < 0 || device >= static_cast<int>(engines_.size()))
         return Status(Code::kInvalidArgument, "no CUDA device " + std::to_string(device));
-      auto& slot = engines[device];
+      auto& slot = engines_[device];
       if (!slot) {
         FERRY_ASSIGN_OR_RETURN(slot, cuda::CopyEngine::Create(device));
       }
@@ -241,16 +223,51 @@ struct Stager::Impl : std::enable_shared_from_this<Stager::Impl> {
     }
     std::vector<cuda::Copy> c;
     c.reserve(copies.size());
-    for (const GpuCopy& g : copies) c.push_back(cuda::Copy{g.dst, g.src, g.size});
+    for (const StageCopy& g : copies) c.push_back(cuda::Copy{g.dst, g.src, g.size});
     cuda::PostOptions options;
     options.kernel_ok = pinned;  // device memory and a mapped page-locked bounce buffer
     options.pageable = !pinned;
     options.on_done = std::move(done);
     auto posted = engine->Post(c, std::move(options));
     return posted.ok() ? Status::Ok() : posted.status();
-#else
-    return Status(Code::kUnsupported, "ferry was built without CUDA");
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::unique_ptr<cuda::CopyEngine>> engines_;  // GUARDED_BY(mu_); by ordinal
+};
 #endif
+
+class NoStageCopier final : public StageCopier {
+ public:
+  bool gpu() const override { return false; }
+  Status Copy(int, std::span<const StageCopy>, bool, std::function<void(const Status&)>) override {
+    return Status(Code::kUnsupported, "no CUDA device to stage GPU memory through");
+  }
+};
+}  // namespace
+
+std::unique_ptr<StageCopier> MakeCudaStageCopier() {
+#if FERRY_HAVE_CUDA
+  if (cuda::Available()) return std::make_unique<CudaStageCopier>();
+#endif
+  return std::make_unique<NoStageCopier>();
+}
+
+using GpuCopy = StageCopy;
+
+struct Stager::Impl : std::enable_shared_from_this<Stager::Impl> {
+  Core* core = nullptr;
+  std::shared_ptr<Dispatcher> dispatch = std::make_shared<Dispatcher>();
+  std::shared_ptr<BouncePool> send_pool, recv_pool;
+  std::unique_ptr<StageCopier> copier;  // progress thread (and ~Stager, once it stopped)
+  bool has_gpu = false;
+
+  bool gpu() const { return has_gpu; }
+
+  Status Copy(int device, const std::vector<GpuCopy>& copies, bool pinned, std::function<void(const Status&)> done) {
+    if (!copier) return Status(Code::kAborted, "the ucx transport was shut down");
+    return copier->Copy(device, copies, pinned, std::move(done));
   }
 
   void SendAckIfOpen(ucp_ep_h reply, uint64_t token, Code code) {
@@ -407,15 +424,14 @@ struct ReadJob : std::enable_shared_from_this<ReadJob> {
 
 // ---- Stager ----------------------------------------------------------------------------------
 
-Stager::Stager(Core* core) : impl_(std::make_shared<Impl>()) {
+Stager::Stager(Core* core, std::unique_ptr<StageCopier> copier) : impl_(std::make_shared<Impl>()) {
   impl_->core = core;
   impl_->dispatch->core = core;
+  impl_->copier = copier ? std::move(copier) : MakeCudaStageCopier();
+  impl_->has_gpu = impl_->copier->gpu();
   const bool pin = cuda::Available();
   impl_->send_pool = std::make_shared<BouncePool>(impl_->dispatch, pin);
   impl_->recv_pool = std::make_shared<BouncePool>(impl_->dispatch, pin);
-#if FERRY_HAVE_CUDA
-  impl_->engines.resize(cuda::Available() ? cuda::DeviceCount() : 0);
-#endif
 }
 
 Stager::~Stager() {
@@ -425,14 +441,7 @@ Stager::~Stager() {
   }
   impl_->send_pool->DropWaiters();
   impl_->recv_pool->DropWaiters();
-#if FERRY_HAVE_CUDA
-  std::vector<std::unique_ptr<cuda::CopyEngine>> engines;
-  {
-    std::lock_guard<std::mutex> lock(impl_->engines_mu);
-    engines.swap(impl_->engines);
-  }
-  engines.clear();  // waits for copies in flight
-#endif
+  impl_->copier.reset();  // waits for copies in flight (the progress thread has stopped)
 }
 
 bool Stager::gpu() const { return impl_->gpu(); }

@@ -25,6 +25,7 @@
 #include <ucp/api/ucp.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -64,9 +65,30 @@ void WritePieceTable(std::span<const StagedPiece> pieces, std::byte* out);
 Result<std::vector<StagedPiece>> ReadPieceTable(const std::byte* bytes, size_t length, uint64_t region_size,
                                                 size_t* table_bytes, uint64_t* total);
 
+// A copy between GPU memory and a host bounce buffer.
+struct StageCopy {
+  std::byte* dst;
+  const std::byte* src;
+  uint64_t size;
+};
+
+// How the stager moves bytes between GPU memory and bounce buffers; tests replace it.
+class StageCopier {
+ public:
+  virtual ~StageCopier() = default;  // waits for copies in flight
+  // Whether GPU regions of this process can be staged.
+  virtual bool gpu() const = 0;
+  // Enqueues `copies` on `device` (`pinned`: every host side is a mapped page-locked buffer);
+  // `done` runs once, on any thread. An error means nothing was enqueued.
+  virtual Status Copy(int device, std::span<const StageCopy> copies, bool pinned,
+                      std::function<void(const Status&)> done) = 0;
+};
+// One cuda::CopyEngine per device (one kernel launch per chunk); gpu() is false without CUDA.
+std::unique_ptr<StageCopier> MakeCudaStageCopier();
+
 class Stager {
  public:
-  explicit Stager(Core* core);
+  Stager(Core* core, std::unique_ptr<StageCopier> copier);
   ~Stager();  // waits for GPU copies in flight; their parts fail with kAborted
 
   // Whether this engine can stage its own GPU regions (CUDA build with a device).
@@ -90,5 +112,11 @@ class Stager {
  private:
   std::shared_ptr<Impl> impl_;
 };
+
+// The ucx transport with `copier` in place of the CUDA one (tests of the staged protocol
+// without a GPU); *stager, when given, is set to the transport's stager.
+Result<std::unique_ptr<Transport>> MakeUcxTransportWithCopier(const TransportContext& ctx,
+                                                              std::unique_ptr<StageCopier> copier,
+                                                              Stager** stager = nullptr);
 
 }  // namespace ferry::internal::ucx

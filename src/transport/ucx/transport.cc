@@ -435,6 +435,14 @@ Result<std::unique_ptr<Transport>> MakeUcxTransport(const TransportContext& ctx)
   return std::unique_ptr<Transport>(new UcxTransport(std::move(core)));
 }
 
+Result<std::unique_ptr<Transport>> MakeUcxTransportWithCopier(const TransportContext& ctx,
+                                                              std::unique_ptr<StageCopier> copier,
+                                                              Stager** stager) {
+  FERRY_ASSIGN_OR_RETURN(auto core, Core::Create(ctx, std::move(copier)));
+  if (stager != nullptr) *stager = &core->stager();
+  return std::unique_ptr<Transport>(new UcxTransport(std::move(core)));
+}
+
 }  // namespace ferry::internal::ucx
 
 namespace ferry::internal {
