@@ -120,7 +120,7 @@ PFN_cuMemGetAddressRange_v3020 AddressRangeFn() {
   static const PFN_cuMemGetAddressRange_v3020 fn = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 3020, cudaEnableDefault, &found) !=
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &found) !=
             cudaSuccess ||
         found != cudaDriverEntryPointSuccess) {
       (void)cudaGetLastError();
@@ -172,6 +172,10 @@ Result<void*> IpcOpenHandle(const IpcHandle& handle, int device) {
 
 Status IpcCloseHandle(void* mapped_base) {
   if (!Available()) return NotAvailable();
+  // Unmapped in the context it was mapped into.
+  auto info = QueryPointer(mapped_base);
+  DeviceGuard guard(info.ok() && info->device >= 0 ? info->device : 0);
+  FERRY_RETURN_IF_ERROR(guard.status());
   return ToStatus(cudaIpcCloseMemHandle(mapped_base), "cudaIpcCloseMemHandle");
 }
 

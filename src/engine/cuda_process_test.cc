@@ -31,6 +31,10 @@ std::vector<uint8_t> PeerPattern(size_t n, uint64_t seed = 1) {
 std::string HashOf(const std::vector<uint8_t>& v) { return "HASH " + std::to_string(testing::Fnv(v.data(), v.size())); }
 
 struct Rig {
+  ~Rig() {
+    // The peer exits on its own (its engine unlinks its lease table), then this one closes.
+    if (peer) (void)peer->Command("exit");
+  }
   std::unique_ptr<Buffer> buf;  // outlives the engine
   std::unique_ptr<Engine> engine;
   std::unique_ptr<PeerProcess> peer;

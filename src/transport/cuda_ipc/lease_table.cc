@@ -106,6 +106,13 @@ LeaseTable::~LeaseTable() {
 
 bool LeaseTable::OwnerAlive() const { return ProcessAlive(layout_->owner_pid); }
 
+void LeaseTable::UnlinkIfOwnerDead() {
+  if (owner_ || OwnerAlive()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!unlinked_) shm_unlink(name_.c_str());
+  unlinked_ = true;
+}
+
 Result<uint32_t> LeaseTable::Publish(uint64_t region) {
   if (region == 0) return Status(Code::kInvalidArgument, "region id 0 cannot be published");
   std::lock_guard<std::mutex> lock(mu_);

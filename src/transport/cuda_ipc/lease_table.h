@@ -45,6 +45,8 @@ class LeaseTable {
   const std::string& name() const { return name_; }
   // Whether the process that created the table still runs.
   bool OwnerAlive() const;
+  // A peer's view: removes the table's name once its owner died (a killed owner cannot).
+  void UnlinkIfOwnerDead();
 
   // Owner: publishes `region` (never 0) in a free slot; kResourceExhausted when none is left.
   Result<uint32_t> Publish(uint64_t region);
@@ -70,6 +72,7 @@ class LeaseTable {
   const bool owner_;
   std::mutex mu_;
   std::vector<uint8_t> retired_;  // GUARDED_BY(mu_): owner only; slots never to be reused
+  bool unlinked_ = false;         // GUARDED_BY(mu_)
 };
 
 }  // namespace ferry::internal::cuda_ipc

@@ -137,7 +137,9 @@ TEST(LeaseTable, PeerSeesTheOwnerDie) {
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   EXPECT_FALSE((*peer)->OwnerAlive());
-  shm_unlink(name.c_str());  // a killed owner cannot unlink its table
+  // A killed owner cannot unlink its table; the peer that sees it dead does.
+  (*peer)->UnlinkIfOwnerDead();
+  EXPECT_EQ(LeaseTable::Open(name).status().code(), Code::kUnavailable);
   close(names[0]);
   close(names[1]);
 }

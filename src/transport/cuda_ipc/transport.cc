@@ -139,8 +139,10 @@ class IpcChannel final : public Channel {
 
   Status Post(Op op, std::span<const TransferOp> ops, uint64_t total_bytes,
               const std::shared_ptr<TransferState>& state) override {
-    if (!peer_->table->OwnerAlive())
+    if (!peer_->table->OwnerAlive()) {
+      peer_->table->UnlinkIfOwnerDead();
       return Status(Code::kUnavailable, "peer " + peer_->key + " (its process) is gone");
+    }
     auto local_use = RegionUse::Make(local_);
     if (!local_use)
       return Status(Code::kFailedPrecondition,
