@@ -111,7 +111,7 @@ Rig* GetRig(Target target, uint64_t bytes) {
   if (!local.ok()) return fail(local.status().ToString());
   ferry::MemoryDesc remote;
   if (target == Target::kIpcPeer) {
-    rig->peer = ferry::testing::PeerProcess::Start(bytes, {"--kind", "cuda", "--transports", "cuda_ipc,ucx"});
+    rig->peer = ferry::testing::PeerProcess::Start(bytes, {"--kind", "cuda", "--transports", "cuda_ipc,ucx", "--fill", "0"});
     if (!rig->peer) return fail("ferry_test_peer did not start");
     if (auto s = rig->a->AddPeer(rig->peer->engine); !s.ok()) return fail(s.ToString());
     remote = rig->peer->memory;

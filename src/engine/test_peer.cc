@@ -7,7 +7,8 @@
 // "fill SEED" -> "OK" (refills the buffer), "dereg" -> "DEREG <code>" (deregisters it), "exit".
 // With --kind cuda the buffer is GPU memory of --device (default 0), registered as such.
 // Usage: ferry_test_peer BYTES [--rma auto|always|never] [--listen HOST] [--kind host|cuda]
-//                              [--device N] [--transports a,b,...]
+//                              [--device N] [--transports a,b,...] [--fill SEED]
+// (--fill 0: the buffer starts zeroed, quick for benchmarks of many GiB; default seed 1)
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
   options.transports = {"ucx"};
   bool gpu = false;
   int device = 0;
+  uint64_t fill_seed = 1;
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--rma") {
@@ -67,6 +69,8 @@ int main(int argc, char** argv) {
       options.ucx.listen_host = value;
     } else if (flag == "--kind") {
       gpu = value == "cuda";
+    } else if (flag == "--fill") {
+      fill_seed = std::stoull(value);
     } else if (flag == "--device") {
       device = std::stoi(value);
     } else if (flag == "--transports") {
@@ -84,12 +88,14 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::vector<uint8_t> buf(std::stoull(argv[1]));
-  Fill(buf, 1);
+  if (fill_seed != 0) Fill(buf, fill_seed);
   // GPU mode: `buf` mirrors the device buffer; commands upload and download it whole.
   void* dev = nullptr;
   if (gpu) {
     auto p = ferry::cuda::Malloc(device, buf.size());
-    if (!p.ok() || !ferry::cuda::CopySync(*p, buf.data(), buf.size()).ok()) {
+    if (!p.ok() || !(fill_seed != 0 ? ferry::cuda::CopySync(*p, buf.data(), buf.size())
+                                    : ferry::cuda::MemsetSync(*p, 0, buf.size()))
+                        .ok()) {
       std::fprintf(stderr, "cuda: %s\n", p.ok() ? "upload failed" : p.status().ToString().c_str());
       return 1;
     }

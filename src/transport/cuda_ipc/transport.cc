@@ -248,11 +248,24 @@ class IpcTransport final : public Transport {
     const auto at = reinterpret_cast<uint64_t>(region->base);
     if (at < base || !InBounds(at - base, region->size, range.size))
       return Status(Code::kInvalidArgument, "the region spans more than one CUDA allocation");
-    FERRY_ASSIGN_OR_RETURN(cuda::IpcHandle handle, shared_->api->GetHandle(range.base));
+    // One handle per allocation while any of its regions is registered, so that a peer maps
+    // the allocation once whatever the number of regions in it. (A freed and reallocated block
+    // at the same address gets a new handle: no region of it was registered in between.)
+    cuda::IpcHandle handle;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = handles_.find(base);
+      if (it != handles_.end()) handle = it->second.first;
+    }
+    if (handle == cuda::IpcHandle{}) {
+      FERRY_ASSIGN_OR_RETURN(handle, shared_->api->GetHandle(range.base));
+    }
     FERRY_ASSIGN_OR_RETURN(uint32_t slot, shared_->table->Publish(static_cast<uint64_t>(region->id)));
     {
       std::lock_guard<std::mutex> lock(mu_);
-      slots_[static_cast<uint64_t>(region->id)] = slot;
+      slots_[static_cast<uint64_t>(region->id)] = Exported{slot, base};
+      auto [it, added] = handles_.try_emplace(base, handle, 0);
+      ++it->second.second;
     }
     RegionAccess a{shared_->token, handle, at - base, range.size, slot, static_cast<uint64_t>(region->id)};
     return TransportData{std::string(kName), PackRegionAccess(a)};
@@ -264,7 +277,9 @@ class IpcTransport final : public Transport {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = slots_.find(static_cast<uint64_t>(region.id));
       if (it == slots_.end()) return;
-      slot = it->second;
+      slot = it->second.slot;
+      auto h = handles_.find(it->second.allocation);
+      if (h != handles_.end() && --h->second.second == 0) handles_.erase(h);
       slots_.erase(it);
     }
     Status s = shared_->table->Revoke(slot, Deadline::After(shared_->retire_wait));
@@ -295,8 +310,13 @@ class IpcTransport final : public Transport {
 
  private:
   std::shared_ptr<Shared> shared_;
+  struct Exported {
+    uint32_t slot;        // in the lease table
+    uint64_t allocation;  // base of the allocation containing the region
+  };
   std::mutex mu_;
-  std::unordered_map<uint64_t, uint32_t> slots_;  // GUARDED_BY(mu_): region id -> lease slot
+  std::unordered_map<uint64_t, Exported> slots_;  // GUARDED_BY(mu_): by region id
+  std::unordered_map<uint64_t, std::pair<cuda::IpcHandle, int>> handles_;  // GUARDED_BY(mu_): by allocation base
 };
 
 }  // namespace

@@ -36,6 +36,7 @@ class FakeIpcApi final : public cuda::IpcApi {
     return Status(Code::kInvalidArgument, "not device memory");
   }
   Result<cuda::IpcHandle> GetHandle(void* base) override {
+    ++handles;
     cuda::IpcHandle h;
     const auto p = reinterpret_cast<uint64_t>(base);
     std::memcpy(h.bytes.data(), &p, sizeof(p));
@@ -55,7 +56,7 @@ class FakeIpcApi final : public cuda::IpcApi {
   }
 
   Status open_failure;  // set before use, read under mu_
-  std::atomic<int> opens{0}, closes{0};
+  std::atomic<int> opens{0}, closes{0}, handles{0};
 
  private:
   std::mutex mu_;
@@ -233,6 +234,7 @@ TEST_F(CudaIpcProtocolTest, EachAllocationIsOpenedOnceAndClosedWhenAllItsRegions
   auto c2 = (*ep)->OpenChannel(a_.regions[0], r2);
   ASSERT_TRUE(c1.ok() && c2.ok());
   EXPECT_EQ(api_.opens.load(), 1);
+  EXPECT_EQ(api_.handles.load(), 2);  // a's allocation and b's, each exported once
 
   b_.transport->Deregister(*b_.regions[0]);
   auto t = Post(**c1, Op::kWrite, {{0, 0, 100}});
