@@ -127,9 +127,21 @@ class BouncePool : public std::enable_shared_from_this<BouncePool> {
   ~BouncePool() {
     for (auto& [data, pinned] : free_) FreeBuffer(data, pinned);
   }
-  // A buffer, or null when all kStageBuffers are in use.
+  // A buffer, or null when all kStageBuffers are in use; then `retry` runs on the progress
+  // thread once one comes back (registered under the same lock as the check, so that a
+  // buffer returned meanwhile on another thread is not missed).
+  std::shared_ptr<Bounce> AcquireOrWait(std::function<void()> retry) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto b = TryAcquireLocked();
+    if (!b && retry) waiters_.push_back(std::move(retry));
+    return b;
+  }
   std::shared_ptr<Bounce> TryAcquire() {
     std::lock_guard<std::mutex> lock(mu_);
+    return TryAcquireLocked();
+  }
+  // REQUIRES: mu_ held.
+  std::shared_ptr<Bounce> TryAcquireLocked() {
     if (!free_.empty()) {
       auto [data, pinned] = free_.back();
       free_.pop_back();
@@ -141,11 +153,6 @@ class BouncePool : public std::enable_shared_from_this<BouncePool> {
     const bool pinned = pin_ && cuda::HostRegister(data, kBounceBytes).ok();
     ++allocated_;
     return std::make_shared<Bounce>(weak_from_this(), data, pinned);
-  }
-  // Runs `retry` on the progress thread once a buffer comes back.
-  void Wait(std::function<void()> retry) {
-    std::lock_guard<std::mutex> lock(mu_);
-    waiters_.push_back(std::move(retry));
   }
   void Return(std::byte* data, bool pinned) {
     std::function<void()> next;
@@ -304,11 +311,8 @@ struct WriteJob : std::enable_shared_from_this<WriteJob> {
     while (next < chunks.size()) {
       if (conn->failed()) return FailRest(conn->failure());
       if (state->finished()) return FailRest(Status(Code::kAborted, "transfer ended"));
-      auto buf = stager->send_pool->TryAcquire();
-      if (!buf) {
-        stager->send_pool->Wait([self = shared_from_this()] { self->Pump(); });
-        return;
-      }
+      auto buf = stager->send_pool->AcquireOrWait([self = shared_from_this()] { self->Pump(); });
+      if (!buf) return;  // Pump runs again when a buffer comes back
       Stage(next++, std::move(buf));
     }
   }
@@ -372,11 +376,8 @@ struct ReadJob : std::enable_shared_from_this<ReadJob> {
     while (next < chunks.size()) {
       if (conn->failed()) return FailRest(conn->failure());
       if (state->finished()) return FailRest(Status(Code::kAborted, "transfer ended"));
-      auto buf = stager->recv_pool->TryAcquire();
-      if (!buf) {
-        stager->recv_pool->Wait([self = shared_from_this()] { self->Pump(); });
-        return;
-      }
+      auto buf = stager->recv_pool->AcquireOrWait([self = shared_from_this()] { self->Pump(); });
+      if (!buf) return;  // Pump runs again when a buffer comes back
       Request(next++, std::move(buf));
     }
   }
