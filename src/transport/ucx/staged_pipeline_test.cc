@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "engine/test_util.h"
+#include "transport/local/cuda_test_util.h"
 #include "transport/ucx/staged.h"
 
 namespace ferry::internal::ucx {
@@ -272,6 +273,88 @@ TEST_F(StagedPipelineTest, APeerThatDiesMidPipelineFailsTheTransferAndReleasesEv
   EXPECT_EQ(a->stager->free_buffers(), a->stager->allocated_buffers());
   // Later batches fail at once.
   EXPECT_EQ(Post(**ch, Op::kWrite, {{0, 0, 64}})->Wait(Deadline::After(10s)).code(), Code::kUnavailable);
+}
+
+
+std::shared_ptr<TransferState> StagedPipelineTest_Post(Channel& ch, Op op, const std::vector<TransferOp>& ops) {
+  uint64_t total = 0;
+  for (auto& o : ops) total += o.size;
+  auto state = std::make_shared<TransferState>(TransferId{1}, total, ch.path(), Deadline::After(30s));
+  Status s = ch.Post(op, ops, total, state);
+  if (!s.ok()) state->Finish(s);
+  state->PartDone(Status::Ok());
+  return state;
+}
+
+// The same protocol with the CUDA copier and real GPU memory on both sides, in one process
+// (skips without a GPU): isolates the staged GPU path from the two-process tests.
+TEST(StagedGpu, GpuToGpuThroughTheCopyEngine) {
+  FERRY_SKIP_WITHOUT_CUDA(1);
+  const size_t kBytes = 40 << 20;
+  EngineOptions options;
+  auto a_buf = cuda_testing::Buffer::Make(cuda_testing::kGpu0, kBytes);
+  auto b_buf = cuda_testing::Buffer::Make(cuda_testing::kGpu0, kBytes);
+  ASSERT_TRUE(a_buf && b_buf);
+  Stager* a_stager = nullptr;
+  auto make = [&](const std::string& key, Stager** stager) {
+    TransportContext ctx{key, &options, std::make_shared<Inbox>(4, 64)};
+    return MakeUcxTransportWithCopier(ctx, MakeCudaStageCopier(), stager);
+  };
+  auto a = make("gpu-stage-a", &a_stager);
+  auto b = make("gpu-stage-b", nullptr);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto region = [](void* base, uint64_t id) {
+    auto r = std::make_shared<Region>();
+    r->id = RegionId{id};
+    r->base = static_cast<std::byte*>(base);
+    r->size = kBytes;
+    r->kind = MemoryKind::kCuda;
+    r->device = 0;
+    return r;
+  };
+  auto local = region(a_buf->ptr(), 1);
+  auto remote = region(b_buf->ptr(), 2);
+  ASSERT_TRUE((*a)->Register(local).ok());
+  auto access = (*b)->Register(remote);
+  ASSERT_TRUE(access.ok()) << access.status().ToString();
+  MemoryDesc rd;
+  rd.engine_key = "gpu-stage-b";
+  rd.region = remote->id;
+  rd.address = reinterpret_cast<uint64_t>(remote->base);
+  rd.size = kBytes;
+  rd.kind = MemoryKind::kCuda;
+  rd.device = 0;
+  rd.host_id = LocalHostId();
+  rd.access = {*access};
+  EngineDesc bd;
+  bd.key = "gpu-stage-b";
+  bd.host_id = LocalHostId();
+  bd.transports = {(*b)->Describe()};
+  bd.addresses = (*b)->Addresses();
+  auto ep = (*a)->Connect(bd);
+  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+  auto ch = (*ep)->OpenChannel(local, rd);
+  ASSERT_TRUE(ch.ok()) << ch.status().ToString();
+  EXPECT_TRUE((*ch)->path().staged);
+  auto data = RandomBytes(kBytes, 5);
+  a_buf->Upload(data);
+  auto ops = cuda_testing::Scattered(kBytes, 4000, 32 << 10, 6);
+  ops.push_back({kBytes - (9 << 20), 0, 9 << 20});  // one piece over several chunks
+  ops.erase(std::remove_if(ops.begin(), ops.end() - 1, [&](const TransferOp& o) {
+              return o.remote_offset < (9u << 20) || o.local_offset + o.size > kBytes - (9u << 20);
+            }),
+            ops.end() - 1);
+  auto w = StagedPipelineTest_Post(**ch, Op::kWrite, ops);
+  ASSERT_TRUE(w->Wait(Deadline::After(30s)).ok()) << w->status().ToString();
+  auto at_b = b_buf->Download();
+  cuda_testing::ExpectApplied(data, at_b, ops, true);
+  a_buf->Upload(std::vector<uint8_t>(kBytes, 0));
+  auto r = StagedPipelineTest_Post(**ch, Op::kRead, ops);
+  ASSERT_TRUE(r->Wait(Deadline::After(30s)).ok()) << r->status().ToString();
+  cuda_testing::ExpectApplied(at_b, a_buf->Download(), ops, false);
+  for (int i = 0; i < 2000 && a_stager->free_buffers() != a_stager->allocated_buffers(); ++i)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(a_stager->free_buffers(), a_stager->allocated_buffers());
 }
 
 }  // namespace
