@@ -22,7 +22,7 @@ echo "configure + build -> $out/gpu_build.log"
 if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_WITH_CUDA=ON \
          -DFERRY_WITH_PYTHON=OFF -DFERRY_WITH_BENCH=ON &&
        cmake --build "$build" -j "$jobs" --target \
-         cuda_ipc_test cuda_process_test cuda_path_test cuda_runtime_test ucx_test notify_route_test \
+         cuda_ipc_test cuda_ipc_gpu_test cuda_process_test cuda_path_test cuda_runtime_test ucx_test notify_route_test \
          engine_test ferry_test_peer ferry_bench_cuda; } > "$out/gpu_build.log" 2>&1; then
   echo "build failed; see $out/gpu_build.log"
   tail -30 "$out/gpu_build.log"
