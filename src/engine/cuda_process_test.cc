@@ -47,6 +47,7 @@ struct Rig {
 // memory, started with `peer_transports`.
 std::unique_ptr<Rig> MakeRig(size_t bytes, Loc loc, std::vector<std::string> transports, const std::string& peer_kind,
                              const std::string& peer_transports, int peer_device = 0) {
+  signal(SIGPIPE, SIG_IGN);  // a command to a peer a test killed must fail, not end this process
   auto r = std::make_unique<Rig>();
   r->buf = Buffer::Make(loc, bytes);
   if (!r->buf) return nullptr;
