@@ -138,8 +138,11 @@ Result<AllocationRange> GetAllocationRange(const void* ptr) {
   if (!info.device_memory) return Status(Code::kInvalidArgument, "pointer is not CUDA device memory");
   auto fn = AddressRangeFn();
   if (fn == nullptr) return Status(Code::kUnsupported, "the CUDA driver has no cuMemGetAddressRange");
-  DeviceGuard guard(info.device);  // the driver call uses the current context
+  DeviceGuard guard(info.device);
   FERRY_RETURN_IF_ERROR(guard.status());
+  // The driver call needs the device's primary context current on this thread; the guard
+  // skips cudaSetDevice when the device is current already, which does not bind it.
+  FERRY_RETURN_IF_ERROR(ToStatus(cudaSetDevice(info.device), "cudaSetDevice"));
   CUdeviceptr base = 0;
   size_t size = 0;
   CUresult r = fn(&base, &size, reinterpret_cast<CUdeviceptr>(ptr));
