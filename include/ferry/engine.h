@@ -187,7 +187,9 @@ class Engine {
   Result<MemoryDesc> RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind = MemoryKind::kHost,
                                     int device = -1);
   // Makes every later transfer on the region fail with kFailedPrecondition, then waits for the
-  // transfers still using it (up to the default deadline, and at least 10 s).
+  // transfers still using it (up to the default deadline, and at least 10 s). For GPU memory
+  // reached by other processes (cuda_ipc), that includes their copies into it: no peer copy
+  // runs or starts once this returns (a peer that did not drain in time is logged).
   Status DeregisterMemory(RegionId region);
   Status DeregisterMemory(const MemoryDesc& desc) { return DeregisterMemory(desc.region); }
 

@@ -1,7 +1,11 @@
 // The CUDA seam of a build with the CUDA toolkit: calls go to the CUDA runtime (linked
 // statically), which loads the driver at run time. With no driver or no device the probe fails
 // once, is cached, and every call reports why instead of failing later in a worse place.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
+
+#include <cstring>
 
 #include "cuda/cuda_status.h"
 #include "cuda/runtime.h"
@@ -114,6 +118,76 @@ Status MemsetSync(void* ptr, int value, size_t bytes) {
   FERRY_RETURN_IF_ERROR(guard.status());
   FERRY_RETURN_IF_ERROR(ToStatus(cudaMemset(ptr, value, bytes), "cudaMemset"));
   return ToStatus(cudaStreamSynchronize(cudaStreamLegacy), "cudaStreamSynchronize");
+}
+
+// CUDA IPC.
+
+namespace {
+// cuMemGetAddressRange, looked up once through the runtime (the driver is loaded at run time).
+PFN_cuMemGetAddressRange_v3020 AddressRangeFn() {
+  static const PFN_cuMemGetAddressRange_v3020 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(f);
+  }();
+  return fn;
+}
+}  // namespace
+
+Result<AllocationRange> GetAllocationRange(const void* ptr) {
+  if (!Available()) return NotAvailable();
+  FERRY_ASSIGN_OR_RETURN(PointerInfo info, QueryPointer(ptr));
+  if (!info.device_memory) return Status(Code::kInvalidArgument, "pointer is not CUDA device memory");
+  auto fn = AddressRangeFn();
+  if (fn == nullptr) return Status(Code::kUnsupported, "the CUDA driver has no cuMemGetAddressRange");
+  DeviceGuard guard(info.device);
+  FERRY_RETURN_IF_ERROR(guard.status());
+  // The driver call needs the device's primary context current on this thread; the guard
+  // skips cudaSetDevice when the device is current already, which does not bind it.
+  FERRY_RETURN_IF_ERROR(ToStatus(cudaSetDevice(info.device), "cudaSetDevice"));
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CUresult r = fn(&base, &size, reinterpret_cast<CUdeviceptr>(ptr));
+  if (r != CUDA_SUCCESS)
+    return Status(Code::kInvalidArgument, "cuMemGetAddressRange failed with CUresult " + std::to_string(r));
+  return AllocationRange{reinterpret_cast<void*>(base), size};
+}
+
+Result<IpcHandle> IpcGetHandle(void* allocation_base) {
+  if (!Available()) return NotAvailable();
+  cudaIpcMemHandle_t h{};
+  FERRY_RETURN_IF_ERROR(ToStatus(cudaIpcGetMemHandle(&h, allocation_base), "cudaIpcGetMemHandle"));
+  static_assert(sizeof(h) == kIpcHandleBytes);
+  IpcHandle out;
+  std::memcpy(out.bytes.data(), &h, sizeof(h));
+  return out;
+}
+
+Result<void*> IpcOpenHandle(const IpcHandle& handle, int device) {
+  if (!Available()) return NotAvailable();
+  DeviceGuard guard(device);  // the mapping is made in the current device's context
+  FERRY_RETURN_IF_ERROR(guard.status());
+  cudaIpcMemHandle_t h{};
+  std::memcpy(&h, handle.bytes.data(), sizeof(h));
+  void* ptr = nullptr;
+  FERRY_RETURN_IF_ERROR(
+      ToStatus(cudaIpcOpenMemHandle(&ptr, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle"));
+  return ptr;
+}
+
+Status IpcCloseHandle(void* mapped_base) {
+  if (!Available()) return NotAvailable();
+  // Unmapped in the context it was mapped into.
+  auto info = QueryPointer(mapped_base);
+  DeviceGuard guard(info.ok() && info->device >= 0 ? info->device : 0);
+  FERRY_RETURN_IF_ERROR(guard.status());
+  return ToStatus(cudaIpcCloseMemHandle(mapped_base), "cudaIpcCloseMemHandle");
 }
 
 }  // namespace ferry::cuda

@@ -7,6 +7,7 @@
 // Thread safety: every function may be called from any thread.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -50,5 +51,27 @@ Result<void*> Malloc(int device, size_t bytes);
 Status Free(void* ptr);
 Status CopySync(void* dst, const void* src, size_t bytes);   // any direction (UVA)
 Status MemsetSync(void* ptr, int value, size_t bytes);
+
+// CUDA IPC: a device allocation exported by one process and mapped by another on the same host.
+// A process cannot open a handle it exported itself (CUDA refuses); see also ipc_api.h, the
+// injectable form of these calls that the cuda_ipc transport uses.
+inline constexpr size_t kIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t)
+struct IpcHandle {
+  std::array<uint8_t, kIpcHandleBytes> bytes{};
+  friend bool operator==(const IpcHandle&, const IpcHandle&) = default;
+};
+struct AllocationRange {
+  void* base = nullptr;  // start of the allocation (cudaMalloc block) containing a pointer
+  uint64_t size = 0;
+};
+// The allocation containing `ptr` (cuMemGetAddressRange, reached through the runtime's driver
+// entry point: no ferry binary links libcuda).
+Result<AllocationRange> GetAllocationRange(const void* ptr);
+// The IPC handle of the allocation starting at `allocation_base`.
+Result<IpcHandle> IpcGetHandle(void* allocation_base);
+// Maps another process's allocation into this process, addressable from `device` (peer access
+// enabled lazily when the allocation lives on another device). Returns the mapped base.
+Result<void*> IpcOpenHandle(const IpcHandle& handle, int device);
+Status IpcCloseHandle(void* mapped_base);
 
 }  // namespace ferry::cuda

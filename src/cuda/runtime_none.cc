@@ -19,5 +19,9 @@ Result<void*> Malloc(int, size_t) { return NoCuda(); }
 Status Free(void*) { return NoCuda(); }
 Status CopySync(void*, const void*, size_t) { return NoCuda(); }
 Status MemsetSync(void*, int, size_t) { return NoCuda(); }
+Result<AllocationRange> GetAllocationRange(const void*) { return NoCuda(); }
+Result<IpcHandle> IpcGetHandle(void*) { return NoCuda(); }
+Result<void*> IpcOpenHandle(const IpcHandle&, int) { return NoCuda(); }
+Status IpcCloseHandle(void*) { return NoCuda(); }
 
 }  // namespace ferry::cuda

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <atomic>
 #include <numeric>
 #include <thread>
@@ -20,6 +21,28 @@ using testing::RandomBytes;
 
 class Conformance : public ::testing::TestWithParam<std::string> {
  protected:
+  // The suite runs two engines of this process over host memory: transports that cannot
+  // (cuda_ipc: GPU memory between processes) or that say they are unsupported here skip.
+  void SetUp() override {
+    const std::string& why = SkipReason(GetParam());
+    if (!why.empty()) GTEST_SKIP() << why;
+  }
+  // Probed once per transport.
+  static const std::string& SkipReason(const std::string& name) {
+    static std::map<std::string, std::string> reasons;
+    auto it = reasons.find(name);
+    if (it != reasons.end()) return it->second;
+    std::string why;
+    for (const auto& e : internal::RegisteredTransports()) {
+      if (e.name != name) continue;
+      EngineOptions o;
+      internal::TransportContext ctx{"conformance-probe", &o, std::make_shared<internal::Inbox>(1, 1)};
+      auto t = e.make(ctx);
+      if (!t.ok() && t.status().code() == Code::kUnsupported) why = name + " is not usable here: " + t.status().ToString();
+      if (t.ok() && !(*t)->caps().host_memory) why = name + " does not carry host memory between engines of one process";
+    }
+    return reasons.emplace(name, why).first->second;
+  }
   std::unique_ptr<EnginePair> Pair(size_t bytes, EngineOptions options = {}) {
     auto p = EnginePair::Make(GetParam(), bytes, options);
     if (p) {

@@ -39,6 +39,11 @@ EngineCore::EngineCore(const EngineOptions& options) : options_(options) {}
 EngineCore::~EngineCore() { Shutdown(); }
 
 Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& options) {
+  return Create(options, RegisteredTransports());
+}
+
+Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& options,
+                                                       std::span<const TransportEntry> entries) {
   if (options.key.size() > kMaxKeyBytes)
     return Status(Code::kInvalidArgument, "engine key is longer than " + std::to_string(kMaxKeyBytes));
   if (options.default_deadline <= Duration::zero())
@@ -48,7 +53,7 @@ Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& opti
   core->inbox_ = std::make_shared<Inbox>(options.max_pending_notifications, options.max_notification_bytes);
 
   TransportContext ctx{core->options_.key, &core->options_, core->inbox_};
-  for (const TransportEntry& entry : RegisteredTransports()) {
+  for (const TransportEntry& entry : entries) {
     if (!options.transports.empty() &&
         std::find(options.transports.begin(), options.transports.end(), entry.name) ==
             options.transports.end())
@@ -269,8 +274,28 @@ Result<std::shared_ptr<SessionCore>> EngineCore::OpenSession(const MemoryDesc& l
       last = channel.status();
       continue;
     }
+    // A transport without notifications of its own (e.g. cuda_ipc) has the session's
+    // notifications routed through another transport that reaches the peer; they still leave
+    // only once the batch's data is complete (the transfer's continuation).
+    std::shared_ptr<Endpoint> notify = *endpoint;
+    if (!caps.notifications) {
+      auto routed = NotificationEndpoint(peer);
+      notify = routed.ok() ? std::move(routed).value() : nullptr;
+    }
     return std::make_shared<SessionCore>(shared_from_this(), local_desc, remote, region,
-                                         std::move(endpoint).value(), std::move(channel).value());
+                                         std::move(endpoint).value(), std::move(channel).value(),
+                                         std::move(notify));
+  }
+  return last;
+}
+
+Result<std::shared_ptr<Endpoint>> EngineCore::NotificationEndpoint(const EngineDesc& peer) {
+  Status last(Code::kUnavailable, "no transport carries notifications to " + peer.key);
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    if (!transports_[i]->caps().notifications || !transports_[i]->CanReach(peer)) continue;
+    auto endpoint = GetEndpoint(peer, i);
+    if (endpoint.ok()) return endpoint;
+    last = endpoint.status();
   }
   return last;
 }
@@ -280,17 +305,8 @@ Status EngineCore::Notify(std::string_view peer_key, std::string_view message) {
   if (message.size() > options_.max_notification_bytes)
     return Status(Code::kInvalidArgument, "notification exceeds max_notification_bytes");
   FERRY_ASSIGN_OR_RETURN(EngineDesc peer, FindPeer(peer_key));
-  Status last(Code::kUnavailable, "no transport carries notifications to " + peer.key);
-  for (size_t i = 0; i < transports_.size(); ++i) {
-    if (!transports_[i]->caps().notifications || !transports_[i]->CanReach(peer)) continue;
-    auto endpoint = GetEndpoint(peer, i);
-    if (!endpoint.ok()) {
-      last = endpoint.status();
-      continue;
-    }
-    return (*endpoint)->Notify(message);
-  }
-  return last;
+  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Endpoint> endpoint, NotificationEndpoint(peer));
+  return endpoint->Notify(message);
 }
 
 }  // namespace internal

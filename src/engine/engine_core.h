@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -20,6 +21,9 @@ namespace ferry::internal {
 class EngineCore : public std::enable_shared_from_this<EngineCore> {
  public:
   static Result<std::shared_ptr<EngineCore>> Create(const EngineOptions& options);
+  // The same, with the transports of `entries` instead of those compiled in (for tests).
+  static Result<std::shared_ptr<EngineCore>> Create(const EngineOptions& options,
+                                                    std::span<const TransportEntry> entries);
   ~EngineCore();
 
   // Stops the engine: later calls fail with kAborted; regions are retired.
@@ -51,6 +55,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   };
   Result<EngineDesc> FindPeer(std::string_view key);
   Result<std::shared_ptr<Endpoint>> GetEndpoint(const EngineDesc& peer, size_t transport);
+  // An endpoint of the first transport with notifications that reaches `peer`.
+  Result<std::shared_ptr<Endpoint>> NotificationEndpoint(const EngineDesc& peer);
 
   EngineOptions options_;
   EngineDesc desc_;
@@ -68,12 +74,14 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
 class SessionCore {
  public:
+  // `notify`: where the session's notifications go; the data endpoint when its transport has
+  // notifications, else another transport's endpoint to the peer (null when none reaches it).
   SessionCore(std::shared_ptr<EngineCore> engine, MemoryDesc local, MemoryDesc remote,
               std::shared_ptr<Region> local_region, std::shared_ptr<Endpoint> endpoint,
-              std::unique_ptr<Channel> channel)
+              std::unique_ptr<Channel> channel, std::shared_ptr<Endpoint> notify)
       : engine_(std::move(engine)), local_(std::move(local)), remote_(std::move(remote)),
         local_region_(std::move(local_region)), endpoint_(std::move(endpoint)),
-        channel_(std::move(channel)), path_(channel_->path()) {}
+        channel_(std::move(channel)), notify_(std::move(notify)), path_(channel_->path()) {}
 
   Transfer Post(Op op, std::span<const TransferOp> ops, const TransferOptions& options) const;
   const MemoryDesc& local() const { return local_; }
@@ -87,6 +95,7 @@ class SessionCore {
   std::shared_ptr<Region> local_region_;
   std::shared_ptr<Endpoint> endpoint_;
   std::unique_ptr<Channel> channel_;
+  std::shared_ptr<Endpoint> notify_;
   TransferPath path_;
 };
 

@@ -30,6 +30,11 @@ Transfer SessionCore::Post(Op op, std::span<const TransferOp> ops,
   if (options.notification && options.notification->size() > engine_->options().max_notification_bytes)
     return Transfer(TransferState::Failed(
         Status(Code::kInvalidArgument, "notification exceeds max_notification_bytes"), id, path_));
+  if (options.notification && !notify_)
+    return Transfer(TransferState::Failed(
+        Status(Code::kUnavailable, "no transport carries notifications to " + remote_.engine_key +
+                                       " (the " + path_.transport + " transport has none of its own)"),
+        id, path_));
 
   // Validate every op against both regions before any byte moves.
   const uint64_t local_size = local_.size;
@@ -51,7 +56,7 @@ Transfer SessionCore::Post(Op op, std::span<const TransferOp> ops,
   if (options.notification) {
     // The notification leaves once every byte of the batch is in place at the target; the
     // transfer completes when the receiver has it.
-    state->SetContinuation([endpoint = endpoint_, message = *options.notification](
+    state->SetContinuation([endpoint = notify_, message = *options.notification](
                                const std::shared_ptr<TransferState>& s) {
       endpoint->NotifyPart(message, s);
     });

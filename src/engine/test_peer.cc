@@ -4,8 +4,11 @@
 //   MEMORY <hex of packed MemoryDesc>
 //   READY
 // Commands: "hash OFFSET SIZE" -> "HASH <fnv1a64>", "notes" -> "NOTES <count> <last message>",
-// "fill SEED" -> "OK" (refills the buffer), "exit".
-// Usage: ferry_test_peer BYTES [--rma auto|always|never] [--listen HOST]
+// "fill SEED" -> "OK" (refills the buffer), "dereg" -> "DEREG <code>" (deregisters it), "exit".
+// With --kind cuda the buffer is GPU memory of --device (default 0), registered as such.
+// Usage: ferry_test_peer BYTES [--rma auto|always|never] [--listen HOST] [--kind host|cuda]
+//                              [--device N] [--transports a,b,...] [--fill SEED]
+// (--fill 0: the buffer starts zeroed, quick for benchmarks of many GiB; default seed 1)
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "base/tsan.h"
+#include "cuda/runtime.h"
 #include "ferry/engine.h"
 
 namespace {
@@ -52,6 +56,9 @@ int main(int argc, char** argv) {
   }
   ferry::EngineOptions options;
   options.transports = {"ucx"};
+  bool gpu = false;
+  int device = 0;
+  uint64_t fill_seed = 1;
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--rma") {
@@ -60,6 +67,19 @@ int main(int argc, char** argv) {
                                            : ferry::UcxOptions::Rma::kAuto;
     } else if (flag == "--listen") {
       options.ucx.listen_host = value;
+    } else if (flag == "--kind") {
+      gpu = value == "cuda";
+    } else if (flag == "--fill") {
+      fill_seed = std::stoull(value);
+    } else if (flag == "--device") {
+      device = std::stoi(value);
+    } else if (flag == "--transports") {
+      options.transports.clear();
+      for (size_t at = 0; at <= value.size();) {
+        size_t comma = std::min(value.find(',', at), value.size());
+        options.transports.push_back(value.substr(at, comma - at));
+        at = comma + 1;
+      }
     }
   }
   auto engine = ferry::Engine::Create(options);
@@ -68,8 +88,22 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::vector<uint8_t> buf(std::stoull(argv[1]));
-  Fill(buf, 1);
-  auto desc = (*engine)->RegisterMemory(buf.data(), buf.size());
+  if (fill_seed != 0) Fill(buf, fill_seed);
+  // GPU mode: `buf` mirrors the device buffer; commands upload and download it whole.
+  void* dev = nullptr;
+  if (gpu) {
+    auto p = ferry::cuda::Malloc(device, buf.size());
+    if (!p.ok() || !(fill_seed != 0 ? ferry::cuda::CopySync(*p, buf.data(), buf.size())
+                                    : ferry::cuda::MemsetSync(*p, 0, buf.size()))
+                        .ok()) {
+      std::fprintf(stderr, "cuda: %s\n", p.ok() ? "upload failed" : p.status().ToString().c_str());
+      return 1;
+    }
+    dev = *p;
+  }
+  auto sync_down = [&] { return !gpu || ferry::cuda::CopySync(buf.data(), dev, buf.size()).ok(); };
+  auto desc = gpu ? (*engine)->RegisterMemory(dev, buf.size(), ferry::MemoryKind::kCuda, device)
+                  : (*engine)->RegisterMemory(buf.data(), buf.size());
   if (!desc.ok()) {
     std::fprintf(stderr, "register: %s\n", desc.status().ToString().c_str());
     return 1;
@@ -88,6 +122,10 @@ int main(int argc, char** argv) {
         std::cout << "ERR range" << std::endl;
         continue;
       }
+      if (!sync_down()) {
+        std::cout << "ERR download" << std::endl;
+        continue;
+      }
       std::cout << "HASH " << Fnv(buf.data() + off, size) << std::endl;
     } else if (cmd == "notes") {
       for (auto& n : (*engine)->PopNotifications()) {
@@ -99,7 +137,14 @@ int main(int argc, char** argv) {
       uint64_t seed = 0;
       std::cin >> seed;
       Fill(buf, seed);
+      if (gpu && !ferry::cuda::CopySync(dev, buf.data(), buf.size()).ok()) {
+        std::cout << "ERR upload" << std::endl;
+        continue;
+      }
       std::cout << "OK" << std::endl;
+    } else if (cmd == "dereg") {
+      ferry::Status s = (*engine)->DeregisterMemory(desc->region);
+      std::cout << "DEREG " << ferry::CodeName(s.code()) << std::endl;
     } else if (cmd == "exit") {
       break;
     }

@@ -20,8 +20,8 @@ using testing::PeerProcess;
 using Clock = std::chrono::steady_clock;
 
 struct Local {
+  std::vector<uint8_t> buf;  // first: destroyed after the engine, which may still send from it
   std::unique_ptr<Engine> engine;
-  std::vector<uint8_t> buf;
   MemoryDesc desc;
 };
 

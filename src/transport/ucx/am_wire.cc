@@ -40,7 +40,7 @@ Result<AmHeader> DecodeHeader(const void* data, size_t length, size_t payload_le
   if (p[0] != kWireVersion) return Bad("wire version " + std::to_string(p[0]));
   AmHeader h;
   uint8_t type = p[1];
-  if (type < static_cast<uint8_t>(MsgType::kHello) || type > static_cast<uint8_t>(MsgType::kRevoke))
+  if (type < static_cast<uint8_t>(MsgType::kHello) || type > static_cast<uint8_t>(MsgType::kStagedReadReq))
     return Bad("unknown message type " + std::to_string(type));
   h.type = static_cast<MsgType>(type);
   h.code = p[2];
@@ -54,6 +54,8 @@ Result<AmHeader> DecodeHeader(const void* data, size_t length, size_t payload_le
     case MsgType::kReadResp:
     case MsgType::kHello:
     case MsgType::kNotify:
+    case MsgType::kStagedWrite:
+    case MsgType::kStagedReadReq:
       if (h.size != payload_length) return Bad("size does not match the payload");
       break;
     case MsgType::kReadReq:

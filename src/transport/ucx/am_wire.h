@@ -10,6 +10,7 @@
 //             `size` bytes, before the initiator uses its remote key for RMA
 //   kRevoke   the target deregisters `region`: the initiator drops its remote key, completes
 //             the RMA it posted, then acks
+//   kStagedWrite, kStagedReadReq  GPU memory staged through bounce buffers (staged.h)
 #pragma once
 
 #include <cstddef>
@@ -32,6 +33,8 @@ enum class MsgType : uint8_t {
   kNotify = 6,
   kCheck = 7,
   kRevoke = 8,
+  kStagedWrite = 9,
+  kStagedReadReq = 10,
 };
 
 struct AmHeader {

@@ -17,7 +17,7 @@ namespace {
 struct SendCtx {
   uint8_t header[kAmHeaderBytes];
   std::string payload;
-  std::shared_ptr<RegionUse> hold;  // source region of a read response
+  std::shared_ptr<void> hold;  // source region of a read response, or a bounce buffer
   uint64_t* in_flight = nullptr;    // Core::sends_in_flight_
 };
 
@@ -54,7 +54,7 @@ std::string ReadUcxTls() {
 
 }  // namespace
 
-Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx) {
+Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx, std::unique_ptr<StageCopier> copier) {
   const UcxOptions& o = ctx.options->ucx;
   if (o.lanes < 1 || o.lanes > 64) return Status(Code::kInvalidArgument, "ucx.lanes must be in 1..64");
   if (o.post_batch < 1) return Status(Code::kInvalidArgument, "ucx.post_batch must be positive");
@@ -84,6 +84,7 @@ Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx) {
   st = ucp_worker_set_am_recv_handler(core->worker_->handle(), &am);
   if (st != UCS_OK) return FromUcs(st, "ucp_worker_set_am_recv_handler");
   FERRY_RETURN_IF_ERROR(core->Listen());
+  core->stager_ = std::make_unique<Stager>(core.get(), std::move(copier));
 
   Core* raw = core.get();
   core->worker_->Start([raw] {
@@ -147,8 +148,10 @@ Status Core::Listen() {
 
 Core::~Core() {
   Shutdown();
+  stager_.reset();  // waits for its GPU copies; needs the (stopped) worker
   std::lock_guard<std::mutex> lock(regions_mu_);
-  for (auto& [id, r] : regions_) ucp_mem_unmap(context_, r.memh);
+  for (auto& [id, r] : regions_)
+    if (r.memh != nullptr) ucp_mem_unmap(context_, r.memh);
   regions_.clear();
   worker_.reset();
   if (context_ != nullptr) ucp_cleanup(context_);
@@ -173,6 +176,12 @@ void Core::Shutdown() {
 }
 
 Result<TransportData> Core::Register(const std::shared_ptr<Region>& region) {
+  if (region->kind == MemoryKind::kCuda) {
+    // Staged: peers reach it only through active messages, never by RMA.
+    std::lock_guard<std::mutex> lock(regions_mu_);
+    regions_[static_cast<uint64_t>(region->id)] = Registered{region, nullptr};
+    return TransportData{"ucx", "staged"};
+  }
   ucp_mem_map_params_t params = {};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
   params.address = region->base;
@@ -203,6 +212,7 @@ void Core::Deregister(const Region& region) {
     memh = it->second.memh;
     regions_.erase(it);  // active messages to the region fail from now on
   }
+  if (memh == nullptr) return;  // staged: no remote key was handed out
   // Peers may hold its remote key: have each drop it and complete the RMA it posted before the
   // memory is unmapped. A peer that does not answer in time is dead or hung; go on without it.
   auto state = std::make_shared<TransferState>(TransferId{}, 0, TransferPath{"ucx", false},
@@ -285,7 +295,7 @@ void Core::Reject(const char* why) {
 }
 
 void Core::Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string payload, bool eager,
-                std::shared_ptr<RegionUse> hold) {
+                std::shared_ptr<void> hold) {
   auto* ctx = new SendCtx();
   EncodeHeader(h, ctx->header);
   ctx->payload = std::move(payload);

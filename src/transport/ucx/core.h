@@ -9,6 +9,7 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -19,6 +20,7 @@
 #include "transport/transport.h"
 #include "transport/ucx/am_wire.h"
 #include "transport/ucx/rma_policy.h"
+#include "transport/ucx/staged.h"
 #include "transport/ucx/worker.h"
 
 namespace ferry::internal::ucx {
@@ -71,11 +73,14 @@ struct Pending {
   ucp_ep_h accepted = nullptr;  // or the accepted endpoint it went out on
   std::byte* dst = nullptr;  // read responses land here
   uint64_t size = 0;
+  std::function<void(Status)> on_data = nullptr;  // staged reads: runs instead of completing the part
 };
 
 class Core : public std::enable_shared_from_this<Core> {
  public:
-  static Result<std::shared_ptr<Core>> Create(const TransportContext& ctx);
+  // `copier`: how GPU memory is staged; null = the CUDA one (staged.h).
+  static Result<std::shared_ptr<Core>> Create(const TransportContext& ctx,
+                                              std::unique_ptr<StageCopier> copier = nullptr);
   ~Core();
   void Shutdown();  // stops the worker; idempotent
 
@@ -86,6 +91,8 @@ class Core : public std::enable_shared_from_this<Core> {
   ucp_context_h context() const { return context_; }
   Worker& worker() { return *worker_; }
   uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
+  // GPU memory staged through bounce buffers (staged.h).
+  Stager& stager() { return *stager_; }
 
   Result<TransportData> Register(const std::shared_ptr<Region>& region);
   void Deregister(const Region& region);
@@ -99,7 +106,7 @@ class Core : public std::enable_shared_from_this<Core> {
   // Sends an active message whose payload is `data` (h.size bytes; must stay valid until the
   // send completes, e.g. registered memory) or, when `data` is null, `payload`.
   void Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string payload,
-            bool eager = false, std::shared_ptr<RegionUse> hold = nullptr);
+            bool eager = false, std::shared_ptr<void> hold = nullptr);
   void FailPending(const Conn* conn, ucp_ep_h accepted, const Status& why);
   void Track(const std::shared_ptr<Conn>& conn) { conns_.insert(conn); }
   void Untrack(const std::shared_ptr<Conn>& conn) { conns_.erase(conn); }
@@ -149,8 +156,11 @@ class Core : public std::enable_shared_from_this<Core> {
   std::unordered_map<uint64_t, Pending> pending_;
   uint64_t next_token_ = 1;
   uint64_t sends_in_flight_ = 0;
+  std::unique_ptr<Stager> stager_;
 
   friend class Conn;
+  friend class Stager;
+  friend struct Stager::Impl;
 };
 
 }  // namespace ferry::internal::ucx

@@ -103,6 +103,20 @@ ucs_status_t Core::OnMessage(void* arg, const void* header, size_t header_length
     case MsgType::kRevoke:
       if (reply != nullptr) core->HandleRevoke(h, reply);
       break;
+    case MsgType::kStagedWrite:
+      if (reply == nullptr) {
+        core->Reject("staged write without a reply endpoint");
+        return UCS_OK;
+      }
+      core->stager_->HandleWrite(h, data, length, param, &keep);
+      break;
+    case MsgType::kStagedReadReq:
+      if (reply == nullptr) {
+        core->Reject("staged read request without a reply endpoint");
+        return UCS_OK;
+      }
+      core->stager_->HandleReadReq(h, data, length, param);
+      break;
     case MsgType::kHello:
       break;
   }
@@ -206,7 +220,8 @@ void Core::HandleReadResp(const AmHeader& h, void* data, const ucp_am_recv_param
     return;
   }
   auto* ctx = new RecvCtx{this, nullptr, nullptr, h.token, p.state, nullptr};
-  ctx->done = [state = p.state](Status s) { state->PartDone(s); };
+  if (p.on_data) ctx->done = std::move(p.on_data);  // a staged read scatters the chunk first
+  else ctx->done = [state = p.state](Status s) { state->PartDone(s); };
   *keep = Receive(worker_->handle(), data, param, p.dst, p.size, ctx);
 }
 

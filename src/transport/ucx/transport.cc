@@ -150,7 +150,17 @@ class UcxChannel final : public Channel {
     state->AddParts(1);  // the posting task's own part
     auto batch = std::make_shared<std::vector<TransferOp>>(ops.begin(), ops.end());
     bool submitted = core_->worker().Submit([this_core = core_, conn = conn_, local = local_,
-                                             remote = remote_, op, batch, state, hold] {
+                                             remote = remote_, op, batch, state, hold,
+                                             staged = staged()] {
+      if (staged) {
+        // GPU memory on either side: through bounce buffers (staged.h).
+        if (conn->failed()) return state->PartDone(conn->failure());
+        if (!state->finished()) {
+          if (op == Op::kWrite) this_core->stager().PostWrite(conn, local, remote, *batch, state);
+          else this_core->stager().PostRead(conn, local, remote, *batch, state);
+        }
+        return state->PartDone(Status::Ok());
+      }
       Run(*this_core, *conn, *local, remote, op, *batch, state, hold);
     });
     if (!submitted) {
@@ -159,9 +169,10 @@ class UcxChannel final : public Channel {
     return Status::Ok();
   }
 
-  TransferPath path() const override { return TransferPath{"ucx", false}; }
+  TransferPath path() const override { return TransferPath{"ucx", staged()}; }
 
  private:
+  bool staged() const { return local_->kind == MemoryKind::kCuda || remote_.kind == MemoryKind::kCuda; }
   // On the progress thread: posts every op, then finishes the task's part.
   static void Run(Core& core, Conn& conn, Region& local, const MemoryDesc& remote, Op op,
                   const std::vector<TransferOp>& ops, const std::shared_ptr<TransferState>& state,
@@ -283,8 +294,8 @@ class UcxEndpoint final : public Endpoint {
   Result<std::unique_ptr<Channel>> OpenChannel(const std::shared_ptr<Region>& local,
                                                const MemoryDesc& remote) override {
     if (conn_->failed()) return conn_->failure();
-    if (remote.kind != MemoryKind::kHost || local->kind != MemoryKind::kHost)
-      return Status(Code::kUnsupported, "the ucx transport carries host memory");
+    if (local->kind == MemoryKind::kCuda && !core_->stager().gpu())
+      return Status(Code::kUnsupported, "no CUDA device to stage GPU memory through");
     if (remote.FindAccess("ucx") == nullptr)
       return Status(Code::kInvalidArgument, "remote region has no ucx key");
     // The target confirms the region as described before any byte moves to it.
@@ -359,7 +370,7 @@ class UcxTransport final : public Transport {
   Capabilities caps() const override {
     Capabilities c;
     c.host_memory = true;
-    c.cuda_memory = false;
+    c.cuda_memory = true;  // staged through host bounce buffers (staged.h)
     c.reach = Reach::kNetwork;
     c.notifications = true;
     c.cost = 10;
@@ -373,7 +384,8 @@ class UcxTransport final : public Transport {
   }
   std::vector<std::string> Addresses() const override { return core_->addresses(); }
   Result<TransportData> Register(const std::shared_ptr<Region>& region) override {
-    if (region->kind != MemoryKind::kHost) return Status(Code::kUnsupported, "ucx carries host memory");
+    if (region->kind == MemoryKind::kCuda && !core_->stager().gpu())
+      return Status(Code::kUnsupported, "no CUDA device to stage GPU memory through");
     return core_->Register(region);
   }
   void Deregister(const Region& region) override { core_->Deregister(region); }
@@ -420,6 +432,14 @@ class UcxTransport final : public Transport {
 
 Result<std::unique_ptr<Transport>> MakeUcxTransport(const TransportContext& ctx) {
   FERRY_ASSIGN_OR_RETURN(auto core, Core::Create(ctx));
+  return std::unique_ptr<Transport>(new UcxTransport(std::move(core)));
+}
+
+Result<std::unique_ptr<Transport>> MakeUcxTransportWithCopier(const TransportContext& ctx,
+                                                              std::unique_ptr<StageCopier> copier,
+                                                              Stager** stager) {
+  FERRY_ASSIGN_OR_RETURN(auto core, Core::Create(ctx, std::move(copier)));
+  if (stager != nullptr) *stager = &core->stager();
   return std::unique_ptr<Transport>(new UcxTransport(std::move(core)));
 }
 

@@ -1,0 +1,263 @@
+// GPU transfer benchmarks, side by side with the baselines they must be compared with, in one
+// run (results in bench/results/cuda_ipc.md):
+//  - kv_gpu_to_host/<piece>/{ferry,cudaMemcpyBatchAsync}: a KV-shaped batch of 80,000
+//    scattered pieces (16, 32, 128 KiB; remote slots shuffled) from GPU memory to pinned host
+//    memory, through ferry (two engines of this process, `local` transport) and as one
+//    cudaMemcpyBatchAsync of the same pieces; baseline pinned_1GiB/cudaMemcpy: one 1 GiB copy.
+//  - kv_gpu0_to_gpu1/<piece>/ferry and peer_1GiB/cudaMemcpyPeer: where two GPUs exist (the
+//    cases report an error and move nothing otherwise).
+//  - kv_cuda_ipc/<piece>/ferry: the same batch from this process's GPU memory into a
+//    ferry_test_peer child's GPU memory on the same GPU, through cuda_ipc; baseline
+//    d2d_1GiB/cudaMemcpy: one 1 GiB copy inside one GPU.
+// GB/s is bytes moved per second (counter bytes_per_second), never read + written.
+// Run: build/<preset>/bench/ferry_bench_cuda [--benchmark_filter=...]
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/runtime.h"
+#include "engine/peer_process.h"
+#include "ferry/engine.h"
+#include "ferry/system.h"
+
+namespace {
+
+constexpr uint64_t kPieces = 80'000;
+constexpr uint64_t kOneGiB = 1ull << 30;
+using Clock = std::chrono::steady_clock;
+
+std::vector<ferry::TransferOp> KvOps(uint64_t piece) {
+  std::vector<uint64_t> slot(kPieces);
+  std::iota(slot.begin(), slot.end(), 0);
+  std::mt19937_64 rng(42);
+  std::shuffle(slot.begin(), slot.end(), rng);
+  std::vector<ferry::TransferOp> ops(kPieces);
+  for (uint64_t i = 0; i < kPieces; ++i) ops[i] = {i * piece, slot[i] * piece, piece};
+  return ops;
+}
+
+struct DeviceBuffer {
+  DeviceBuffer(int device, uint64_t bytes) : size(bytes) {
+    auto p = ferry::cuda::Malloc(device, bytes);
+    if (p.ok()) ptr = *p;
+  }
+  ~DeviceBuffer() {
+    if (ptr != nullptr) (void)ferry::cuda::Free(ptr);
+  }
+  void* ptr = nullptr;
+  uint64_t size;
+};
+
+struct PinnedBuffer {
+  explicit PinnedBuffer(uint64_t bytes) : size(bytes) {
+    if (cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable | cudaHostAllocMapped) != cudaSuccess) ptr = nullptr;
+  }
+  ~PinnedBuffer() {
+    if (ptr != nullptr) cudaFreeHost(ptr);
+  }
+  void* ptr = nullptr;
+  uint64_t size;
+};
+
+// Everything one case needs, made on first use; one at a time (buffers reach 10 GiB).
+struct Rig {
+  std::string error;
+  std::unique_ptr<DeviceBuffer> gpu0, gpu1;
+  std::unique_ptr<PinnedBuffer> host;
+  std::unique_ptr<ferry::Engine> a, b;
+  std::unique_ptr<ferry::testing::PeerProcess> peer;
+  ferry::Session session;
+};
+
+std::unique_ptr<Rig>& Current() {
+  static std::unique_ptr<Rig> rig;
+  return rig;
+}
+
+enum class Target { kHost, kGpu1, kIpcPeer };
+
+Rig* GetRig(Target target, uint64_t bytes) {
+  static std::pair<Target, uint64_t> made{Target::kHost, 0};
+  auto& rig = Current();
+  if (rig && made == std::make_pair(target, bytes)) return rig.get();
+  rig.reset();  // free the previous case's buffers first
+  rig = std::make_unique<Rig>();
+  made = {target, bytes};
+  auto fail = [&](const std::string& why) {
+    rig->error = why;
+    return rig.get();
+  };
+  std::string reason;
+  if (!ferry::CudaAvailable(&reason)) return fail("no GPU: " + reason);
+  if (target == Target::kGpu1 && ferry::cuda::DeviceCount() < 2) return fail("needs two GPUs; this machine has one");
+  rig->gpu0 = std::make_unique<DeviceBuffer>(0, bytes);
+  if (rig->gpu0->ptr == nullptr) return fail("cudaMalloc of the source failed");
+  ferry::EngineOptions options;
+  options.default_deadline = std::chrono::seconds(120);
+  options.key = "bench-cuda-a";
+  options.transports = target == Target::kIpcPeer ? std::vector<std::string>{"cuda_ipc", "ucx"}
+                                                  : std::vector<std::string>{"local"};
+  auto a = ferry::Engine::Create(options);
+  if (!a.ok()) return fail(a.status().ToString());
+  rig->a = std::move(a).value();
+  auto local = rig->a->RegisterMemory(rig->gpu0->ptr, bytes, ferry::MemoryKind::kCuda, 0);
+  if (!local.ok()) return fail(local.status().ToString());
+  ferry::MemoryDesc remote;
+  if (target == Target::kIpcPeer) {
+    rig->peer = ferry::testing::PeerProcess::Start(bytes, {"--kind", "cuda", "--transports", "cuda_ipc,ucx", "--fill", "0"});
+    if (!rig->peer) return fail("ferry_test_peer did not start");
+    if (auto s = rig->a->AddPeer(rig->peer->engine); !s.ok()) return fail(s.ToString());
+    remote = rig->peer->memory;
+  } else {
+    options.key = "bench-cuda-b";
+    auto b = ferry::Engine::Create(options);
+    if (!b.ok()) return fail(b.status().ToString());
+    rig->b = std::move(b).value();
+    if (auto s = rig->a->AddPeer(rig->b->Describe()); !s.ok()) return fail(s.ToString());
+    ferry::Result<ferry::MemoryDesc> r = ferry::Status(ferry::Code::kInternal, "unset");
+    if (target == Target::kHost) {
+      rig->host = std::make_unique<PinnedBuffer>(bytes);
+      if (rig->host->ptr == nullptr) return fail("cudaHostAlloc failed");
+      r = rig->b->RegisterMemory(rig->host->ptr, bytes);
+    } else {
+      rig->gpu1 = std::make_unique<DeviceBuffer>(1, bytes);
+      if (rig->gpu1->ptr == nullptr) return fail("cudaMalloc on GPU 1 failed");
+      r = rig->b->RegisterMemory(rig->gpu1->ptr, bytes, ferry::MemoryKind::kCuda, 1);
+    }
+    if (!r.ok()) return fail(r.status().ToString());
+    remote = *r;
+  }
+  auto session = rig->a->OpenSession(*local, remote);
+  if (!session.ok()) return fail(session.status().ToString());
+  rig->session = *session;
+  return rig.get();
+}
+
+void Finish(benchmark::State& state, uint64_t bytes, uint64_t pieces, const std::string& path) {
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+  if (pieces > 0)
+    state.counters["time_per_piece"] = benchmark::Counter(
+        static_cast<double>(pieces), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  if (!path.empty()) state.SetLabel(path);
+}
+
+void FerryKv(benchmark::State& state, Target target, uint64_t piece) {
+  const uint64_t bytes = kPieces * piece;
+  Rig* rig = GetRig(target, bytes);
+  if (!rig->error.empty()) return state.SkipWithError(rig->error.c_str());
+  const auto ops = KvOps(piece);
+  std::string path;
+  for (auto _ : state) {
+    auto start = Clock::now();
+    ferry::Transfer t = rig->session.WriteBatch(ops);
+    ferry::Status s = t.Wait();
+    state.SetIterationTime(std::chrono::duration<double>(Clock::now() - start).count());
+    if (!s.ok()) return state.SkipWithError(s.ToString().c_str());
+    path = t.path().ToString();
+  }
+  Finish(state, bytes, kPieces, path);
+}
+
+void BatchAsyncKv(benchmark::State& state, uint64_t piece) {
+  const uint64_t bytes = kPieces * piece;
+  Rig* rig = GetRig(Target::kHost, bytes);
+  if (!rig->error.empty()) return state.SkipWithError(rig->error.c_str());
+#if CUDART_VERSION >= 13000
+  const auto ops = KvOps(piece);
+  std::vector<void*> dsts(kPieces);
+  std::vector<const void*> srcs(kPieces);
+  std::vector<size_t> sizes(kPieces, piece);
+  for (uint64_t i = 0; i < kPieces; ++i) {
+    dsts[i] = static_cast<char*>(rig->host->ptr) + ops[i].remote_offset;
+    srcs[i] = static_cast<const char*>(rig->gpu0->ptr) + ops[i].local_offset;
+  }
+  cudaStream_t stream = nullptr;
+  cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  cudaMemcpyAttributes attr{};
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+  size_t attr_index = 0;
+  for (auto _ : state) {
+    auto start = Clock::now();
+    cudaError_t e = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), kPieces, &attr, &attr_index, 1, stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+    state.SetIterationTime(std::chrono::duration<double>(Clock::now() - start).count());
+    if (e != cudaSuccess) {
+      state.SkipWithError(cudaGetErrorString(e));
+      break;
+    }
+  }
+  cudaStreamDestroy(stream);
+  Finish(state, bytes, kPieces, "");
+#else
+  state.SkipWithError("needs CUDA 13");
+#endif
+}
+
+// One large copy: the link's ceiling. kind: 0 GPU -> pinned host, 1 GPU0 -> GPU1, 2 in GPU0.
+void OneCopy(benchmark::State& state, int kind) {
+  std::string reason;
+  if (!ferry::CudaAvailable(&reason)) return state.SkipWithError(("no GPU: " + reason).c_str());
+  if (kind == 1 && ferry::cuda::DeviceCount() < 2) return state.SkipWithError("needs two GPUs; this machine has one");
+  Current().reset();
+  DeviceBuffer src(0, kOneGiB);
+  std::unique_ptr<DeviceBuffer> dev_dst;
+  std::unique_ptr<PinnedBuffer> host_dst;
+  void* dst = nullptr;
+  if (kind == 0) {
+    host_dst = std::make_unique<PinnedBuffer>(kOneGiB);
+    dst = host_dst->ptr;
+  } else {
+    dev_dst = std::make_unique<DeviceBuffer>(kind == 1 ? 1 : 0, kOneGiB);
+    dst = dev_dst->ptr;
+  }
+  if (src.ptr == nullptr || dst == nullptr) return state.SkipWithError("allocation failed");
+  if (kind == 1) (void)cudaDeviceEnablePeerAccess(1, 0);
+  for (auto _ : state) {
+    auto start = Clock::now();
+    cudaError_t e = kind == 1 ? cudaMemcpyPeer(dst, 1, src.ptr, 0, kOneGiB) : cudaMemcpy(dst, src.ptr, kOneGiB, cudaMemcpyDefault);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    state.SetIterationTime(std::chrono::duration<double>(Clock::now() - start).count());
+    if (e != cudaSuccess) return state.SkipWithError(cudaGetErrorString(e));
+  }
+  Finish(state, kOneGiB, 0, "");
+}
+
+void Register() {
+  auto opts = [](benchmark::internal::Benchmark* b) {
+    b->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(0.5);
+  };
+  opts(benchmark::RegisterBenchmark("pinned_1GiB/cudaMemcpy", OneCopy, 0));
+  for (uint64_t kib : {16, 32, 128}) {
+    const uint64_t piece = kib << 10;
+    const std::string p = std::to_string(kib) + "KiB";
+    opts(benchmark::RegisterBenchmark(("kv_gpu_to_host/" + p + "/ferry").c_str(), FerryKv, Target::kHost, piece));
+    opts(benchmark::RegisterBenchmark(("kv_gpu_to_host/" + p + "/cudaMemcpyBatchAsync").c_str(), BatchAsyncKv, piece));
+  }
+  opts(benchmark::RegisterBenchmark("peer_1GiB/cudaMemcpyPeer", OneCopy, 1));
+  for (uint64_t kib : {16, 32, 128})
+    opts(benchmark::RegisterBenchmark(("kv_gpu0_to_gpu1/" + std::to_string(kib) + "KiB/ferry").c_str(), FerryKv,
+                                      Target::kGpu1, kib << 10));
+  opts(benchmark::RegisterBenchmark("d2d_1GiB/cudaMemcpy", OneCopy, 2));
+  for (uint64_t kib : {16, 32, 128})
+    opts(benchmark::RegisterBenchmark(("kv_cuda_ipc/" + std::to_string(kib) + "KiB/ferry").c_str(), FerryKv,
+                                      Target::kIpcPeer, kib << 10));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Register();
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  Current().reset();
+  benchmark::Shutdown();
+  return 0;
+}

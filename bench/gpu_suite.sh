@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The GPU suite, for the GPU machine: configure and build with CUDA, run the CUDA tests and the
+# GPU benchmarks, and write every log to "${OUT:-/tmp}/". One command, from the repo root:
+#     source .device/unpack.sh; bench/gpu_suite.sh
+# (.device/ comes from ../shared/device/bundle-deps.sh.) Exits non-zero when a build or a test
+# failed; the benchmarks run either way.
+set -u
+out="${OUT:-/tmp}"
+build="${FERRY_GPU_BUILD:-/tmp/build}"
+jobs="${FERRY_GPU_JOBS:-$(nproc)}"
+mkdir -p "$out"
+status=0
+
+{
+  date -u
+  uptime
+  nvidia-smi -L 2>&1 || echo "nvidia-smi not found"
+  nvidia-smi topo -m 2>&1 || true
+} > "$out/gpu_machine.log" 2>&1
+
+echo "configure + build -> $out/gpu_build.log"
+if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_WITH_CUDA=ON \
+         -DFERRY_WITH_PYTHON=OFF -DFERRY_WITH_BENCH=ON &&
+       cmake --build "$build" -j "$jobs" --target \
+         cuda_ipc_test cuda_ipc_gpu_test cuda_process_test cuda_path_test cuda_runtime_test ucx_test notify_route_test \
+         engine_test ferry_test_peer ferry_bench_cuda; } > "$out/gpu_build.log" 2>&1; then
+  echo "build failed; see $out/gpu_build.log"
+  tail -30 "$out/gpu_build.log"
+  exit 1
+fi
+grep -q "ferry: CUDA ON" "$out/gpu_build.log" || echo "warning: CMake did not find CUDA (see $out/gpu_build.log)"
+
+echo "CUDA tests -> $out/gpu_tests.log"
+if ! (cd "$build" && ctest --output-on-failure -R 'cuda|ucx_test|notify_route|engine_test') > "$out/gpu_tests.log" 2>&1; then
+  status=1
+  echo "some tests failed; see $out/gpu_tests.log"
+fi
+tail -15 "$out/gpu_tests.log"
+# Skipped tests print their reason; keep them in one place.
+grep -h -A1 "Skipped$" "$build"/Testing/Temporary/LastTest.log > "$out/gpu_skips.log" 2>/dev/null || true
+
+echo "benchmarks -> $out/gpu_bench.log, $out/gpu_bench.json"
+uptime > "$out/gpu_bench.log"
+"$build/bench/ferry_bench_cuda" --benchmark_out="$out/gpu_bench.json" --benchmark_out_format=json \
+  >> "$out/gpu_bench.log" 2>&1 || status=1
+cat "$out/gpu_bench.log"
+exit $status

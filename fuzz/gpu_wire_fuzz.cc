@@ -1,0 +1,39 @@
+// libFuzzer target: the decoders of what GPU transfers take from peers: cuda_ipc's descriptor
+// entries (UnpackRegionAccess / UnpackEngineAccess) and the staged path's piece tables
+// (ReadPieceTable). Every input is rejected with an error or decodes to a value that encodes
+// and decodes to itself and lies inside the bounds it was checked against.
+// Run: ctest -L fuzz (seeds from fuzz_make_gpu_seeds).
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+#include <vector>
+
+#include "transport/cuda_ipc/ipc_desc.h"
+#include "transport/ucx/staged.h"
+
+using namespace ferry::internal;
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  std::string_view bytes(reinterpret_cast<const char*>(data), size);
+  const uint64_t region_size = size > 0 ? data[0] * 4096ull : 0;
+  if (auto r = cuda_ipc::UnpackRegionAccess(bytes, region_size); r.ok()) {
+    if (r->offset > r->allocation_size || region_size > r->allocation_size - r->offset) __builtin_trap();
+    auto again = cuda_ipc::UnpackRegionAccess(cuda_ipc::PackRegionAccess(*r), region_size);
+    if (!again.ok() || !(*again == *r)) __builtin_trap();
+  }
+  if (auto e = cuda_ipc::UnpackEngineAccess(bytes); e.ok()) {
+    auto again = cuda_ipc::UnpackEngineAccess(cuda_ipc::PackEngineAccess(*e));
+    if (!again.ok() || !(*again == *e)) __builtin_trap();
+  }
+  size_t table = 0;
+  uint64_t total = 0;
+  std::vector<std::byte> copy(size);
+  if (size > 0) std::memcpy(copy.data(), data, size);
+  if (auto p = ucx::ReadPieceTable(copy.data(), copy.size(), 1 << 20, &table, &total); p.ok()) {
+    if (table > size || total > ucx::kStageChunkBytes) __builtin_trap();
+    for (const auto& piece : *p)
+      if (piece.offset > (1u << 20) || piece.size > (1u << 20) - piece.offset) __builtin_trap();
+  }
+  return 0;
+}

@@ -1,0 +1,27 @@
+// Writes seed inputs for gpu_wire_fuzz: `fuzz_make_gpu_seeds DIR`.
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "transport/cuda_ipc/ipc_desc.h"
+#include "transport/ucx/staged.h"
+
+using namespace ferry::internal;
+
+int main(int argc, char** argv) {
+  if (argc != 2) return 2;
+  std::string dir = argv[1];
+  cuda_ipc::RegionAccess r;
+  r.process_token = "77:00112233";
+  r.offset = 4096;
+  r.allocation_size = 1 << 24;
+  r.lease_slot = 3;
+  r.region = 9;
+  std::ofstream(dir + "/region") << cuda_ipc::PackRegionAccess(r);
+  std::ofstream(dir + "/engine") << cuda_ipc::PackEngineAccess({"77:00112233", "/ferry-ipc-77-0a0b"});
+  std::vector<ucx::StagedPiece> pieces = {{0, 100}, {4096, 32768}};
+  std::string table(ucx::PieceTableBytes(pieces.size()), '\0');
+  ucx::WritePieceTable(pieces, reinterpret_cast<std::byte*>(table.data()));
+  std::ofstream(dir + "/pieces") << table;
+  return 0;
+}

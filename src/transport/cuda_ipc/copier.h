@@ -1,0 +1,37 @@
+// Copier: how the cuda_ipc transport moves a batch, behind an interface so that protocol tests
+// run without a GPU. The CUDA copier (copier_cuda.cc) hands each batch to the cuda::CopyEngine
+// of the local region's device: one kernel launch for the small pieces, the DMA engines for
+// large ones, completion observed by polling the engine's events. Builds without CUDA have no
+// CUDA copier (MakeCudaCopier() is kUnsupported).
+//
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <span>
+
+#include "cuda/copy_engine.h"  // cuda::Copy (no CUDA header)
+#include "ferry/status.h"
+
+namespace ferry::internal::cuda_ipc {
+
+class Copier {
+ public:
+  virtual ~Copier() = default;
+  // Enqueues `copies` on `device`; `on_done` runs once when all are complete (or failed).
+  // `kernel_ok`: kernels on `device` address every source and destination (KernelReaches).
+  // Returns an error, without calling on_done, when nothing was enqueued.
+  virtual Status Post(int device, std::span<const cuda::Copy> copies, bool kernel_ok, Deadline deadline,
+                      std::function<void(const Status&)> on_done) = 0;
+  // Drives completion of `device`'s batches (for TransferState::SetPoller); may be empty.
+  virtual std::function<void()> Poller(int device) = 0;
+  // Whether kernels on `device` can address memory mapped at `ptr` (the mapped IPC allocation
+  // of a peer), so that small pieces may go to one kernel launch.
+  virtual bool KernelReaches(int device, const void* ptr) = 0;
+};
+
+// REQUIRES nothing; kUnsupported without CUDA or without a device.
+Result<std::unique_ptr<Copier>> MakeCudaCopier();
+
+}  // namespace ferry::internal::cuda_ipc

@@ -1,0 +1,8 @@
+// Builds without CUDA: no GPU copies.
+#include "transport/cuda_ipc/copier.h"
+
+namespace ferry::internal::cuda_ipc {
+Result<std::unique_ptr<Copier>> MakeCudaCopier() {
+  return Status(Code::kUnsupported, "ferry was built without CUDA");
+}
+}  // namespace ferry::internal::cuda_ipc

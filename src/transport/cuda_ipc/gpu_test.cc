@@ -1,0 +1,127 @@
+// The cuda_ipc transport on a GPU, in one process: real allocation ranges and IPC handles,
+// the CUDA copier (CopyEngine: one kernel for small pieces, DMA for large), with only the
+// opening of handles faked (a process cannot open its own handles; it gets its own pointer
+// back). Isolates the copy path from the two-process tests in src/engine/cuda_process_test.cc.
+// Skips where no GPU is usable.
+#include <gtest/gtest.h>
+
+#include "transport/cuda_ipc/transport.h"
+#include "transport/local/cuda_test_util.h"
+
+namespace ferry::internal::cuda_ipc {
+namespace {
+
+using namespace ::ferry::cuda_testing;  // NOLINT: test helpers
+using namespace std::chrono_literals;
+
+// Real CUDA calls, except that opening a handle returns the allocation it names in this process.
+class SameProcessApi final : public cuda::IpcApi {
+ public:
+  Result<cuda::AllocationRange> GetAllocationRange(const void* ptr) override { return cuda::GetAllocationRange(ptr); }
+  Result<cuda::IpcHandle> GetHandle(void* base) override {
+    FERRY_ASSIGN_OR_RETURN(cuda::IpcHandle h, cuda::IpcGetHandle(base));
+    std::lock_guard<std::mutex> lock(mu_);
+    bases_.emplace_back(h, base);
+    return h;
+  }
+  Result<void*> OpenHandle(const cuda::IpcHandle& h, int) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [handle, base] : bases_)
+      if (handle == h) return base;
+    return Status(Code::kNotFound, "unknown handle");
+  }
+  Status CloseHandle(void*) override { return Status::Ok(); }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<cuda::IpcHandle, void*>> bases_;
+};
+
+TEST(CudaIpcGpu, RealHandlesAndTheCopyEngine) {
+  FERRY_SKIP_WITHOUT_CUDA(1);
+  const size_t kBytes = 32 << 20;
+  // One allocation holding two regions, and another for the local side.
+  auto remote_buf = Buffer::Make(kGpu0, 2 * kBytes);
+  auto local_buf = Buffer::Make(kGpu0, kBytes);
+  ASSERT_TRUE(remote_buf && local_buf);
+  auto range = cuda::GetAllocationRange(static_cast<std::byte*>(remote_buf->ptr()) + kBytes + 5);
+  ASSERT_TRUE(range.ok()) << range.status().ToString();
+  EXPECT_EQ(range->base, remote_buf->ptr());
+  EXPECT_EQ(range->size, 2 * kBytes);
+  // This process cannot open its own handle.
+  auto own = cuda::IpcGetHandle(remote_buf->ptr());
+  ASSERT_TRUE(own.ok()) << own.status().ToString();
+  EXPECT_FALSE(cuda::IpcOpenHandle(*own, 0).ok());
+
+  SameProcessApi api;
+  EngineOptions options;
+  auto make = [&](const std::string& key, const std::string& token) {
+    auto copier = MakeCudaCopier();
+    EXPECT_TRUE(copier.ok()) << copier.status().ToString();
+    Seams seams{&api, std::move(copier).value(), token};
+    TransportContext ctx{key, &options, std::make_shared<Inbox>(4, 64)};
+    return MakeTransport(ctx, std::move(seams));
+  };
+  auto a = make("gpu-a", "1:a");
+  auto b = make("gpu-b", "2:b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto region = [](void* base, uint64_t size, uint64_t id) {
+    auto r = std::make_shared<Region>();
+    r->id = RegionId{id};
+    r->base = static_cast<std::byte*>(base);
+    r->size = size;
+    r->kind = MemoryKind::kCuda;
+    r->device = 0;
+    return r;
+  };
+  auto local = region(local_buf->ptr(), kBytes, 1);
+  auto remote = region(static_cast<std::byte*>(remote_buf->ptr()) + kBytes, kBytes, 2);  // second half
+  ASSERT_TRUE((*a)->Register(local).ok());
+  auto access = (*b)->Register(remote);
+  ASSERT_TRUE(access.ok()) << access.status().ToString();
+  MemoryDesc rd;
+  rd.engine_key = "gpu-b";
+  rd.region = remote->id;
+  rd.address = reinterpret_cast<uint64_t>(remote->base);
+  rd.size = kBytes;
+  rd.kind = MemoryKind::kCuda;
+  rd.device = 0;
+  rd.host_id = LocalHostId();
+  rd.access = {*access};
+  EngineDesc bd;
+  bd.key = "gpu-b";
+  bd.host_id = LocalHostId();
+  bd.transports = {(*b)->Describe()};
+  auto ep = (*a)->Connect(bd);
+  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+  auto ch = (*ep)->OpenChannel(local, rd);
+  ASSERT_TRUE(ch.ok()) << ch.status().ToString();
+
+  auto data = RandomBytes(kBytes, 3);
+  local_buf->Upload(data);
+  remote_buf->Upload(std::vector<uint8_t>(2 * kBytes, 0));
+  auto ops = Scattered(kBytes, 20000, 1500, 4);
+  ops.push_back({0, 0, 0});  // empty pieces are skipped
+  for (Op op : {Op::kWrite, Op::kRead}) {
+    if (op == Op::kRead) local_buf->Upload(std::vector<uint8_t>(kBytes, 0));
+    uint64_t total = 0;
+    for (auto& o : ops) total += o.size;
+    auto state = std::make_shared<TransferState>(TransferId{1}, total, (*ch)->path(), Deadline::After(30s));
+    Status posted = (*ch)->Post(op, ops, total, state);
+    ASSERT_TRUE(posted.ok()) << posted.ToString();
+    state->PartDone(Status::Ok());
+    ASSERT_TRUE(state->Wait(Deadline::After(30s)).ok()) << state->status().ToString();
+    auto whole = remote_buf->Download();
+    std::vector<uint8_t> second(whole.begin() + kBytes, whole.end());
+    if (op == Op::kWrite) ExpectApplied(data, second, ops, true);
+    else ExpectApplied(second, local_buf->Download(), ops, false);
+    // The first half of the allocation is untouched.
+    EXPECT_EQ(std::count(whole.begin(), whole.begin() + kBytes, 0), static_cast<long>(kBytes));
+  }
+  (*b)->Deregister(*remote);
+  auto state = std::make_shared<TransferState>(TransferId{2}, 64, (*ch)->path(), Deadline::After(5s));
+  EXPECT_EQ((*ch)->Post(Op::kWrite, std::vector<TransferOp>{{0, 0, 64}}, 64, state).code(), Code::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace ferry::internal::cuda_ipc

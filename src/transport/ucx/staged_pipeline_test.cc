@@ -1,0 +1,361 @@
+// The staged protocol end to end without a GPU: two ucx transports of this process whose
+// "GPU" regions are host memory and whose stage copier copies with memcpy on a thread of its
+// own (optionally held at a gate). Checks GPU->host, host->GPU and GPU->GPU writes and reads of
+// scattered batches, the path reported, pipelining (several chunks in flight), and a peer that
+// dies mid-pipeline: kUnavailable within the deadline, every bounce buffer back in its pool.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <thread>
+
+#include "engine/test_util.h"
+#include "transport/local/cuda_test_util.h"
+#include "transport/ucx/staged.h"
+
+namespace ferry::internal::ucx {
+namespace {
+
+using namespace std::chrono_literals;
+using ::ferry::testing::RandomBytes;
+
+// Copies on its own thread, like a copy engine; holds batches while the gate is closed.
+class ThreadCopier final : public StageCopier {
+ public:
+  ThreadCopier() : thread_([this] { Loop(); }) {}
+  ~ThreadCopier() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      closed_ = false;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  bool gpu() const override { return true; }
+  Status Copy(int, std::span<const StageCopy> copies, bool, std::function<void(const Status&)> done) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back({std::vector<StageCopy>(copies.begin(), copies.end()), std::move(done)});
+    ++posted_;
+    cv_.notify_all();
+    return Status::Ok();
+  }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+  }
+  void Open() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = false;
+    }
+    cv_.notify_all();
+  }
+  int posted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return posted_;
+  }
+  int held() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(queue_.size());
+  }
+
+ private:
+  struct Job {
+    std::vector<StageCopy> copies;
+    std::function<void(const Status&)> done;
+  };
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stop_ || (!closed_ && !queue_.empty()); });
+      if (queue_.empty()) return;
+      Job job = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      for (const auto& c : job.copies) std::memcpy(c.dst, c.src, c.size);
+      job.done(Status::Ok());
+      lock.lock();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;  // GUARDED_BY(mu_)
+  bool closed_ = false, stop_ = false;
+  int posted_ = 0;
+  std::thread thread_;
+};
+
+struct Side {
+  std::string key;
+  std::unique_ptr<Transport> transport;
+  Stager* stager = nullptr;
+  ThreadCopier* copier = nullptr;
+  std::vector<uint8_t> buf;
+  std::shared_ptr<Region> region;
+  MemoryDesc desc;
+};
+
+class StagedPipelineTest : public ::testing::Test {
+ protected:
+  static constexpr size_t kBytes = 24 << 20;  // several 4 MiB chunks
+
+  void SetUp() override { options_.default_deadline = 20s; }
+
+  std::unique_ptr<Side> Make(const std::string& key, MemoryKind kind) {
+    auto s = std::make_unique<Side>();
+    s->key = key + std::to_string(counter_++);
+    auto copier = std::make_unique<ThreadCopier>();
+    s->copier = copier.get();
+    TransportContext ctx{s->key, &options_, std::make_shared<Inbox>(16, 1024)};
+    auto t = MakeUcxTransportWithCopier(ctx, std::move(copier), &s->stager);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (!t.ok()) return nullptr;
+    s->transport = std::move(t).value();
+    s->buf.assign(kBytes, 0);
+    s->region = std::make_shared<Region>();
+    s->region->id = RegionId{1};
+    s->region->base = reinterpret_cast<std::byte*>(s->buf.data());
+    s->region->size = kBytes;
+    s->region->kind = kind;
+    s->region->device = kind == MemoryKind::kCuda ? 0 : -1;
+    auto access = s->transport->Register(s->region);
+    EXPECT_TRUE(access.ok()) << access.status().ToString();
+    s->desc.engine_key = s->key;
+    s->desc.region = s->region->id;
+    s->desc.address = reinterpret_cast<uint64_t>(s->region->base);
+    s->desc.size = kBytes;
+    s->desc.kind = kind;
+    s->desc.device = s->region->device;
+    s->desc.host_id = LocalHostId();
+    if (access.ok()) s->desc.access.push_back(*access);
+    return s;
+  }
+
+  static EngineDesc Describe(const Side& s) {
+    EngineDesc e;
+    e.key = s.key;
+    e.host_id = LocalHostId();
+    e.transports.push_back(s.transport->Describe());
+    e.addresses = s.transport->Addresses();
+    return e;
+  }
+
+  static std::shared_ptr<TransferState> Post(Channel& ch, Op op, const std::vector<TransferOp>& ops,
+                                             Duration deadline = 20s) {
+    uint64_t total = 0;
+    for (auto& o : ops) total += o.size;
+    auto state = std::make_shared<TransferState>(TransferId{1}, total, ch.path(), Deadline::After(deadline));
+    Status s = ch.Post(op, ops, total, state);
+    if (!s.ok()) state->Finish(s);
+    state->PartDone(Status::Ok());
+    return state;
+  }
+
+  // Scattered pieces of 32 KiB (KV-block sized), shuffled on the remote side.
+  static std::vector<TransferOp> KvOps(size_t count, uint64_t piece) {
+    std::vector<TransferOp> ops;
+    for (size_t i = 0; i < count; ++i) ops.push_back({i * piece, (count - 1 - i) * piece, piece - (i % 7)});
+    return ops;
+  }
+
+  void RoundTrip(MemoryKind a_kind, MemoryKind b_kind) {
+    auto a = Make("sa", a_kind);
+    auto b = Make("sb", b_kind);
+    ASSERT_TRUE(a && b);
+    auto ep = a->transport->Connect(Describe(*b));
+    ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+    auto ch = (*ep)->OpenChannel(a->region, b->desc);
+    ASSERT_TRUE(ch.ok()) << ch.status().ToString();
+    EXPECT_EQ((*ch)->path().transport, "ucx");
+    EXPECT_TRUE((*ch)->path().staged);
+    auto data = RandomBytes(kBytes, 11);
+    std::memcpy(a->buf.data(), data.data(), kBytes);
+    auto ops = KvOps(kBytes / 32768, 32768);
+    auto w = Post(**ch, Op::kWrite, ops);
+    ASSERT_TRUE(w->Wait(Deadline::After(20s)).ok()) << w->status().ToString();
+    for (const auto& o : ops)
+      ASSERT_EQ(std::memcmp(b->buf.data() + o.remote_offset, data.data() + o.local_offset, o.size), 0);
+    std::memset(a->buf.data(), 0, kBytes);
+    auto r = Post(**ch, Op::kRead, ops);
+    ASSERT_TRUE(r->Wait(Deadline::After(20s)).ok()) << r->status().ToString();
+    for (const auto& o : ops)
+      ASSERT_EQ(std::memcmp(a->buf.data() + o.local_offset, data.data() + o.local_offset, o.size), 0);
+    // One copier batch per 4 MiB chunk on the GPU sides, none on host sides.
+    const int chunks = static_cast<int>(PlanChunks(ops, kStageChunkBytes, kStageMaxPieces).size());
+    EXPECT_EQ(a->copier->posted(), a_kind == MemoryKind::kCuda ? 2 * chunks : 0);
+    EXPECT_EQ(b->copier->posted(), b_kind == MemoryKind::kCuda ? 2 * chunks : 0);
+    // Every bounce buffer comes back (a send's completion may trail its ack a little).
+    for (int i = 0; i < 2000 && a->stager->free_buffers() != a->stager->allocated_buffers(); ++i)
+      std::this_thread::sleep_for(1ms);
+    EXPECT_EQ(a->stager->free_buffers(), a->stager->allocated_buffers());
+    for (int i = 0; i < 2000 && b->stager->free_buffers() != b->stager->allocated_buffers(); ++i)
+      std::this_thread::sleep_for(1ms);
+    EXPECT_EQ(b->stager->free_buffers(), b->stager->allocated_buffers());
+  }
+
+  EngineOptions options_;
+  int counter_ = 0;
+};
+
+TEST_F(StagedPipelineTest, GpuToHost) { RoundTrip(MemoryKind::kCuda, MemoryKind::kHost); }
+TEST_F(StagedPipelineTest, HostToGpu) { RoundTrip(MemoryKind::kHost, MemoryKind::kCuda); }
+TEST_F(StagedPipelineTest, GpuToGpu) { RoundTrip(MemoryKind::kCuda, MemoryKind::kCuda); }
+
+TEST_F(StagedPipelineTest, ChunksArePipelined) {
+  auto a = Make("pa", MemoryKind::kCuda);
+  auto b = Make("pb", MemoryKind::kHost);
+  ASSERT_TRUE(a && b);
+  auto ep = a->transport->Connect(Describe(*b));
+  ASSERT_TRUE(ep.ok());
+  auto ch = (*ep)->OpenChannel(a->region, b->desc);
+  ASSERT_TRUE(ch.ok());
+  a->copier->Close();
+  auto w = Post(**ch, Op::kWrite, KvOps(kBytes / 32768, 32768));
+  // Six chunks: all gathered at once into bounce buffers, none waiting for the previous send.
+  for (int i = 0; i < 2000 && a->copier->held() < 6; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(a->copier->held(), 6);
+  a->copier->Open();
+  ASSERT_TRUE(w->Wait(Deadline::After(20s)).ok()) << w->status().ToString();
+}
+
+TEST_F(StagedPipelineTest, ConcurrentTransfersShareTheBounceBuffers) {
+  auto a = Make("ca", MemoryKind::kCuda);
+  auto b = Make("cb", MemoryKind::kCuda);
+  ASSERT_TRUE(a && b);
+  auto ep = a->transport->Connect(Describe(*b));
+  ASSERT_TRUE(ep.ok());
+  auto ch = (*ep)->OpenChannel(a->region, b->desc);
+  ASSERT_TRUE(ch.ok());
+  auto data = RandomBytes(kBytes, 21);
+  std::memcpy(a->buf.data(), data.data(), kBytes);
+  // Four writes of a quarter each (six chunks apiece) and then four reads: more chunks at once
+  // than bounce buffers, so jobs wait for buffers that other jobs' completions give back.
+  const uint64_t quarter = kBytes / 4;
+  std::vector<std::vector<TransferOp>> parts(4);
+  for (uint64_t q = 0; q < 4; ++q)
+    for (uint64_t off = 0; off < quarter; off += 16384) parts[q].push_back({q * quarter + off, (3 - q) * quarter + off, 16384});
+  std::vector<std::shared_ptr<TransferState>> writes;
+  for (auto& p : parts) writes.push_back(Post(**ch, Op::kWrite, p));
+  for (auto& w : writes) ASSERT_TRUE(w->Wait(Deadline::After(20s)).ok()) << w->status().ToString();
+  for (uint64_t q = 0; q < 4; ++q)
+    ASSERT_EQ(std::memcmp(b->buf.data() + (3 - q) * quarter, data.data() + q * quarter, quarter), 0) << q;
+  std::memset(a->buf.data(), 0, kBytes);
+  std::vector<std::shared_ptr<TransferState>> reads;
+  for (auto& p : parts) reads.push_back(Post(**ch, Op::kRead, p));
+  for (auto& r : reads) ASSERT_TRUE(r->Wait(Deadline::After(20s)).ok()) << r->status().ToString();
+  EXPECT_EQ(std::memcmp(a->buf.data(), data.data(), kBytes), 0);
+  EXPECT_LE(a->stager->allocated_buffers(), 2 * kStageBuffers);
+}
+
+TEST_F(StagedPipelineTest, APeerThatDiesMidPipelineFailsTheTransferAndReleasesEveryBuffer) {
+  auto a = Make("da", MemoryKind::kCuda);
+  auto b = Make("db", MemoryKind::kCuda);
+  ASSERT_TRUE(a && b);
+  auto ep = a->transport->Connect(Describe(*b));
+  ASSERT_TRUE(ep.ok());
+  auto ch = (*ep)->OpenChannel(a->region, b->desc);
+  ASSERT_TRUE(ch.ok());
+  // The target holds its scatters: chunks are sent but never acknowledged.
+  b->copier->Close();
+  auto w = Post(**ch, Op::kWrite, KvOps(kBytes / 32768, 32768), 10s);
+  for (int i = 0; i < 5000 && b->copier->held() == 0; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_GT(b->copier->held(), 0);
+  const auto start = std::chrono::steady_clock::now();
+  b->transport.reset();  // the peer goes away with chunks in flight
+  Status s = w->Wait(Deadline::After(10s));
+  EXPECT_EQ(s.code(), Code::kUnavailable) << s.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  for (int i = 0; i < 2000 && a->stager->free_buffers() != a->stager->allocated_buffers(); ++i)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_GT(a->stager->allocated_buffers(), 0u);
+  EXPECT_EQ(a->stager->free_buffers(), a->stager->allocated_buffers());
+  // Later batches fail at once.
+  EXPECT_EQ(Post(**ch, Op::kWrite, {{0, 0, 64}})->Wait(Deadline::After(10s)).code(), Code::kUnavailable);
+}
+
+
+std::shared_ptr<TransferState> StagedPipelineTest_Post(Channel& ch, Op op, const std::vector<TransferOp>& ops) {
+  uint64_t total = 0;
+  for (auto& o : ops) total += o.size;
+  auto state = std::make_shared<TransferState>(TransferId{1}, total, ch.path(), Deadline::After(30s));
+  Status s = ch.Post(op, ops, total, state);
+  if (!s.ok()) state->Finish(s);
+  state->PartDone(Status::Ok());
+  return state;
+}
+
+// The same protocol with the CUDA copier and real GPU memory on both sides, in one process
+// (skips without a GPU): isolates the staged GPU path from the two-process tests.
+TEST(StagedGpu, GpuToGpuThroughTheCopyEngine) {
+  FERRY_SKIP_WITHOUT_CUDA(1);
+  const size_t kBytes = 40 << 20;
+  EngineOptions options;
+  auto a_buf = cuda_testing::Buffer::Make(cuda_testing::kGpu0, kBytes);
+  auto b_buf = cuda_testing::Buffer::Make(cuda_testing::kGpu0, kBytes);
+  ASSERT_TRUE(a_buf && b_buf);
+  Stager* a_stager = nullptr;
+  auto make = [&](const std::string& key, Stager** stager) {
+    TransportContext ctx{key, &options, std::make_shared<Inbox>(4, 64)};
+    return MakeUcxTransportWithCopier(ctx, MakeCudaStageCopier(), stager);
+  };
+  auto a = make("gpu-stage-a", &a_stager);
+  auto b = make("gpu-stage-b", nullptr);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto region = [](void* base, uint64_t id) {
+    auto r = std::make_shared<Region>();
+    r->id = RegionId{id};
+    r->base = static_cast<std::byte*>(base);
+    r->size = kBytes;
+    r->kind = MemoryKind::kCuda;
+    r->device = 0;
+    return r;
+  };
+  auto local = region(a_buf->ptr(), 1);
+  auto remote = region(b_buf->ptr(), 2);
+  ASSERT_TRUE((*a)->Register(local).ok());
+  auto access = (*b)->Register(remote);
+  ASSERT_TRUE(access.ok()) << access.status().ToString();
+  MemoryDesc rd;
+  rd.engine_key = "gpu-stage-b";
+  rd.region = remote->id;
+  rd.address = reinterpret_cast<uint64_t>(remote->base);
+  rd.size = kBytes;
+  rd.kind = MemoryKind::kCuda;
+  rd.device = 0;
+  rd.host_id = LocalHostId();
+  rd.access = {*access};
+  EngineDesc bd;
+  bd.key = "gpu-stage-b";
+  bd.host_id = LocalHostId();
+  bd.transports = {(*b)->Describe()};
+  bd.addresses = (*b)->Addresses();
+  auto ep = (*a)->Connect(bd);
+  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+  auto ch = (*ep)->OpenChannel(local, rd);
+  ASSERT_TRUE(ch.ok()) << ch.status().ToString();
+  EXPECT_TRUE((*ch)->path().staged);
+  auto data = RandomBytes(kBytes, 5);
+  a_buf->Upload(data);
+  auto ops = cuda_testing::Scattered(kBytes, 4000, 32 << 10, 6);
+  ops.push_back({kBytes - (9 << 20), 0, 9 << 20});  // one piece over several chunks
+  ops.erase(std::remove_if(ops.begin(), ops.end() - 1, [&](const TransferOp& o) {
+              return o.remote_offset < (9u << 20) || o.local_offset + o.size > kBytes - (9u << 20);
+            }),
+            ops.end() - 1);
+  auto w = StagedPipelineTest_Post(**ch, Op::kWrite, ops);
+  ASSERT_TRUE(w->Wait(Deadline::After(30s)).ok()) << w->status().ToString();
+  auto at_b = b_buf->Download();
+  cuda_testing::ExpectApplied(data, at_b, ops, true);
+  a_buf->Upload(std::vector<uint8_t>(kBytes, 0));
+  auto r = StagedPipelineTest_Post(**ch, Op::kRead, ops);
+  ASSERT_TRUE(r->Wait(Deadline::After(30s)).ok()) << r->status().ToString();
+  cuda_testing::ExpectApplied(at_b, a_buf->Download(), ops, false);
+  for (int i = 0; i < 2000 && a_stager->free_buffers() != a_stager->allocated_buffers(); ++i)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(a_stager->free_buffers(), a_stager->allocated_buffers());
+}
+
+}  // namespace
+}  // namespace ferry::internal::ucx
