@@ -20,18 +20,20 @@ status=0
 
 echo "configure + build -> $out/gpu_build.log"
 if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_WITH_CUDA=ON \
-         -DFERRY_WITH_PYTHON=OFF -DFERRY_WITH_BENCH=ON &&
+         -DFERRY_WITH_PYTHON=ON -DPython3_EXECUTABLE="$(command -v python3)" -DFERRY_WITH_BENCH=ON &&
        cmake --build "$build" -j "$jobs" --target \
          cuda_ipc_test cuda_ipc_gpu_test cuda_process_test cuda_path_test cuda_runtime_test ucx_test notify_route_test \
-         engine_test ferry_test_peer ferry_bench_cuda; } > "$out/gpu_build.log" 2>&1; then
+         engine_test ferry_test_peer ferry_bench_cuda embed_test embed_uva_test ferry_bench_embed \
+         ${FERRY_GPU_EXTRA_TARGETS:-}; } > "$out/gpu_build.log" 2>&1; then
   echo "build failed; see $out/gpu_build.log"
   tail -30 "$out/gpu_build.log"
   exit 1
 fi
+cmake --build "$build" -j "$jobs" --target _ferry >> "$out/gpu_build.log" 2>&1 || echo "Python module did not build (see $out/gpu_build.log)"
 grep -q "ferry: CUDA ON" "$out/gpu_build.log" || echo "warning: CMake did not find CUDA (see $out/gpu_build.log)"
 
 echo "CUDA tests -> $out/gpu_tests.log"
-if ! (cd "$build" && ctest --output-on-failure -R 'cuda|ucx_test|notify_route|engine_test') > "$out/gpu_tests.log" 2>&1; then
+if ! (cd "$build" && ctest --output-on-failure -R "${FERRY_GPU_TESTS:-cuda|ucx_test|notify_route|engine_test|embed}") > "$out/gpu_tests.log" 2>&1; then
   status=1
   echo "some tests failed; see $out/gpu_tests.log"
 fi
@@ -39,9 +41,21 @@ tail -15 "$out/gpu_tests.log"
 # Skipped tests print their reason; keep them in one place.
 grep -h -A1 "Skipped$" "$build"/Testing/Temporary/LastTest.log > "$out/gpu_skips.log" 2>/dev/null || true
 
+echo "Python GPU tests -> $out/gpu_pytest.log"
+if ! PYTHONPATH="$build/python" python3 -m pytest -q -x -k "${FERRY_GPU_PYTEST:-cuda or torch or embed}" tests/python \
+     > "$out/gpu_pytest.log" 2>&1; then
+  status=1
+  echo "some Python tests failed; see $out/gpu_pytest.log"
+fi
+tail -5 "$out/gpu_pytest.log"
+
 echo "benchmarks -> $out/gpu_bench.log, $out/gpu_bench.json"
 uptime > "$out/gpu_bench.log"
 "$build/bench/ferry_bench_cuda" --benchmark_out="$out/gpu_bench.json" --benchmark_out_format=json \
   >> "$out/gpu_bench.log" 2>&1 || status=1
 cat "$out/gpu_bench.log"
+echo "embedding benchmarks -> $out/gpu_embed_bench.log"
+FERRY_EMBED_TABLE_GB="${FERRY_EMBED_TABLE_GB:-32}" "$build/bench/ferry_bench_embed" --benchmark_min_time=0.3 \
+  > "$out/gpu_embed_bench.log" 2>&1 || status=1
+cat "$out/gpu_embed_bench.log"
 exit $status
