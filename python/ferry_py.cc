@@ -32,8 +32,19 @@ py::dict SystemInfoDict() {
     d["sm"] = py::make_tuple(g.sm_major, g.sm_minor);
     gpus.append(d);
   }
+  py::list transports;
+  for (const auto& t : info.transports) {
+    py::dict e;
+    e["name"] = t.name;
+    e["host_memory"] = t.host_memory;
+    e["cuda_memory"] = t.cuda_memory;
+    e["notifications"] = t.notifications;
+    e["reach"] = t.reach;
+    transports.append(e);
+  }
   py::dict d;
   d["version"] = info.version;
+  d["transports"] = transports;
   d["transports_compiled"] = info.transports_compiled;
   d["transports_usable"] = info.transports_usable;
   d["cuda_built"] = info.cuda_built;

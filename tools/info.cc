@@ -24,9 +24,18 @@ nlohmann::ordered_json ToJson(const SystemInfo& info) {
                     {"memory_bytes", g.memory_bytes},
                     {"compute_capability", fmt::format("{}.{}", g.sm_major, g.sm_minor)}});
   }
+  nlohmann::ordered_json transports = nlohmann::ordered_json::array();
+  for (const TransportInfo& t : info.transports) {
+    transports.push_back({{"name", t.name},
+                          {"host_memory", t.host_memory},
+                          {"cuda_memory", t.cuda_memory},
+                          {"notifications", t.notifications},
+                          {"reach", t.reach}});
+  }
   return {{"version", info.version},
           {"transports_compiled", info.transports_compiled},
           {"transports_usable", info.transports_usable},
+          {"transports", transports},
           {"cuda_built", info.cuda_built},
           {"cuda_available", info.cuda_available},
           {"cuda_unavailable_reason", info.cuda_unavailable_reason},
@@ -37,6 +46,13 @@ void PrintText(const SystemInfo& info) {
   fmt::print("ferry {}\n", info.version);
   fmt::print("transports compiled: {}\n", Join(info.transports_compiled));
   fmt::print("transports usable:   {}\n", Join(info.transports_usable));
+  for (const TransportInfo& t : info.transports) {
+    std::vector<std::string> carries;
+    if (t.host_memory) carries.emplace_back("host");
+    if (t.cuda_memory) carries.emplace_back("cuda");
+    fmt::print("  {:<9} reach {:<8} memory {:<10} notifications {}\n", t.name, t.reach, Join(carries),
+               t.notifications ? "own" : "through another transport");
+  }
   fmt::print("cuda built:          {}\n", info.cuda_built ? "yes" : "no");
   if (info.cuda_available) {
     fmt::print("cuda available:      yes\n");

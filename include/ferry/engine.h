@@ -22,6 +22,7 @@
 
 #include "ferry/descriptors.h"
 #include "ferry/status.h"
+#include "ferry/system.h"
 
 namespace ferry {
 
@@ -180,6 +181,8 @@ class Engine {
   EngineDesc Describe() const;
   // Names of the transports this engine started.
   std::vector<std::string> transports() const;
+  // The same transports (cheapest first), with what each carries.
+  std::vector<TransportInfo> transport_info() const;
 
   // Registers [ptr, ptr + bytes) of host memory or of CUDA device `device`.
   // REQUIRES: the memory stays valid until DeregisterMemory() returns OK (a region still in

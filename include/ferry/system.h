@@ -19,10 +19,20 @@ struct GpuInfo {
   int sm_minor = 0;
 };
 
+// A transport an engine started, and what it carries.
+struct TransportInfo {
+  std::string name;
+  bool host_memory = false;
+  bool cuda_memory = false;
+  bool notifications = false;  // carries notifications itself (else another transport does)
+  std::string reach;           // "process", "host" or "network"
+};
+
 struct SystemInfo {
   std::string version;
   std::vector<std::string> transports_compiled;  // in registration order
   std::vector<std::string> transports_usable;    // those an engine can start here
+  std::vector<TransportInfo> transports;         // the usable ones, with what they carry
   bool cuda_built = false;                       // built with the CUDA toolkit
   bool cuda_available = false;                   // a driver and at least one device
   std::string cuda_unavailable_reason;           // empty when available

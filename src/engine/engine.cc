@@ -117,6 +117,16 @@ std::vector<std::string> EngineCore::transport_names() const {
   return out;
 }
 
+std::vector<TransportInfo> EngineCore::transport_info() const {
+  std::vector<TransportInfo> out;
+  for (const auto& t : transports_) {
+    const Capabilities c = t->caps();
+    const char* reach = c.reach == Reach::kSameProcess ? "process" : c.reach == Reach::kSameHost ? "host" : "network";
+    out.push_back(TransportInfo{std::string(t->name()), c.host_memory, c.cuda_memory, c.notifications, reach});
+  }
+  return out;
+}
+
 Result<MemoryDesc> EngineCore::RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind, int device) {
   if (closed()) return Status(Code::kAborted, "the engine was shut down");
   if (ptr == nullptr || bytes == 0)
@@ -324,6 +334,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
 const std::string& Engine::key() const { return core_->key(); }
 EngineDesc Engine::Describe() const { return core_->desc(); }
 std::vector<std::string> Engine::transports() const { return core_->transport_names(); }
+std::vector<TransportInfo> Engine::transport_info() const { return core_->transport_info(); }
 Result<MemoryDesc> Engine::RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind, int device) {
   return core_->RegisterMemory(ptr, bytes, kind, device);
 }

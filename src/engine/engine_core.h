@@ -34,6 +34,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   const std::string& key() const { return options_.key; }
   const EngineDesc& desc() const { return desc_; }
   std::vector<std::string> transport_names() const;
+  std::vector<TransportInfo> transport_info() const;
 
   Result<MemoryDesc> RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind, int device);
   Status DeregisterMemory(RegionId region);

@@ -19,7 +19,10 @@ SystemInfo Probe() {
     info.transports_compiled.emplace_back(entry.name);
   }
   auto engine = Engine::Create();
-  if (engine.ok()) info.transports_usable = (*engine)->transports();
+  if (engine.ok()) {
+    info.transports_usable = (*engine)->transports();
+    info.transports = (*engine)->transport_info();
+  }
   info.cuda_built = cuda::Built();
   info.cuda_available = cuda::Available();
   if (!info.cuda_available) info.cuda_unavailable_reason = cuda::UnavailableReason();

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import ferry
-from util import TRANSPORTS, fresh_key, pop_notifications
+from util import NOTIFYING, fresh_key, pop_notifications
 
 
 def error_code(fn, *args, **kwargs) -> str:
@@ -250,7 +250,7 @@ def test_transfer_ids_increase(engine):
     assert ids == sorted(ids) and len(set(ids)) == 5
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", NOTIFYING)
 def test_notify_and_pop(transport):
     with ferry.Engine(key=fresh_key("n"), transports=[transport]) as a, ferry.Engine(
         key=fresh_key("m"), transports=[transport]

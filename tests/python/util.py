@@ -9,7 +9,11 @@ import pytest
 
 import ferry
 
-TRANSPORTS = ferry.system_info()["transports_usable"]
+_INFO = ferry.system_info()["transports"]
+# Transports that carry host memory (the suite's buffers are numpy arrays), and those that carry
+# notifications themselves.
+TRANSPORTS = [t["name"] for t in _INFO if t["host_memory"]]
+NOTIFYING = [t["name"] for t in _INFO if t["notifications"]]
 _keys = itertools.count()
 
 
