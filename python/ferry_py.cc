@@ -69,6 +69,7 @@ PYBIND11_MODULE(_ferry, m) {
   BindTransfer(m);
   BindSession(m);
   BindEngine(m);
+  BindEmbed(m);
   m.attr("__name__") = module_name;
 
   m.def(

@@ -19,7 +19,7 @@ Errors raise ferry.Error with ``.code`` (a name from ferry.CODES, e.g. "OUT_OF_R
 ``.message``. Transfer waits and every call that can block release the GIL.
 """
 
-from . import _ferry
+from . import _ferry, embed
 from ._ferry import (
     CODES,
     MAX_DESCRIPTOR_BYTES,
@@ -49,6 +49,7 @@ __all__ = [
     "TransferPath",
     "cuda_available",
     "cuda_unavailable_reason",
+    "embed",
     "system_info",
     "version",
 ]

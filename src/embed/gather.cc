@@ -1,0 +1,156 @@
+#include "embed/gather.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "embed/parallel.h"
+
+namespace ferry::embed {
+namespace {
+
+inline void PrefetchRow(const uint8_t* p, uint64_t bytes) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+  const uintptr_t last = reinterpret_cast<uintptr_t>(p) + bytes - 1;
+  for (uintptr_t line = first; line <= last; line += 64)
+    __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 0);
+}
+
+Status SizeError(const char* what, uint64_t have, uint64_t want) {
+  return Status(Code::kInvalidArgument, std::string(what) + " has " + std::to_string(have) +
+                                            " entries; " + std::to_string(want) + " expected");
+}
+
+// Runs chunk(begin, end) over [0, num_tokens) in chunks of `chunk` tokens on the workers, then
+// on_chunk for each.
+template <typename Fn>
+void ForChunks(ThreadPool* pool, int threads, int64_t num_tokens, int64_t chunk, Fn&& fn,
+               const ChunkDone& on_chunk) {
+  const int64_t chunks = (num_tokens + chunk - 1) / chunk;
+  std::atomic<int64_t> cursor{0};
+  const int workers = static_cast<int>(std::min<int64_t>(threads, chunks));
+  RunOnWorkers(pool, workers, [&](int worker) {
+    for (;;) {
+      int64_t c = cursor.fetch_add(1, std::memory_order_relaxed);
+      if (c >= chunks) return;
+      int64_t b = c * chunk, e = std::min(num_tokens, b + chunk);
+      fn(worker, b, e);
+      if (on_chunk) on_chunk(b, e);
+    }
+  });
+}
+
+Status BadRow(int64_t token, uint64_t row, uint64_t rows) {
+  return Status(Code::kOutOfRange, "token " + std::to_string(token) + " reads row " +
+                                       std::to_string(row) + " of a table of " +
+                                       std::to_string(rows) + " rows");
+}
+
+// Records the smallest bad row index seen.
+void NoteBad(std::atomic<int64_t>& first_bad, int64_t index) {
+  int64_t cur = first_bad.load(std::memory_order_relaxed);
+  while ((cur < 0 || index < cur) &&
+         !first_bad.compare_exchange_weak(cur, index, std::memory_order_relaxed)) {
+  }
+}
+
+}  // namespace
+
+int64_t GatherRows(const Table& table, const uint64_t* ids, int64_t count, uint8_t* dst,
+                   int prefetch_rows) {
+  const uint64_t rows = table.rows();
+  const uint64_t row_bytes = table.row_bytes();
+  int64_t bad = -1;
+  const int64_t ahead = std::min<int64_t>(prefetch_rows, count);
+  for (int64_t i = 0; i < ahead; ++i)
+    if (ids[i] < rows) PrefetchRow(table.Row(ids[i]), row_bytes);
+  for (int64_t i = 0; i < count; ++i, dst += row_bytes) {
+    if (i + prefetch_rows < count) {
+      uint64_t next = ids[i + prefetch_rows];
+      if (next < rows) PrefetchRow(table.Row(next), row_bytes);
+    }
+    const uint64_t r = ids[i];
+    if (r < rows) {
+      std::memcpy(dst, table.Row(r), row_bytes);
+    } else {
+      std::memset(dst, 0, row_bytes);
+      if (r != kPaddingRow && bad < 0) bad = i;
+    }
+  }
+  return bad;
+}
+
+Result<std::unique_ptr<Gatherer>> Gatherer::Create(const GatherOptions& options) {
+  if (options.threads < 1 || options.threads > 1024)
+    return Status(Code::kInvalidArgument,
+                  "threads must be in [1, 1024], not " + std::to_string(options.threads));
+  if (options.chunk_tokens < 1)
+    return Status(Code::kInvalidArgument, "chunk_tokens must be at least 1");
+  if (options.prefetch_rows < 0)
+    return Status(Code::kInvalidArgument, "prefetch_rows must not be negative");
+  return std::unique_ptr<Gatherer>(new Gatherer(options));
+}
+
+Gatherer::Gatherer(const GatherOptions& options) : options_(options) {
+  if (options.threads > 1) pool_ = std::make_unique<ThreadPool>(options.threads - 1, "embed-gather");
+}
+
+Status Gatherer::Gather(const Table& table, int heads, std::span<const uint64_t> row_ids,
+                        std::span<uint8_t> dst, const ChunkDone& on_chunk) {
+  if (heads < 1) return Status(Code::kInvalidArgument, "heads must be at least 1");
+  if (row_ids.size() % heads != 0)
+    return Status(Code::kInvalidArgument, "row_ids has " + std::to_string(row_ids.size()) +
+                                              " entries, not a multiple of " +
+                                              std::to_string(heads) + " heads");
+  const int64_t num_tokens = static_cast<int64_t>(row_ids.size() / heads);
+  const uint64_t token_bytes = heads * table.row_bytes();
+  if (dst.size() != num_tokens * token_bytes)
+    return SizeError("dst (bytes)", dst.size(), num_tokens * token_bytes);
+  std::atomic<int64_t> first_bad{-1};
+  ForChunks(
+      pool_.get(), options_.threads, num_tokens, options_.chunk_tokens,
+      [&](int, int64_t b, int64_t e) {
+        int64_t bad = GatherRows(table, row_ids.data() + b * heads, (e - b) * heads,
+                                 dst.data() + b * token_bytes, options_.prefetch_rows);
+        if (bad >= 0) NoteBad(first_bad, b * heads + bad);
+      },
+      on_chunk);
+  if (int64_t bad = first_bad.load(); bad >= 0)
+    return BadRow(bad / heads, row_ids[bad], table.rows());
+  return Status::Ok();
+}
+
+Status Gatherer::GatherStep(const Layout& layout, const Table& table, const StepInput& in,
+                            std::span<uint8_t> dst, const ChunkDone& on_chunk) {
+  const int heads = layout.num_heads();
+  const uint64_t token_bytes = heads * table.row_bytes();
+  if (dst.size() != in.num_tokens() * token_bytes)
+    return SizeError("dst (bytes)", dst.size(), in.num_tokens() * token_bytes);
+  FERRY_ASSIGN_OR_RETURN(uint64_t layout_row_bytes, RowBytes(table.dtype(), layout.head_dim()));
+  if (layout_row_bytes != table.row_bytes() || table.rows() < layout.used_rows())
+    return Status(Code::kInvalidArgument,
+                  "the table (" + std::to_string(table.rows()) + " rows of " +
+                      std::to_string(table.row_bytes()) + " bytes) does not fit the layout (" +
+                      std::to_string(layout.used_rows()) + " rows of " +
+                      std::to_string(layout_row_bytes) + ")");
+  FERRY_RETURN_IF_ERROR(ValidateStep(layout, in));
+  const int64_t chunk = options_.chunk_tokens;
+  // One id buffer per worker, reused across its chunks.
+  std::vector<std::vector<uint64_t>> ids(options_.threads);
+  ForChunks(
+      pool_.get(), options_.threads, in.num_tokens(), chunk,
+      [&](int worker, int64_t b, int64_t e) {
+        std::vector<uint64_t>& buf = ids[worker];
+        buf.resize((e - b) * heads);
+        RowIdsOfRange(layout, in, b, e, buf.data());
+        // Ids of a validated step are below used_rows <= rows: no bad row can appear.
+        (void)GatherRows(table, buf.data(), (e - b) * heads, dst.data() + b * token_bytes,
+                         options_.prefetch_rows);
+      },
+      on_chunk);
+  return Status::Ok();
+}
+
+}  // namespace ferry::embed

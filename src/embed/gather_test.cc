@@ -1,0 +1,146 @@
+#include "embed/gather.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <set>
+#include <vector>
+
+namespace ferry::embed {
+namespace {
+
+Layout SmallLayout(int n = 3) {
+  Config c;
+  c.vocab_size = 5000;
+  c.eos_id = 3;
+  c.ngram_size = n;
+  c.heads_per_ngram = 2;
+  c.embed_dim = 32 * (n - 1) * 2;  // d = 32
+  c.base_vocab = 1000;
+  c.row_padding = 64;
+  return Layout::Create(c).value();
+}
+
+struct Step {
+  std::vector<int32_t> tokens, qsl, ctx;
+  StepInput input() const { return StepInput{tokens, qsl, ctx}; }
+};
+
+Step RandomStep(const Layout& l, int reqs, int max_len, int padding, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Step s;
+  s.qsl.push_back(0);
+  for (int r = 0; r < reqs; ++r) s.qsl.push_back(s.qsl.back() + rng() % (max_len + 1));
+  s.tokens.resize(s.qsl.back() + padding);
+  for (auto& t : s.tokens) t = static_cast<int32_t>(rng() % 5000) - (rng() % 10 == 0 ? 5000 : 0);
+  s.ctx.resize(reqs * (l.ngram_size() - 1));
+  for (auto& t : s.ctx) t = static_cast<int32_t>(rng() % 5000);
+  return s;
+}
+
+// The expected output: each row copied from the table, zeros for padding.
+std::vector<uint8_t> Expected(const Table& table, const std::vector<uint64_t>& ids) {
+  std::vector<uint8_t> out(ids.size() * table.row_bytes(), 0);
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] != kPaddingRow)
+      std::memcpy(out.data() + i * table.row_bytes(), table.Row(ids[i]), table.row_bytes());
+  return out;
+}
+
+class GatherTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GatherTest, RowsMatchTableAndPaddingIsZero) {
+  const int threads = GetParam();
+  Layout l = SmallLayout();
+  auto table = Table::Synthetic(l, Dtype::kBf16).value();
+  Step step = RandomStep(l, 9, 300, 17, 11);
+  std::vector<uint64_t> ids(step.tokens.size() * l.num_heads());
+  ASSERT_TRUE(ComputeRowIds(l, step.input(), ids).ok());
+  auto gatherer = Gatherer::Create({.threads = threads, .chunk_tokens = 7}).value();
+  std::vector<uint8_t> dst(ids.size() * table->row_bytes(), 0xAB);
+  std::mutex mu;
+  std::multiset<std::pair<int64_t, int64_t>> chunks;
+  Status s = gatherer->Gather(*table, l.num_heads(), ids, dst, [&](int64_t b, int64_t e) {
+    std::lock_guard<std::mutex> lock(mu);
+    chunks.insert({b, e});
+  });
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(dst, Expected(*table, ids));
+  // Each row checked against the synthetic pattern too (no second copy needed).
+  std::vector<uint8_t> row(table->row_bytes());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] == kPaddingRow) continue;
+    SyntheticRow(ids[i], row.size(), row.data());
+    ASSERT_EQ(std::memcmp(dst.data() + i * row.size(), row.data(), row.size()), 0) << i;
+  }
+  // Every token in exactly one reported chunk.
+  int64_t next = 0;
+  for (const auto& [b, e] : chunks) {
+    EXPECT_EQ(b, next);
+    EXPECT_GT(e, b);
+    next = e;
+  }
+  EXPECT_EQ(next, static_cast<int64_t>(step.tokens.size()));
+
+  // GatherStep computes the ids itself and writes the same bytes.
+  std::vector<uint8_t> fused(dst.size(), 0xCD);
+  ASSERT_TRUE(gatherer->GatherStep(l, *table, step.input(), fused).ok());
+  EXPECT_EQ(fused, dst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, GatherTest, ::testing::Values(1, 2, 4));
+
+TEST(Gather, NoPrefetchAndOtherDtypes) {
+  for (Dtype dtype : {Dtype::kF8E4M3, Dtype::kF32, Dtype::kNvfp4}) {
+    Layout l = SmallLayout(2);
+    auto table = Table::Synthetic(l, dtype).value();
+    Step step = RandomStep(l, 3, 50, 2, 5);
+    std::vector<uint64_t> ids(step.tokens.size() * l.num_heads());
+    ASSERT_TRUE(ComputeRowIds(l, step.input(), ids).ok());
+    auto gatherer = Gatherer::Create({.threads = 2, .chunk_tokens = 5, .prefetch_rows = 0}).value();
+    std::vector<uint8_t> dst(ids.size() * table->row_bytes());
+    ASSERT_TRUE(gatherer->Gather(*table, l.num_heads(), ids, dst).ok());
+    EXPECT_EQ(dst, Expected(*table, ids)) << DtypeName(dtype);
+  }
+}
+
+TEST(Gather, Errors) {
+  Layout l = SmallLayout();
+  auto table = Table::Synthetic(l, Dtype::kBf16).value();
+  auto gatherer = Gatherer::Create({.threads = 2}).value();
+  const uint64_t rb = table->row_bytes();
+  std::vector<uint64_t> ids = {0, 1, table->rows(), 2, kPaddingRow, table->rows() + 5, 7, 8};
+  std::vector<uint8_t> dst(ids.size() * rb, 0xEE);
+  Status s = gatherer->Gather(*table, 4, ids, dst);
+  EXPECT_EQ(s.code(), Code::kOutOfRange);
+  EXPECT_NE(s.message().find("token 0 reads row"), std::string::npos) << s.ToString();
+  for (size_t i : {2, 4, 5})  // the bad and padding rows are zeros
+    for (uint64_t k = 0; k < rb; ++k) ASSERT_EQ(dst[i * rb + k], 0) << i;
+  EXPECT_EQ(std::memcmp(dst.data() + 7 * rb, table->Row(8), rb), 0);  // the rest is gathered
+
+  EXPECT_EQ(gatherer->Gather(*table, 3, ids, dst).code(), Code::kInvalidArgument);  // 8 % 3
+  EXPECT_EQ(gatherer->Gather(*table, 0, ids, dst).code(), Code::kInvalidArgument);
+  std::vector<uint8_t> small(dst.size() - 1);
+  EXPECT_EQ(gatherer->Gather(*table, 4, ids, small).code(), Code::kInvalidArgument);
+  EXPECT_EQ(Gatherer::Create({.threads = 0}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Gatherer::Create({.chunk_tokens = 0}).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Gatherer::Create({.prefetch_rows = -1}).status().code(), Code::kInvalidArgument);
+
+  // GatherStep validates the step and writes nothing on error.
+  Step step = RandomStep(l, 2, 10, 0, 1);
+  step.tokens[0] = 5000;  // id == V
+  std::vector<uint8_t> out(step.tokens.size() * l.num_heads() * rb, 0x11);
+  EXPECT_EQ(gatherer->GatherStep(l, *table, step.input(), out).code(), Code::kOutOfRange);
+  for (uint8_t b : out) ASSERT_EQ(b, 0x11);
+  // A table of another layout's row size.
+  auto f32 = Table::Synthetic(l, Dtype::kF32).value();
+  step.tokens[0] = 1;
+  std::vector<uint8_t> out32(step.tokens.size() * l.num_heads() * f32->row_bytes());
+  EXPECT_EQ(gatherer->GatherStep(l, *f32, step.input(), out).code(), Code::kInvalidArgument);
+  EXPECT_TRUE(gatherer->GatherStep(l, *f32, step.input(), out32).ok());
+}
+
+}  // namespace
+}  // namespace ferry::embed
