@@ -499,6 +499,7 @@ Status Server::Impl::WaitReleased(const std::vector<std::shared_ptr<Member>>& me
       FERRY_ASSIGN_OR_RETURN(uint32_t v, m->sink->ReadFlag(slot));
       if (v == kFlagReset) break;
       if (stopping) return Status(Code::kAborted, "the service is stopping");
+      if (!m->alive) return Status(Code::kUnavailable, RankName(m->reg) + " left");
       if (deadline.expired())
         return Status(Code::kDeadlineExceeded,
                       RankName(m->reg) + " did not release its previous output (flag " +
