@@ -15,8 +15,9 @@
 // call returns kUnavailable (connection lost) or the step's kDeadlineExceeded. An error from a
 // step's reply that no Wait() reported is returned by the next PrepareForward().
 //
-// This file is the host mode (outputs in shared host memory, waits on the host); it is what
-// CI runs without a GPU.
+// Host mode keeps outputs and flags in shared host memory and waits on the host (what CI runs
+// without a GPU); CUDA mode keeps them in device memory shared through CUDA IPC, and the waits
+// and resets are stream memory operations.
 //
 // Thread safety: one thread drives PrepareForward/Wait/ReleaseOutputs; a background thread
 // reads the service's replies. The accessors may be called from any thread.
@@ -46,6 +47,23 @@ struct ClientOptions {
   std::vector<uint32_t> layers;  // the model's layer indices, in the order of the forward
   std::chrono::nanoseconds connect_timeout = std::chrono::seconds(10);
   std::chrono::nanoseconds step_timeout = std::chrono::seconds(30);
+
+  // kCuda: outputs and flags in device memory of `device`, waits on CUDA streams.
+  OutputMode mode = OutputMode::kHost;
+  int device = 0;
+  // kCuda: per layer, max_tokens x token_bytes device bytes and one 4-byte device word (e.g.
+  // torch tensors' data_ptr()), which must stay allocated while the client lives; empty: the
+  // client allocates them.
+  std::vector<void*> cuda_outputs;
+  std::vector<void*> cuda_flags;
+};
+
+// Device (or host) pointers the step's inputs are copied from, asynchronously on the stream
+// passed to PrepareForward (the runner's persistent input buffers).
+struct StepSources {
+  const int32_t* input_ids = nullptr;
+  const int32_t* query_start_loc = nullptr;
+  const int32_t* ngram_context = nullptr;
 };
 
 class Client {
@@ -64,16 +82,26 @@ class Client {
   std::span<int32_t> input_ids();        // max_tokens
   std::span<int32_t> query_start_loc();  // max_reqs + 1
   std::span<int32_t> ngram_context();    // max_reqs x context_len, row-major
-  // A slot's output rows: max_tokens x token_bytes.
+  // A slot's output rows: max_tokens x token_bytes (host mode; empty in CUDA mode).
   std::span<uint8_t> output(size_t slot);
+  // The slot's output and flag in device memory (CUDA mode; null in host mode).
+  void* device_output(size_t slot) const;
+  void* device_flag(size_t slot) const;
+  // The flag's value now (CUDA mode: read with a copy); kFlagFailed for a bad slot.
   uint32_t flag(size_t slot) const;
 
-  // REQUIRES (rank 0, not dummy): the inputs of the step are written.
-  Status PrepareForward(uint32_t num_reqs, uint32_t num_tokens, bool dummy);
-  // Waits until the slot's flag is DONE or FAILED, up to step_timeout.
-  Status Wait(size_t slot);
-  // Resets every flag (the outputs may be overwritten by the next step).
-  Status ReleaseOutputs();
+  // Rank 0, not dummy: without `sources` the step's inputs must be written already and the
+  // request goes out now; with `sources` (CUDA mode) they are copied on `stream`, and a
+  // background thread sends the request once the copies are done. Dummy: zero rows and DONE
+  // flags, on `stream` in CUDA mode. Returns an error a previous step left unreported.
+  Status PrepareForward(uint32_t num_reqs, uint32_t num_tokens, bool dummy,
+                        void* stream = nullptr, const StepSources* sources = nullptr);
+  // Host mode: waits until the slot's flag is DONE or FAILED, up to step_timeout. CUDA mode:
+  // makes `stream` wait for flag >= DONE (cuStreamWaitValue32 GEQ; capturable in a graph) and
+  // returns at once.
+  Status Wait(size_t slot, void* stream = nullptr);
+  // Resets every flag (on `stream` in CUDA mode): the outputs may be overwritten next step.
+  Status ReleaseOutputs(void* stream = nullptr);
   // Disconnects; the service frees the registration. Later calls return kFailedPrecondition.
   void Close();
 

@@ -33,6 +33,10 @@ class OutputSink {
   // Sets the flag now (a failure: no data to order behind).
   virtual Status Signal(size_t slot, uint32_t value) = 0;
   virtual Result<uint32_t> ReadFlag(size_t slot) = 0;
+  // Waits until every earlier Write() has read its source (the staging may be reused).
+  virtual Status Drain(Deadline deadline) { return Status::Ok(); }
+  // True when Write() sources must be page-locked host memory (copies to a GPU).
+  virtual bool wants_pinned_source() const { return false; }
 };
 
 class HostSink final : public OutputSink {

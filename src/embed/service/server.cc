@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "base/log.h"
+#include "cuda/runtime.h"
 #include "embed/row_ids.h"
 #include "embed/service/cuda_sink.h"
 #include "embed/service/output_sink.h"
@@ -60,6 +61,10 @@ struct Group {
   std::thread worker;
   // Used by the worker thread only.
   std::vector<uint8_t> staging;
+  bool staging_pinned = false;  // page-locked for copies to GPUs
+  ~Group() {
+    if (staging_pinned) (void)cuda::HostUnregister(staging.data());
+  }
   std::vector<int32_t> tokens, qsl, context;
 };
 
@@ -479,7 +484,19 @@ Status Server::Impl::RunStep(Group& g, const std::vector<std::shared_ptr<Member>
   std::memcpy(g.context.data(), base + reg.inputs.ngram_context, g.context.size() * 4);
   StepInput in{g.tokens, g.qsl, g.context};
   st = ValidateStep(layers[r0.served[0]].layout, in);
-  g.staging.resize(reg.max_tokens * reg.token_bytes);
+  const size_t staging_bytes = reg.max_tokens * reg.token_bytes;
+  bool want_pinned = false;
+  for (const auto& m : members) want_pinned |= m->sink->wants_pinned_source();
+  if (g.staging.size() != staging_bytes || (want_pinned && !g.staging_pinned)) {
+    if (g.staging_pinned) (void)cuda::HostUnregister(g.staging.data());
+    g.staging_pinned = false;
+    g.staging.assign(staging_bytes, 0);
+    if (want_pinned) {
+      Status pin = cuda::HostRegister(g.staging.data(), g.staging.size());
+      if (!pin.ok()) st = pin.WithContext("page-locking the staging buffer");
+      g.staging_pinned = pin.ok();
+    }
+  }
   for (size_t slot = 0; st.ok() && slot < r0.served.size(); ++slot) {
     if (!r0.alive) return Status(Code::kAborted, "tp rank 0 left during the step");
     st = RunLayer(g, members, slot, in);
@@ -515,6 +532,9 @@ Status Server::Impl::RunLayer(Group& g, const std::vector<std::shared_ptr<Member
   const Register& reg = members[0]->reg;
   const ServedLayer& layer = layers[members[0]->served[slot]];
   FERRY_RETURN_IF_ERROR(WaitReleased(members, slot, Deadline::After(options.wait_timeout)));
+  // The previous layer's copies read the staging that this layer's gather overwrites.
+  for (const auto& m : members)
+    FERRY_RETURN_IF_ERROR(m->sink->Drain(Deadline::After(options.wait_timeout)));
   const uint64_t tb = reg.token_bytes;
   std::mutex err_mu;
   Status copy_error;
