@@ -5,6 +5,8 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -37,13 +39,14 @@ void BindEmbedService(py::module_& parent) {
   m.attr("FLAG_FAILED") = embed::service::kFlagFailed;
   m.attr("PROTOCOL_VERSION") = embed::service::kProtocolVersion;
 
-  py::class_<Client>(m, "Client",
+  py::class_<Client>(m, "Client", py::dynamic_attr(),
                      "One GPU worker's connection to `ferry embed-serve` (host-mode outputs).")
       .def(py::init([](const std::string& socket_path, uint32_t dp_rank, uint32_t tp_rank,
                        uint32_t tp_size, uint64_t max_tokens, uint64_t max_reqs,
                        uint64_t context_len, uint64_t token_bytes,
                        std::vector<uint32_t> layers, double connect_timeout_ms,
-                       double step_timeout_ms) {
+                       double step_timeout_ms, const std::string& mode, int device,
+                       std::vector<uintptr_t> cuda_outputs, std::vector<uintptr_t> cuda_flags) {
              ClientOptions o;
              o.socket_path = socket_path;
              o.dp_rank = dp_rank;
@@ -56,6 +59,12 @@ void BindEmbedService(py::module_& parent) {
              o.layers = std::move(layers);
              o.connect_timeout = Nanos(connect_timeout_ms, "connect_timeout_ms");
              o.step_timeout = Nanos(step_timeout_ms, "step_timeout_ms");
+             if (mode != "host" && mode != "cuda") ThrowInvalid("mode must be 'host' or 'cuda'");
+             o.mode = mode == "cuda" ? embed::service::OutputMode::kCuda
+                                     : embed::service::OutputMode::kHost;
+             o.device = device;
+             for (uintptr_t p : cuda_outputs) o.cuda_outputs.push_back(reinterpret_cast<void*>(p));
+             for (uintptr_t p : cuda_flags) o.cuda_flags.push_back(reinterpret_cast<void*>(p));
              Result<std::unique_ptr<Client>> c = Status(Code::kUnknown, "");
              {
                py::gil_scoped_release nogil;
@@ -67,7 +76,9 @@ void BindEmbedService(py::module_& parent) {
            py::arg("tp_rank") = 0, py::arg("tp_size") = 1, py::arg("max_tokens"),
            py::arg("max_reqs"), py::arg("context_len"), py::arg("token_bytes"),
            py::arg("layers"), py::arg("connect_timeout_ms") = 10000.0,
-           py::arg("step_timeout_ms") = 30000.0)
+           py::arg("step_timeout_ms") = 30000.0, py::arg("mode") = "host",
+           py::arg("device") = 0, py::arg("cuda_outputs") = std::vector<uintptr_t>{},
+           py::arg("cuda_flags") = std::vector<uintptr_t>{})
       .def_property_readonly("slots", &Client::slots)
       .def_property_readonly("layers", [](const Client& c) { return c.options().layers; })
       .def_property_readonly(
@@ -108,28 +119,50 @@ void BindEmbedService(py::module_& parent) {
           py::arg("slot"), "The slot's output rows: uint8 [max_tokens, token_bytes]")
       .def("flag", &Client::flag, py::arg("slot"))
       .def(
+          "device_output",
+          [](const Client& c, size_t slot) { return reinterpret_cast<uintptr_t>(c.device_output(slot)); },
+          py::arg("slot"), "CUDA mode: the slot's output's device address (0 in host mode)")
+      .def(
+          "device_flag",
+          [](const Client& c, size_t slot) { return reinterpret_cast<uintptr_t>(c.device_flag(slot)); },
+          py::arg("slot"))
+      .def(
           "prepare_forward",
-          [](Client& c, uint32_t num_reqs, uint32_t num_tokens, bool dummy) {
+          [](Client& c, uint32_t num_reqs, uint32_t num_tokens, bool dummy, uintptr_t stream,
+             std::optional<std::tuple<uintptr_t, uintptr_t, uintptr_t>> sources) {
             Status s;
+            embed::service::StepSources src;
+            if (sources) {
+              src.input_ids = reinterpret_cast<const int32_t*>(std::get<0>(*sources));
+              src.query_start_loc = reinterpret_cast<const int32_t*>(std::get<1>(*sources));
+              src.ngram_context = reinterpret_cast<const int32_t*>(std::get<2>(*sources));
+            }
             {
               py::gil_scoped_release nogil;
-              s = c.PrepareForward(num_reqs, num_tokens, dummy);
+              s = c.PrepareForward(num_reqs, num_tokens, dummy, reinterpret_cast<void*>(stream),
+                                   sources ? &src : nullptr);
             }
             Check(s);
           },
-          py::arg("num_reqs"), py::arg("num_tokens"), py::arg("dummy") = false)
+          py::arg("num_reqs"), py::arg("num_tokens"), py::arg("dummy") = false,
+          py::arg("stream") = 0, py::arg("sources") = py::none(),
+          "stream: a CUDA stream handle (torch's .cuda_stream); sources: device addresses of "
+          "(input ids, query start locations, n-gram context) to copy on it")
       .def(
           "wait",
-          [](Client& c, size_t slot) {
+          [](Client& c, size_t slot, uintptr_t stream) {
             Status s;
             {
               py::gil_scoped_release nogil;
-              s = c.Wait(slot);
+              s = c.Wait(slot, reinterpret_cast<void*>(stream));
             }
             Check(s);
           },
-          py::arg("slot"))
-      .def("release_outputs", [](Client& c) { Check(c.ReleaseOutputs()); })
+          py::arg("slot"), py::arg("stream") = 0)
+      .def(
+          "release_outputs",
+          [](Client& c, uintptr_t stream) { Check(c.ReleaseOutputs(reinterpret_cast<void*>(stream))); },
+          py::arg("stream") = 0)
       .def("close", [](Client& c) {
         py::gil_scoped_release nogil;
         c.Close();

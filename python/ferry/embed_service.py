@@ -24,4 +24,20 @@ FLAG_DONE = _svc.FLAG_DONE
 FLAG_FAILED = _svc.FLAG_FAILED
 PROTOCOL_VERSION = _svc.PROTOCOL_VERSION
 
-__all__ = ["Client", "FLAG_DONE", "FLAG_FAILED", "FLAG_RESET", "PROTOCOL_VERSION"]
+__all__ = ["Client", "FLAG_DONE", "FLAG_FAILED", "FLAG_RESET", "PROTOCOL_VERSION", "cuda_client"]
+
+
+def cuda_client(socket_path, outputs, flags, **options):
+    """A CUDA-mode Client over torch tensors: ``outputs`` one contiguous CUDA tensor per layer
+    of at least max_tokens x token_bytes bytes, ``flags`` one int32 CUDA tensor of one element
+    per layer. The client keeps references to the tensors."""
+    for t in list(outputs) + list(flags):
+        if not t.is_cuda or not t.is_contiguous():
+            raise ValueError("outputs and flags must be contiguous CUDA tensors")
+    c = Client(
+        socket_path, mode="cuda", device=outputs[0].get_device(),
+        cuda_outputs=[t.data_ptr() for t in outputs], cuda_flags=[t.data_ptr() for t in flags],
+        **options,
+    )
+    c._tensors = (list(outputs), list(flags))
+    return c

@@ -301,3 +301,52 @@ def test_killed_client_is_forgotten(service):
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def _torch_cuda():
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("no torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no usable GPU: torch.cuda.is_available() is False")
+    return torch
+
+
+def test_cuda_outputs_from_torch_tensors(service):
+    """CUDA mode: torch tensors as outputs and flags, stream waits, inputs copied from device."""
+    torch = _torch_cuda()
+    stream = torch.cuda.current_stream()
+    ranks = []
+    for tp in range(2):
+        outs = [torch.zeros(MAX_TOKENS, TOKEN_BYTES, dtype=torch.uint8, device="cuda") for _ in LAYERS]
+        flags = [torch.zeros(1, dtype=torch.int32, device="cuda") for _ in LAYERS]
+        c = embed_service.cuda_client(
+            service.socket, outs, flags, dp_rank=0, tp_rank=tp, tp_size=2, max_tokens=MAX_TOKENS,
+            max_reqs=MAX_REQS, context_len=N - 1, token_bytes=TOKEN_BYTES, layers=LAYERS,
+            step_timeout_ms=5000,
+        )
+        ranks.append((c, outs, flags))
+    rng = random.Random(11)
+    for num_reqs, num_tokens in [(4, 512), (64, 64)]:
+        tokens, qsl, ctx = make_step(rng, num_reqs, num_tokens)
+        src = [torch.tensor(x, dtype=torch.int32, device="cuda") for x in (tokens, qsl, ctx)]
+        sources = tuple(t.data_ptr() for t in src)
+        for c, _, _ in ranks:
+            c.prepare_forward(num_reqs, num_tokens, stream=stream.cuda_stream,
+                              sources=sources if c is ranks[0][0] else None)
+        for c, outs, flags in ranks:
+            for slot in range(c.slots):
+                c.wait(slot, stream=stream.cuda_stream)
+            stream.synchronize()
+            for slot, layer in enumerate(LAYERS):
+                assert int(flags[slot].item()) == embed_service.FLAG_DONE
+                ids = REFS[layer].row_ids(tokens, qsl, ctx)
+                want = expected_rows(cached_row, ids, ROW_BYTES)
+                assert outs[slot][:num_tokens].cpu().numpy().tobytes() == want
+        for c, _, _ in ranks:
+            c.release_outputs(stream=stream.cuda_stream)
+        stream.synchronize()
+    for c, _, flags in ranks:
+        assert all(int(f.item()) == embed_service.FLAG_RESET for f in flags)
+        c.close()
