@@ -37,6 +37,9 @@ class OutputSink {
   virtual Status Drain(Deadline deadline) { return Status::Ok(); }
   // True when Write() sources must be page-locked host memory (copies to a GPU).
   virtual bool wants_pinned_source() const { return false; }
+  // The slot's output as host memory the service may gather into directly (saving a copy),
+  // or null.
+  virtual uint8_t* direct(size_t slot) { return nullptr; }
 };
 
 class HostSink final : public OutputSink {
@@ -56,6 +59,7 @@ class HostSink final : public OutputSink {
     return Status::Ok();
   }
   Result<uint32_t> ReadFlag(size_t slot) override { return LoadFlag(Flag(slot)); }
+  uint8_t* direct(size_t slot) override { return memory_->data() + outputs_[slot]; }
 
  private:
   uint32_t* Flag(size_t slot) {

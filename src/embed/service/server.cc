@@ -536,13 +536,18 @@ Status Server::Impl::RunLayer(Group& g, const std::vector<std::shared_ptr<Member
   for (const auto& m : members)
     FERRY_RETURN_IF_ERROR(m->sink->Drain(Deadline::After(options.wait_timeout)));
   const uint64_t tb = reg.token_bytes;
+  // Rows go to the staging, or straight into the first rank's buffer when it is host memory;
+  // each finished chunk is copied from there to the other ranks at once.
+  uint8_t* direct = members[0]->sink->direct(slot);
+  uint8_t* gathered = direct != nullptr ? direct : g.staging.data();
   std::mutex err_mu;
   Status copy_error;
   auto on_chunk = [&](int64_t begin, int64_t end) {
     const uint64_t off = static_cast<uint64_t>(begin) * tb;
     const uint64_t bytes = static_cast<uint64_t>(end - begin) * tb;
-    for (const auto& m : members) {
-      Status s = m->sink->Write(slot, off, g.staging.data() + off, bytes);
+    for (size_t i = direct != nullptr ? 1 : 0; i < members.size(); ++i) {
+      const auto& m = members[i];
+      Status s = m->sink->Write(slot, off, gathered + off, bytes);
       if (!s.ok()) {
         std::lock_guard<std::mutex> lock(err_mu);
         if (copy_error.ok()) copy_error = s;
@@ -550,7 +555,7 @@ Status Server::Impl::RunLayer(Group& g, const std::vector<std::shared_ptr<Member
     }
   };
   if (in.num_tokens() > 0) {
-    std::span<uint8_t> dst(g.staging.data(), static_cast<size_t>(in.num_tokens()) * tb);
+    std::span<uint8_t> dst(gathered, static_cast<size_t>(in.num_tokens()) * tb);
     FERRY_RETURN_IF_ERROR(
         gatherer->GatherStep(layer.layout, *layer.table, in, dst, on_chunk));
   }
