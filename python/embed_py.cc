@@ -72,13 +72,14 @@ std::unique_ptr<ThreadPool> PoolFor(int threads) {
 }  // namespace
 
 void BindEmbed(py::module_& parent) {
-  py::module_ m = parent.def_submodule("embed", "The embedding-offload core: row ids, tables, gathers.");
+  py::module_ m =
+      parent.def_submodule("embed", "The embedding-offload core: row ids, tables, gathers.");
   m.attr("PADDING_ROW") = embed::kPaddingRow;
 
   py::class_<Config>(m, "Config", "The n-gram embedding configuration (see src/embed/config.h).")
       .def(py::init([](int64_t vocab_size, int64_t eos_id, int ngram_size, int heads_per_ngram,
-                       int64_t embed_dim, uint64_t base_vocab, uint64_t row_padding,
-                       uint64_t seed, int layer) {
+                       int64_t embed_dim, uint64_t base_vocab, uint64_t row_padding, uint64_t seed,
+                       int layer) {
              Config c;
              c.vocab_size = vocab_size;
              c.eos_id = eos_id;
@@ -152,8 +153,8 @@ void BindEmbed(py::module_& parent) {
             }
             return std::shared_ptr<Table>(Unwrap(std::move(t)));
           },
-          py::arg("layout"), py::arg("dtype") = "bf16", py::arg("rows") = 0,
-          py::arg("threads") = 1, "A table filled with synthetic_row(r) (rows 0: the layout's).")
+          py::arg("layout"), py::arg("dtype") = "bf16", py::arg("rows") = 0, py::arg("threads") = 1,
+          "A table filled with synthetic_row(r) (rows 0: the layout's).")
       .def_static(
           "open",
           [](const Layout& l, const std::vector<std::string>& paths, const std::string& name,
@@ -173,13 +174,15 @@ void BindEmbed(py::module_& parent) {
       .def_property_readonly("rows", &Table::rows)
       .def_property_readonly("row_bytes", &Table::row_bytes)
       .def_property_readonly("nbytes", &Table::bytes)
-      .def_property_readonly("dtype", [](const Table& t) { return std::string(embed::DtypeName(t.dtype())); })
+      .def_property_readonly(
+          "dtype", [](const Table& t) { return std::string(embed::DtypeName(t.dtype())); })
       .def_property_readonly("num_segments", [](const Table& t) { return t.segments().size(); })
       .def(
           "row",
           [](const Table& t, uint64_t r) {
-            if (r >= t.rows()) Throw(Status(Code::kOutOfRange, "row " + std::to_string(r) + " >= " +
-                                                                   std::to_string(t.rows())));
+            if (r >= t.rows())
+              Throw(Status(Code::kOutOfRange,
+                           "row " + std::to_string(r) + " >= " + std::to_string(t.rows())));
             return py::bytes(reinterpret_cast<const char*>(t.Row(r)), t.row_bytes());
           },
           py::arg("row"), "The bytes of one row.")
@@ -187,10 +190,11 @@ void BindEmbed(py::module_& parent) {
           "array",
           [](const std::shared_ptr<Table>& t) {
             if (t->data() == nullptr)
-              Throw(Status(Code::kFailedPrecondition, "a table of several files has no single array"));
-            py::array_t<uint8_t> a({static_cast<py::ssize_t>(t->rows()),
-                                    static_cast<py::ssize_t>(t->row_bytes())},
-                                   t->data(), py::cast(t));
+              Throw(Status(Code::kFailedPrecondition,
+                           "a table of several files has no single array"));
+            py::array_t<uint8_t> a(
+                {static_cast<py::ssize_t>(t->rows()), static_cast<py::ssize_t>(t->row_bytes())},
+                t->data(), py::cast(t));
             py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
             return a;
           },
@@ -198,8 +202,9 @@ void BindEmbed(py::module_& parent) {
 
   py::class_<embed::Gatherer>(m, "Gatherer", "Gathers a step's rows with a pool of threads.")
       .def(py::init([](int threads, int64_t chunk_tokens, int prefetch_rows) {
-             return Unwrap(embed::Gatherer::Create(
-                 {.threads = threads, .chunk_tokens = chunk_tokens, .prefetch_rows = prefetch_rows}));
+             return Unwrap(embed::Gatherer::Create({.threads = threads,
+                                                    .chunk_tokens = chunk_tokens,
+                                                    .prefetch_rows = prefetch_rows}));
            }),
            py::arg("threads") = 1, py::arg("chunk_tokens") = 32, py::arg("prefetch_rows") = 32)
       .def(

@@ -60,6 +60,14 @@ Status HostRegister(void* ptr, size_t bytes) {
                   "cudaHostRegister");
 }
 
+Status HostRegisterReadOnly(void* ptr, size_t bytes) {
+  if (!Available()) return NotAvailable();
+  if (ptr == nullptr || bytes == 0) return Status(Code::kInvalidArgument, "cannot page-lock a null or empty range");
+  return ToStatus(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped |
+                                                   cudaHostRegisterReadOnly),
+                  "cudaHostRegister(read-only)");
+}
+
 Status HostUnregister(void* ptr) {
   if (!Available()) return NotAvailable();
   return ToStatus(cudaHostUnregister(ptr), "cudaHostUnregister");

@@ -34,6 +34,9 @@ std::vector<DeviceInfo> Devices();
 
 // Page-locks host memory so GPU copies and kernels reach it directly.
 Status HostRegister(void* ptr, size_t bytes);
+// The same for memory the process may only read (a PROT_READ file mapping): the GPU only
+// reads it either.
+Status HostRegisterReadOnly(void* ptr, size_t bytes);
 Status HostUnregister(void* ptr);
 
 struct PointerInfo {

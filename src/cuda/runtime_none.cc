@@ -12,6 +12,7 @@ std::string UnavailableReason() { return "ferry was built without CUDA"; }
 int DeviceCount() { return 0; }
 std::vector<DeviceInfo> Devices() { return {}; }
 Status HostRegister(void*, size_t) { return NoCuda(); }
+Status HostRegisterReadOnly(void*, size_t) { return NoCuda(); }
 Status HostUnregister(void*) { return NoCuda(); }
 Result<PointerInfo> QueryPointer(const void*) { return PointerInfo{}; }
 Result<void*> Malloc(int, size_t) { return NoCuda(); }

@@ -35,11 +35,16 @@ std::string Config::ToString() const {
 
 std::string_view DtypeName(Dtype dtype) {
   switch (dtype) {
-    case Dtype::kBf16: return "bf16";
-    case Dtype::kF16: return "f16";
-    case Dtype::kF32: return "f32";
-    case Dtype::kF8E4M3: return "f8_e4m3";
-    case Dtype::kNvfp4: return "nvfp4";
+    case Dtype::kBf16:
+      return "bf16";
+    case Dtype::kF16:
+      return "f16";
+    case Dtype::kF32:
+      return "f32";
+    case Dtype::kF8E4M3:
+      return "f8_e4m3";
+    case Dtype::kNvfp4:
+      return "nvfp4";
   }
   return "?";
 }
@@ -57,12 +62,15 @@ Result<uint64_t> RowBytes(Dtype dtype, int64_t head_dim) {
   uint64_t d = static_cast<uint64_t>(head_dim);
   switch (dtype) {
     case Dtype::kBf16:
-    case Dtype::kF16: return 2 * d;
-    case Dtype::kF32: return 4 * d;
-    case Dtype::kF8E4M3: return d;
+    case Dtype::kF16:
+      return 2 * d;
+    case Dtype::kF32:
+      return 4 * d;
+    case Dtype::kF8E4M3:
+      return d;
     case Dtype::kNvfp4:
-      if (d % 16 != 0) return Invalid("nvfp4 rows need a head dim divisible by 16, not " +
-                                      std::to_string(d));
+      if (d % 16 != 0)
+        return Invalid("nvfp4 rows need a head dim divisible by 16, not " + std::to_string(d));
       return d / 2 + d / 16;
   }
   return Invalid("unknown dtype");
@@ -91,7 +99,8 @@ Result<Layout> Layout::Create(const Config& c) {
   if (c.base_vocab < 1) return Invalid("base_vocab must be at least 1");
   if (c.row_padding < 1 || c.row_padding > (uint64_t{1} << 32))
     return Invalid("row_padding must be in [1, 2^32], not " + std::to_string(c.row_padding));
-  if (c.layer < 0 || static_cast<uint64_t>(c.layer + 1) * g > kMaxPrimesPerBase)
+  if (c.layer < 0 ||
+      (static_cast<uint64_t>(c.layer) + 1) * static_cast<uint64_t>(g) > kMaxPrimesPerBase)
     return Invalid("layer " + std::to_string(c.layer) + " must be in [0, " +
                    std::to_string(kMaxPrimesPerBase / g) + ")");
 

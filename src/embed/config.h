@@ -35,15 +35,15 @@ constexpr uint64_t SplitMix64(uint64_t x) {
 }
 
 struct Config {
-  int64_t vocab_size = 0;        // V; token ids are int32, so 1 <= V <= 2^31
-  int64_t eos_id = 0;            // EOS, 0 <= EOS < V
-  int ngram_size = 0;            // N >= 2 (at most kMaxNgram)
-  int heads_per_ngram = 0;       // H >= 1
-  int64_t embed_dim = 0;         // E, divisible by G
-  uint64_t seed = 1234;          // S
-  uint64_t base_vocab = 0;       // B >= 1
-  uint64_t row_padding = 128;    // P >= 1
-  int layer = 0;                 // L >= 0 (the dense layer index)
+  int64_t vocab_size = 0;      // V; token ids are int32, so 1 <= V <= 2^31
+  int64_t eos_id = 0;          // EOS, 0 <= EOS < V
+  int ngram_size = 0;          // N >= 2 (at most kMaxNgram)
+  int heads_per_ngram = 0;     // H >= 1
+  int64_t embed_dim = 0;       // E, divisible by G
+  uint64_t seed = 1234;        // S
+  uint64_t base_vocab = 0;     // B >= 1
+  uint64_t row_padding = 128;  // P >= 1
+  int layer = 0;               // L >= 0 (the dense layer index)
 
   // The model ferry serves first: V 248320, N 3, H 8, E 2560 (G 16, d 160), B 2e7, P 128,
   // S 1234. Its EOS id comes from the model's tokenizer config, so the caller passes it.
@@ -69,8 +69,8 @@ class Layout {
 
   const Config& config() const { return config_; }
   int ngram_size() const { return config_.ngram_size; }
-  int num_heads() const { return static_cast<int>(head_sizes_.size()); }    // G
-  int64_t head_dim() const { return config_.embed_dim / num_heads(); }      // d
+  int num_heads() const { return static_cast<int>(head_sizes_.size()); }     // G
+  int64_t head_dim() const { return config_.embed_dim / num_heads(); }       // d
   const std::vector<uint64_t>& multipliers() const { return multipliers_; }  // m_0..m_(N-1)
   const std::vector<uint64_t>& head_sizes() const { return head_sizes_; }
   const std::vector<uint64_t>& head_offsets() const { return head_offsets_; }

@@ -20,13 +20,27 @@ TEST(SplitMix64, KnownValues) {
 }
 
 TEST(Primes, IsPrimeSmallAndHard) {
-  const uint64_t primes[] = {2, 3, 5, 37, 41, 20000003, 2305843009213693951ull /* 2^61-1 */,
+  const uint64_t primes[] = {2,
+                             3,
+                             5,
+                             37,
+                             41,
+                             20000003,
+                             2305843009213693951ull /* 2^61-1 */,
                              18446744073709551557ull /* largest 64-bit prime */};
   for (uint64_t p : primes) EXPECT_TRUE(IsPrime(p)) << p;
   // 0, 1, squares, Carmichael numbers, and strong pseudoprimes to several bases
   // (3215031751 = 151 * 751 * 28351 passes bases 2, 3, 5 and 7).
-  const uint64_t composites[] = {0, 1, 4, 9, 561, 1105, 20000001, 3215031751ull,
-                                 3825123056546413051ull, 18446744073709551615ull};
+  const uint64_t composites[] = {0,
+                                 1,
+                                 4,
+                                 9,
+                                 561,
+                                 1105,
+                                 20000001,
+                                 3215031751ull,
+                                 3825123056546413051ull,
+                                 18446744073709551615ull};
   for (uint64_t c : composites) EXPECT_FALSE(IsPrime(c)) << c;
 }
 
@@ -54,7 +68,8 @@ TEST(FastMod, MatchesDivision) {
   const uint64_t divisors[] = {1, 2, 3, 7, 20000003, 4294967311ull, (1ull << 63) + 29, ~0ull};
   for (uint64_t d : divisors) {
     FastMod f = FastMod::For(d);
-    for (uint64_t x : std::initializer_list<uint64_t>{0, d - 1, d, d + 1, ~0ull, ~0ull - 1}) EXPECT_EQ(f.Mod(x), x % d);
+    for (uint64_t x : std::initializer_list<uint64_t>{0, d - 1, d, d + 1, ~0ull, ~0ull - 1})
+      EXPECT_EQ(f.Mod(x), x % d);
     for (int i = 0; i < 10000; ++i) {
       uint64_t x = rng();
       ASSERT_EQ(f.Mod(x), x % d) << x << " mod " << d;
@@ -127,6 +142,7 @@ TEST(Layout, ValidationErrors) {
   expect_invalid([](Config& c) { c.row_padding = 0; }, "P = 0");
   expect_invalid([](Config& c) { c.layer = -1; }, "L < 0");
   expect_invalid([](Config& c) { c.layer = 1 << 20; }, "L too large");
+  expect_invalid([](Config& c) { c.layer = 2147483647; }, "L = INT_MAX");
 }
 
 TEST(Dtype, RowBytes) {

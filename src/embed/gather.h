@@ -32,9 +32,13 @@
 namespace ferry::embed {
 
 struct GatherOptions {
-  int threads = 1;             // threads that gather, the calling one included; >= 1
-  int64_t chunk_tokens = 32;   // tokens per chunk (the unit of work and of on_chunk)
-  int prefetch_rows = 32;      // rows prefetched ahead; 0 disables prefetching
+  int threads = 1;            // threads that gather, the calling one included; >= 1
+  int64_t chunk_tokens = 32;  // tokens per chunk (the unit of work and of on_chunk)
+  int prefetch_rows = 32;     // rows prefetched ahead; 0 disables prefetching
+  // Non-temporal stores into dst (x86 SSE2; used when dst is 16-byte aligned and rows are a
+  // multiple of 16 bytes): they skip the read for ownership of dst lines. Off by default: on
+  // the 2-core EPYC development VM they were 5-20% slower (bench/results/embed_cpu.md).
+  bool streaming_stores = false;
 };
 
 using ChunkDone = std::function<void(int64_t begin, int64_t end)>;
@@ -62,9 +66,10 @@ class Gatherer {
   std::unique_ptr<ThreadPool> pool_;  // threads - 1 workers; null when threads == 1
 };
 
-// The row copy loop of one range of a gather: rows ids[0..count) to dst. Returns the index of
-// the first row id that is out of range, or -1. Exposed for benchmarks.
+// The row copy loop of one range of a gather: rows ids[0..count) to dst, with the prefetch
+// and store options of `options`. Returns the index of the first row id that is out of range
+// (that row is zeroed), or -1. Used by Gatherer and by benchmarks.
 int64_t GatherRows(const Table& table, const uint64_t* ids, int64_t count, uint8_t* dst,
-                   int prefetch_rows);
+                   const GatherOptions& options);
 
 }  // namespace ferry::embed

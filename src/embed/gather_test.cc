@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <random>
@@ -92,17 +93,29 @@ TEST_P(GatherTest, RowsMatchTableAndPaddingIsZero) {
 
 INSTANTIATE_TEST_SUITE_P(Threads, GatherTest, ::testing::Values(1, 2, 4));
 
-TEST(Gather, NoPrefetchAndOtherDtypes) {
+TEST(Gather, OtherDtypesStoresAndAlignments) {
   for (Dtype dtype : {Dtype::kF8E4M3, Dtype::kF32, Dtype::kNvfp4}) {
     Layout l = SmallLayout(2);
     auto table = Table::Synthetic(l, dtype).value();
     Step step = RandomStep(l, 3, 50, 2, 5);
     std::vector<uint64_t> ids(step.tokens.size() * l.num_heads());
     ASSERT_TRUE(ComputeRowIds(l, step.input(), ids).ok());
-    auto gatherer = Gatherer::Create({.threads = 2, .chunk_tokens = 5, .prefetch_rows = 0}).value();
-    std::vector<uint8_t> dst(ids.size() * table->row_bytes());
-    ASSERT_TRUE(gatherer->Gather(*table, l.num_heads(), ids, dst).ok());
-    EXPECT_EQ(dst, Expected(*table, ids)) << DtypeName(dtype);
+    const std::vector<uint8_t> want = Expected(*table, ids);
+    for (bool nt : {false, true}) {
+      auto gatherer =
+          Gatherer::Create(
+              {.threads = 2, .chunk_tokens = 5, .prefetch_rows = 0, .streaming_stores = nt})
+              .value();
+      std::vector<uint8_t> dst(ids.size() * table->row_bytes());
+      ASSERT_TRUE(gatherer->Gather(*table, l.num_heads(), ids, dst).ok());
+      EXPECT_EQ(dst, want) << DtypeName(dtype) << " nt " << nt;
+      // A destination that is not 16-byte aligned takes the plain copy.
+      std::vector<uint8_t> buffer(dst.size() + 1, 0x77);
+      std::span<uint8_t> odd(buffer.data() + 1, dst.size());
+      ASSERT_TRUE(gatherer->Gather(*table, l.num_heads(), ids, odd).ok());
+      EXPECT_TRUE(std::equal(odd.begin(), odd.end(), want.begin())) << DtypeName(dtype);
+      EXPECT_EQ(buffer[0], 0x77);
+    }
   }
 }
 

@@ -20,10 +20,10 @@ Status ValidateStep(const Layout& layout, const StepInput& in) {
     return Status(Code::kInvalidArgument, "query_start_loc needs num_reqs + 1 >= 1 entries");
   const int64_t num_reqs = in.num_reqs();
   if (static_cast<int64_t>(in.ngram_context.size()) != num_reqs * n_ctx)
-    return Status(Code::kInvalidArgument,
-                  "ngram_context has " + std::to_string(in.ngram_context.size()) +
-                      " ids; " + std::to_string(num_reqs) + " requests x " +
-                      std::to_string(n_ctx) + " expected");
+    return Status(Code::kInvalidArgument, "ngram_context has " +
+                                              std::to_string(in.ngram_context.size()) + " ids; " +
+                                              std::to_string(num_reqs) + " requests x " +
+                                              std::to_string(n_ctx) + " expected");
   if (in.query_start_loc[0] != 0)
     return Status(Code::kInvalidArgument,
                   "query_start_loc[0] is " + std::to_string(in.query_start_loc[0]) + ", not 0");
@@ -47,10 +47,9 @@ Status ValidateStep(const Layout& layout, const StepInput& in) {
   }
   for (size_t i = 0; i < in.ngram_context.size(); ++i) {
     if (in.ngram_context[i] >= v)
-      return Status(Code::kOutOfRange,
-                    "ngram_context of request " + std::to_string(i / n_ctx) + " has id " +
-                        std::to_string(in.ngram_context[i]) + ", outside the vocabulary of " +
-                        std::to_string(v));
+      return Status(Code::kOutOfRange, "ngram_context of request " + std::to_string(i / n_ctx) +
+                                           " has id " + std::to_string(in.ngram_context[i]) +
+                                           ", outside the vocabulary of " + std::to_string(v));
   }
   return Status::Ok();
 }
@@ -80,9 +79,7 @@ void RowIdsOfRange(const Layout& layout, const StepInput& in, int64_t begin, int
     const int64_t i = t - qsl[r];  // index of the token in its request
     const int32_t* ctx = in.ngram_context.data() + r * (n - 1);
     // x[p - s] for p = N - 1 + i: a step token when i >= s, else context[N - 1 + i - s].
-    auto x = [&](int s) -> uint64_t {
-      return i >= s ? Id(tokens[t - s]) : Id(ctx[n - 1 + i - s]);
-    };
+    auto x = [&](int s) -> uint64_t { return i >= s ? Id(tokens[t - s]) : Id(ctx[n - 1 + i - s]); };
     uint64_t mix = x(0) * m[0];
     bool blocked = false;  // an EOS among x[p-s+1 .. p-1]: seg(p) < s
     int h = 0;
@@ -100,10 +97,10 @@ Status ComputeRowIds(const Layout& layout, const StepInput& in, std::span<uint64
                      ThreadPool* pool) {
   const int64_t heads = layout.num_heads();
   if (static_cast<int64_t>(row_ids.size()) != in.num_tokens() * heads)
-    return Status(Code::kInvalidArgument,
-                  "row_ids has " + std::to_string(row_ids.size()) + " entries; " +
-                      std::to_string(in.num_tokens()) + " tokens x " + std::to_string(heads) +
-                      " heads expected");
+    return Status(Code::kInvalidArgument, "row_ids has " + std::to_string(row_ids.size()) +
+                                              " entries; " + std::to_string(in.num_tokens()) +
+                                              " tokens x " + std::to_string(heads) +
+                                              " heads expected");
   FERRY_RETURN_IF_ERROR(ValidateStep(layout, in));
   const int64_t num_tokens = in.num_tokens();
   if (pool == nullptr || num_tokens < kParallelTokens) {
@@ -112,8 +109,8 @@ Status ComputeRowIds(const Layout& layout, const StepInput& in, std::span<uint64
   }
   constexpr int64_t kChunk = 512;
   std::atomic<int64_t> cursor{0};
-  const int workers = static_cast<int>(
-      std::min<int64_t>(pool->size() + 1, (num_tokens + kChunk - 1) / kChunk));
+  const int workers =
+      static_cast<int>(std::min<int64_t>(pool->size() + 1, (num_tokens + kChunk - 1) / kChunk));
   RunOnWorkers(pool, workers, [&](int) {
     for (;;) {
       int64_t b = cursor.fetch_add(kChunk, std::memory_order_relaxed);

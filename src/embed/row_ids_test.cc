@@ -12,7 +12,8 @@ namespace {
 // backwards search for EOS, y_s[p] by its definition.
 std::vector<uint64_t> Naive(const Layout& layout, const std::vector<int32_t>& tokens,
                             const std::vector<int32_t>& qsl, const std::vector<int32_t>& ctx) {
-  const int n = layout.ngram_size(), g = layout.num_heads(), h_per = layout.config().heads_per_ngram;
+  const int n = layout.ngram_size(), g = layout.num_heads(),
+            h_per = layout.config().heads_per_ngram;
   const int64_t eos = layout.config().eos_id;
   std::vector<uint64_t> out(tokens.size() * g, kPaddingRow);
   for (size_t r = 0; r + 1 < qsl.size(); ++r) {
@@ -23,7 +24,10 @@ std::vector<uint64_t> Naive(const Layout& layout, const std::vector<int32_t>& to
       const int64_t p = n - 1 + (t - qsl[r]);
       int64_t q = -1;
       for (int64_t i = p - 1; i >= 0; --i)
-        if (x[i] == eos) { q = i; break; }
+        if (x[i] == eos) {
+          q = i;
+          break;
+        }
       const int64_t seg = p - q - 1;
       for (int nn = 2; nn <= n; ++nn) {
         uint64_t mix = 0;
@@ -143,15 +147,15 @@ TEST(RowIds, ValidationErrors) {
     return s.code();
   };
   EXPECT_EQ(code(tokens, {0, 2, 4}, {0, 0, 0, 0}), Code::kOk);
-  EXPECT_EQ(code(tokens, {}, {}), Code::kInvalidArgument);                 // no query starts
-  EXPECT_EQ(code(tokens, {1, 4}, {0, 0}), Code::kInvalidArgument);         // first != 0
+  EXPECT_EQ(code(tokens, {}, {}), Code::kInvalidArgument);                   // no query starts
+  EXPECT_EQ(code(tokens, {1, 4}, {0, 0}), Code::kInvalidArgument);           // first != 0
   EXPECT_EQ(code(tokens, {0, 3, 2}, {0, 0, 0, 0}), Code::kInvalidArgument);  // decreasing
-  EXPECT_EQ(code(tokens, {0, -1}, {0, 0}), Code::kInvalidArgument);        // negative
-  EXPECT_EQ(code(tokens, {0, 5}, {0, 0}), Code::kOutOfRange);              // past num_tokens
-  EXPECT_EQ(code(tokens, {0, 4}, {0}), Code::kInvalidArgument);            // context size
-  EXPECT_EQ(code(tokens, {0, 4}, {0, 0}, 7), Code::kInvalidArgument);      // output size
-  EXPECT_EQ(code({1, 1000, 3, 4}, {0, 4}, {0, 0}), Code::kOutOfRange);     // id == V
-  EXPECT_EQ(code({1, 2, 3, 4}, {0, 4}, {0, 1000}), Code::kOutOfRange);     // context id == V
+  EXPECT_EQ(code(tokens, {0, -1}, {0, 0}), Code::kInvalidArgument);          // negative
+  EXPECT_EQ(code(tokens, {0, 5}, {0, 0}), Code::kOutOfRange);                // past num_tokens
+  EXPECT_EQ(code(tokens, {0, 4}, {0}), Code::kInvalidArgument);              // context size
+  EXPECT_EQ(code(tokens, {0, 4}, {0, 0}, 7), Code::kInvalidArgument);        // output size
+  EXPECT_EQ(code({1, 1000, 3, 4}, {0, 4}, {0, 0}), Code::kOutOfRange);       // id == V
+  EXPECT_EQ(code({1, 2, 3, 4}, {0, 4}, {0, 1000}), Code::kOutOfRange);       // context id == V
   // A bad id in padding is never read.
   EXPECT_EQ(code({1, 2, 3, 5000}, {0, 3}, {0, 0}), Code::kOk);
 }

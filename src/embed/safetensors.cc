@@ -18,8 +18,8 @@ Result<uint64_t> Unsigned(const Json& j, const std::string& what) {
   return j.get<uint64_t>();
 }
 
-Result<SafetensorsTensor> ParseTensor(const std::string& name, const Json& j,
-                                      uint64_t data_bytes, uint64_t data_start) {
+Result<SafetensorsTensor> ParseTensor(const std::string& name, const Json& j, uint64_t data_bytes,
+                                      uint64_t data_start) {
   if (name.empty()) return Bad("a tensor has an empty name");
   if (!j.is_object()) return Bad("tensor \"" + name + "\" must be an object");
   const std::string where = "tensor \"" + name + "\": ";
@@ -64,7 +64,8 @@ Result<SafetensorsTensor> ParseTensor(const std::string& name, const Json& j,
 }
 
 Result<SafetensorsHeader> Parse(std::span<const uint8_t> file) {
-  if (file.size() < 8) return Bad("file of " + std::to_string(file.size()) + " bytes has no header");
+  if (file.size() < 8)
+    return Bad("file of " + std::to_string(file.size()) + " bytes has no header");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | file[i];
   if (n < 2 || n > kMaxHeaderBytes)
@@ -89,8 +90,8 @@ Result<SafetensorsHeader> Parse(std::span<const uint8_t> file) {
       }
       continue;
     }
-    FERRY_ASSIGN_OR_RETURN(SafetensorsTensor t, ParseTensor(key, value, data_bytes,
-                                                            header.data_start));
+    FERRY_ASSIGN_OR_RETURN(SafetensorsTensor t,
+                           ParseTensor(key, value, data_bytes, header.data_start));
     header.tensors.push_back(std::move(t));
   }
   std::sort(header.tensors.begin(), header.tensors.end(),
@@ -110,9 +111,9 @@ Result<SafetensorsHeader> Parse(std::span<const uint8_t> file) {
 
 uint64_t SafetensorsElementBytes(std::string_view dtype) {
   static constexpr std::pair<std::string_view, uint64_t> kSizes[] = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I16", 2},
-      {"U16", 2},  {"F16", 2}, {"BF16", 2}, {"I32", 4},    {"U32", 4},     {"F32", 4},
-      {"I64", 8},  {"U64", 8}, {"F64", 8}};
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"I64", 8}, {"U64", 8},     {"F64", 8}};
   for (const auto& [name, size] : kSizes) {
     if (name == dtype) return size;
   }

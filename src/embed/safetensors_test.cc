@@ -35,10 +35,10 @@ TEST(Safetensors, ParsesTensorsAndMetadata) {
 }
 
 TEST(Safetensors, ScalarAndEmptyTensors) {
-  auto h = Parse(Safetensors(
-      "{\"s\": {\"dtype\": \"U8\", \"shape\": [], \"data_offsets\": [0, 1]},"
-      " \"e\": {\"dtype\": \"F16\", \"shape\": [0, 4], \"data_offsets\": [1, 1]}}",
-      "z"));
+  auto h = Parse(
+      Safetensors("{\"s\": {\"dtype\": \"U8\", \"shape\": [], \"data_offsets\": [0, 1]},"
+                  " \"e\": {\"dtype\": \"F16\", \"shape\": [0, 4], \"data_offsets\": [1, 1]}}",
+                  "z"));
   ASSERT_TRUE(h.ok()) << h.status().ToString();
   EXPECT_EQ(h->tensors.size(), 2u);
 }
@@ -63,35 +63,45 @@ TEST(Safetensors, RejectsMalformedHeaders) {
       {"unknown key", Safetensors(tensor(ok_body + ", \"x\": 1"), data)},
       {"missing dtype", Safetensors(tensor("\"shape\": [2, 4], \"data_offsets\": [0, 16]"), data)},
       {"unknown dtype",
-       Safetensors(tensor("\"dtype\": \"BF17\", \"shape\": [2, 4], \"data_offsets\": [0, 16]"), data)},
+       Safetensors(tensor("\"dtype\": \"BF17\", \"shape\": [2, 4], \"data_offsets\": [0, 16]"),
+                   data)},
       {"dtype not string",
        Safetensors(tensor("\"dtype\": 2, \"shape\": [2, 4], \"data_offsets\": [0, 16]"), data)},
       {"negative dim",
-       Safetensors(tensor("\"dtype\": \"BF16\", \"shape\": [-2, 4], \"data_offsets\": [0, 16]"), data)},
+       Safetensors(tensor("\"dtype\": \"BF16\", \"shape\": [-2, 4], \"data_offsets\": [0, 16]"),
+                   data)},
       {"float dim",
-       Safetensors(tensor("\"dtype\": \"BF16\", \"shape\": [2.0, 4], \"data_offsets\": [0, 16]"), data)},
+       Safetensors(tensor("\"dtype\": \"BF16\", \"shape\": [2.0, 4], \"data_offsets\": [0, 16]"),
+                   data)},
       {"shape not array",
        Safetensors(tensor("\"dtype\": \"BF16\", \"shape\": 8, \"data_offsets\": [0, 16]"), data)},
       {"rank 9",
-       Safetensors(tensor("\"dtype\": \"U8\", \"shape\": [1,1,1,1,1,1,1,1,16], \"data_offsets\": [0, 16]"),
-                   data)},
+       Safetensors(
+           tensor("\"dtype\": \"U8\", \"shape\": [1,1,1,1,1,1,1,1,16], \"data_offsets\": [0, 16]"),
+           data)},
       {"size overflow",
        Safetensors(tensor("\"dtype\": \"F32\", \"shape\": [4294967296, 4294967296], "
-                          "\"data_offsets\": [0, 16]"), data)},
+                          "\"data_offsets\": [0, 16]"),
+                   data)},
       {"size mismatch",
-       Safetensors(tensor("\"dtype\": \"BF16\", \"shape\": [2, 4], \"data_offsets\": [0, 15]"), data)},
+       Safetensors(tensor("\"dtype\": \"BF16\", \"shape\": [2, 4], \"data_offsets\": [0, 15]"),
+                   data)},
       {"reversed offsets",
        Safetensors(tensor("\"dtype\": \"U8\", \"shape\": [0], \"data_offsets\": [16, 0]"), data)},
       {"past end of file",
-       Safetensors(tensor("\"dtype\": \"BF16\", \"shape\": [2, 4], \"data_offsets\": [8, 24]"), data)},
+       Safetensors(tensor("\"dtype\": \"BF16\", \"shape\": [2, 4], \"data_offsets\": [8, 24]"),
+                   data)},
       {"offsets not pair",
-       Safetensors(tensor("\"dtype\": \"BF16\", \"shape\": [2, 4], \"data_offsets\": [0, 16, 3]"), data)},
+       Safetensors(tensor("\"dtype\": \"BF16\", \"shape\": [2, 4], \"data_offsets\": [0, 16, 3]"),
+                   data)},
       {"offset too big for u64",
        Safetensors(tensor("\"dtype\": \"U8\", \"shape\": [1], \"data_offsets\": [0, "
-                          "184467440737095516160]"), data)},
+                          "184467440737095516160]"),
+                   data)},
       {"overlap",
        Safetensors("{\"a\": {\"dtype\": \"U8\", \"shape\": [8], \"data_offsets\": [0, 8]},"
-                   " \"b\": {\"dtype\": \"U8\", \"shape\": [8], \"data_offsets\": [4, 12]}}", data)},
+                   " \"b\": {\"dtype\": \"U8\", \"shape\": [8], \"data_offsets\": [4, 12]}}",
+                   data)},
       {"metadata not object", Safetensors("{\"__metadata__\": 3}", data)},
       {"metadata value not string", Safetensors("{\"__metadata__\": {\"k\": 3}}", data)},
       {"invalid utf-8", Safetensors("{\"\xff\": {" + ok_body + "}}", data)},

@@ -21,32 +21,47 @@ namespace {
 constexpr uint64_t kHugePage = 2ull << 20;
 
 Status Errno(int err, const std::string& what) {
-  Code code = err == ENOENT ? Code::kNotFound
+  Code code = err == ENOENT                   ? Code::kNotFound
               : err == EACCES || err == EPERM ? Code::kPermissionDenied
-              : err == ENOMEM ? Code::kResourceExhausted
-                              : Code::kInternal;
+              : err == ENOMEM                 ? Code::kResourceExhausted
+                                              : Code::kInternal;
   return Status(code, what + ": " + std::strerror(err));
 }
 
-// The row dtype of a file tensor, checking its row width against the layout's head dim.
-Result<Dtype> TensorDtype(const SafetensorsTensor& t, int64_t head_dim, const std::string& where) {
+struct TensorRows {
   Dtype dtype;
-  if (t.dtype == "BF16") dtype = Dtype::kBf16;
-  else if (t.dtype == "F16") dtype = Dtype::kF16;
-  else if (t.dtype == "F32") dtype = Dtype::kF32;
-  else if (t.dtype == "F8_E4M3") dtype = Dtype::kF8E4M3;
-  else if (t.dtype == "U8") dtype = Dtype::kNvfp4;
-  else return Status(Code::kInvalidArgument, where + ": dtype " + t.dtype +
-                                                 " is not a table dtype (BF16, F16, F32, "
-                                                 "F8_E4M3, or U8 for packed NVFP4)");
-  FERRY_ASSIGN_OR_RETURN(uint64_t row_bytes, RowBytes(dtype, head_dim));
+  uint64_t rows;  // table rows (of one head's values) the tensor holds
+};
+
+// The row dtype and row count of a file tensor: shape [rows, d] (one head's values a row), or
+// [rows / G, E] (a token's G heads a row: the same bytes), in units of the dtype's elements.
+Result<TensorRows> TensorLayout(const SafetensorsTensor& t, const Layout& layout,
+                                const std::string& where) {
+  Dtype dtype;
+  if (t.dtype == "BF16")
+    dtype = Dtype::kBf16;
+  else if (t.dtype == "F16")
+    dtype = Dtype::kF16;
+  else if (t.dtype == "F32")
+    dtype = Dtype::kF32;
+  else if (t.dtype == "F8_E4M3")
+    dtype = Dtype::kF8E4M3;
+  else if (t.dtype == "U8")
+    dtype = Dtype::kNvfp4;
+  else
+    return Status(Code::kInvalidArgument, where + ": dtype " + t.dtype +
+                                              " is not a table dtype (BF16, F16, F32, "
+                                              "F8_E4M3, or U8 for packed NVFP4)");
+  FERRY_ASSIGN_OR_RETURN(uint64_t row_bytes, RowBytes(dtype, layout.head_dim()));
   const uint64_t columns = row_bytes / t.element_bytes;
-  if (t.shape.size() != 2 || t.shape[1] != columns)
-    return Status(Code::kInvalidArgument,
-                  where + ": shape must be [rows, " + std::to_string(columns) + "] for " +
-                      std::string(DtypeName(dtype)) + " rows of head dim " +
-                      std::to_string(head_dim));
-  return dtype;
+  const uint64_t heads = static_cast<uint64_t>(layout.num_heads());
+  if (t.shape.size() == 2 && t.shape[1] == columns) return TensorRows{dtype, t.shape[0]};
+  if (t.shape.size() == 2 && t.shape[1] == columns * heads)
+    return TensorRows{dtype, t.shape[0] * heads};  // no overflow: the bytes exist
+  return Status(Code::kInvalidArgument,
+                where + ": shape must be [rows, " + std::to_string(columns) + "] or [rows, " +
+                    std::to_string(columns * heads) + "] for " + std::string(DtypeName(dtype)) +
+                    " rows of head dim " + std::to_string(layout.head_dim()));
 }
 
 }  // namespace
@@ -64,8 +79,8 @@ void SyntheticRow(uint64_t row, uint64_t row_bytes, uint8_t* out) {
   }
 }
 
-Result<std::unique_ptr<Table>> Table::Synthetic(const Layout& layout, Dtype dtype,
-                                                ThreadPool* pool, uint64_t rows) {
+Result<std::unique_ptr<Table>> Table::Synthetic(const Layout& layout, Dtype dtype, ThreadPool* pool,
+                                                uint64_t rows) {
   FERRY_ASSIGN_OR_RETURN(uint64_t row_bytes, RowBytes(dtype, layout.head_dim()));
   if (rows == 0) rows = layout.table_rows();
   if (rows < layout.used_rows())
@@ -76,8 +91,10 @@ Result<std::unique_ptr<Table>> Table::Synthetic(const Layout& layout, Dtype dtyp
   if (__builtin_mul_overflow(rows, row_bytes, &bytes) || bytes > (1ull << 48))
     return Status(Code::kInvalidArgument, "synthetic table too large");
   const size_t mapped = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-  void* addr = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (addr == MAP_FAILED) return Errno(errno, "mmap of a " + std::to_string(mapped) + "-byte table");
+  void* addr = mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (addr == MAP_FAILED)
+    return Errno(errno, "mmap of a " + std::to_string(mapped) + "-byte table");
   (void)madvise(addr, mapped, MADV_HUGEPAGE);  // advice only: EINVAL without THP
 
   auto table = std::unique_ptr<Table>(new Table());
@@ -103,8 +120,7 @@ Result<std::unique_ptr<Table>> Table::Synthetic(const Layout& layout, Dtype dtyp
   return table;
 }
 
-Result<std::unique_ptr<Table>> Table::Open(const Layout& layout,
-                                           std::span<const std::string> paths,
+Result<std::unique_ptr<Table>> Table::Open(const Layout& layout, std::span<const std::string> paths,
                                            const OpenOptions& options) {
   if (paths.empty()) return Status(Code::kInvalidArgument, "a table needs at least one file");
   auto table = std::unique_ptr<Table>(new Table());
@@ -139,9 +155,9 @@ Result<std::unique_ptr<Table>> Table::Open(const Layout& layout,
     const SafetensorsTensor* tensor = nullptr;
     if (options.tensor_name.empty()) {
       if (header->tensors.size() != 1)
-        return Status(Code::kInvalidArgument,
-                      path + ": holds " + std::to_string(header->tensors.size()) +
-                          " tensors; name the table's tensor");
+        return Status(Code::kInvalidArgument, path + ": holds " +
+                                                  std::to_string(header->tensors.size()) +
+                                                  " tensors; name the table's tensor");
       tensor = &header->tensors[0];
     } else {
       for (const auto& t : header->tensors)
@@ -151,7 +167,8 @@ Result<std::unique_ptr<Table>> Table::Open(const Layout& layout,
                       path + ": has no tensor \"" + options.tensor_name + "\"");
     }
     const std::string where = path + ": tensor \"" + tensor->name + "\"";
-    FERRY_ASSIGN_OR_RETURN(Dtype dtype, TensorDtype(*tensor, layout.head_dim(), where));
+    FERRY_ASSIGN_OR_RETURN(TensorRows tr, TensorLayout(*tensor, layout, where));
+    const Dtype dtype = tr.dtype;
     if (i == 0) {
       table->dtype_ = dtype;
       table->row_bytes_ = RowBytes(dtype, layout.head_dim()).value();
@@ -160,16 +177,17 @@ Result<std::unique_ptr<Table>> Table::Open(const Layout& layout,
                                                 " differs from the first file's " +
                                                 std::string(DtypeName(table->dtype_)));
     }
-    const uint64_t file_rows = tensor->shape[0];
+    const uint64_t file_rows = tr.rows;
     if (file_rows > 0)
-      table->segments_.push_back({rows, file_rows, static_cast<const uint8_t*>(addr) + tensor->begin});
+      table->segments_.push_back(
+          {rows, file_rows, static_cast<const uint8_t*>(addr) + tensor->begin});
     rows += file_rows;  // cannot overflow: each file's rows fit in its bytes
   }
   if (rows != layout.table_rows() && rows != layout.used_rows())
-    return Status(Code::kInvalidArgument,
-                  "the files hold " + std::to_string(rows) + " rows; the layout needs " +
-                      std::to_string(layout.table_rows()) + " (or " +
-                      std::to_string(layout.used_rows()) + " unpadded)");
+    return Status(Code::kInvalidArgument, "the files hold " + std::to_string(rows) +
+                                              " rows; the layout needs " +
+                                              std::to_string(layout.table_rows()) + " (or " +
+                                              std::to_string(layout.used_rows()) + " unpadded)");
   table->rows_ = rows;
   return table;
 }
@@ -189,7 +207,9 @@ const uint8_t* Table::RowInSegments(uint64_t row) const {
 Status Table::Pin() {
   if (pinned_) return Status::Ok();
   for (size_t i = 0; i < mappings_.size(); ++i) {
-    Status s = cuda::HostRegister(mappings_[i].addr, mappings_[i].bytes);
+    // File mappings are read-only: registered as such (the GPU only reads rows).
+    Status s = synthetic_ ? cuda::HostRegister(mappings_[i].addr, mappings_[i].bytes)
+                          : cuda::HostRegisterReadOnly(mappings_[i].addr, mappings_[i].bytes);
     if (!s.ok()) {
       for (size_t j = 0; j < i; ++j) (void)cuda::HostUnregister(mappings_[j].addr);
       return s.WithContext("pinning the embedding table");

@@ -8,10 +8,11 @@
 //
 // File tables: each file holds one tensor (the one named OpenOptions::tensor_name, or the
 // file's only tensor), shape [rows_i, d] for bf16/f16/f32/f8_e4m3 (dtype BF16, F16, F32,
-// F8_E4M3) or [rows_i, d/2 + d/16] of U8 for NVFP4; every file has the same dtype and the rows
-// add up to the layout's table_rows() (padded) or used_rows() (unpadded). Mismatches are
-// kInvalidArgument, unreadable files kNotFound / kPermissionDenied / kInternal. A file must
-// not be truncated while mapped (reads of its pages would fault).
+// F8_E4M3) or [rows_i, d/2 + d/16] of U8 for NVFP4. A last dimension of G times that (E values,
+// a token's worth) is the same bytes and counts as G rows each. Every file has the same dtype
+// and the rows add up to the layout's table_rows() (padded) or used_rows() (unpadded). Mismatches
+// are kInvalidArgument, unreadable files kNotFound / kPermissionDenied / kInternal. A file must not
+// be truncated while mapped (reads of its pages would fault).
 //
 // Memory advice: MADV_HUGEPAGE where the kernel allows (always for synthetic tables; file
 // mappings only on filesystems with huge pages), MADV_RANDOM for files (rows are read at
@@ -54,8 +55,7 @@ class Table {
                                              const OpenOptions& options);
   // rows == 0: layout.table_rows(). `pool` (optional) fills in parallel.
   static Result<std::unique_ptr<Table>> Synthetic(const Layout& layout, Dtype dtype,
-                                                  ThreadPool* pool = nullptr,
-                                                  uint64_t rows = 0);
+                                                  ThreadPool* pool = nullptr, uint64_t rows = 0);
   ~Table();
   Table(const Table&) = delete;
   Table& operator=(const Table&) = delete;

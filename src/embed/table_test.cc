@@ -110,7 +110,9 @@ TEST(Table, OpenErrors) {
   EXPECT_EQ(open(Safetensors(OneTensorHeader("w", "BF16", 39, 8, 39 * 16), data.substr(16))),
             Code::kInvalidArgument);  // rows match neither 40 nor 36
   EXPECT_EQ(open(Safetensors(OneTensorHeader("w", "BF16", 20, 16, data.size()), data)),
-            Code::kInvalidArgument);  // row width is not d
+            Code::kInvalidArgument);  // row width is neither d nor E
+  EXPECT_EQ(open(Safetensors(OneTensorHeader("w", "BF16", 10, 32, data.size()), data)),
+            Code::kOk);  // [rows / G, E]: the same bytes
   EXPECT_EQ(open(Safetensors(OneTensorHeader("w", "I32", 40, 4, data.size()), data)),
             Code::kInvalidArgument);  // not a table dtype
   EXPECT_EQ(open(Safetensors(OneTensorHeader("w", "BF16", 40, 8, data.size()), data),
@@ -118,8 +120,9 @@ TEST(Table, OpenErrors) {
             Code::kInvalidArgument);  // no such tensor
   EXPECT_EQ(open("short"), Code::kInvalidArgument);
   EXPECT_EQ(open(Safetensors("{\"w\": 1}", data)), Code::kInvalidArgument);  // parser errors
-  std::string two = "{\"a\": {\"dtype\": \"BF16\", \"shape\": [20, 8], \"data_offsets\": [0, 320]},"
-                    " \"b\": {\"dtype\": \"BF16\", \"shape\": [20, 8], \"data_offsets\": [320, 640]}}";
+  std::string two =
+      "{\"a\": {\"dtype\": \"BF16\", \"shape\": [20, 8], \"data_offsets\": [0, 320]},"
+      " \"b\": {\"dtype\": \"BF16\", \"shape\": [20, 8], \"data_offsets\": [320, 640]}}";
   EXPECT_EQ(open(Safetensors(two, data)), Code::kInvalidArgument);  // two tensors, none named
   EXPECT_EQ(Table::Open(l, std::vector<std::string>{"/nonexistent/ferry.safetensors"}, {})
                 .status()

@@ -43,11 +43,11 @@ inline std::string Safetensors(const std::string& header, const std::string& dat
 }
 
 // A one-tensor header {"name": {"dtype": dtype, "shape": [rows, cols], "data_offsets": [0, b]}}.
-inline std::string OneTensorHeader(const std::string& name, const std::string& dtype,
-                                   uint64_t rows, uint64_t cols, uint64_t bytes) {
-  return "{\"" + name + "\": {\"dtype\": \"" + dtype + "\", \"shape\": [" +
-         std::to_string(rows) + ", " + std::to_string(cols) + "], \"data_offsets\": [0, " +
-         std::to_string(bytes) + "]}, \"__metadata__\": {\"format\": \"pt\"}}";
+inline std::string OneTensorHeader(const std::string& name, const std::string& dtype, uint64_t rows,
+                                   uint64_t cols, uint64_t bytes) {
+  return "{\"" + name + "\": {\"dtype\": \"" + dtype + "\", \"shape\": [" + std::to_string(rows) +
+         ", " + std::to_string(cols) + "], \"data_offsets\": [0, " + std::to_string(bytes) +
+         "]}, \"__metadata__\": {\"format\": \"pt\"}}";
 }
 
 }  // namespace ferry::embed::testing
