@@ -399,6 +399,12 @@ void Server::Impl::Enqueue(const std::shared_ptr<Member>& m, Step step) {
   if (g == nullptr) return;
   {
     std::lock_guard<std::mutex> lock(g->mu);
+    // Past twice the limit even the refusals are dropped: a flooding client cannot grow the
+    // queue (its waits end by its own deadline).
+    if (g->queue.size() >= 2 * options.max_queued_steps) {
+      FERRY_LOG_WARN("embed-serve: dp {}: step dropped, queue full", g->dp_rank);
+      return;
+    }
     if (g->queue.size() >= options.max_queued_steps && step.error.ok())
       step.error = Status(Code::kResourceExhausted,
                           "more than " + std::to_string(options.max_queued_steps) +

@@ -286,3 +286,46 @@ TEST_F(EmbedServiceTest, StoppedServiceFailsEveryWait) {
 
 }  // namespace
 }  // namespace ferry::embed::service
+
+namespace ferry::embed::service {
+namespace {
+
+using namespace testing;
+
+TEST(EmbedServiceQueue, StepsPastTheQueueLimitFailWithResourceExhausted) {
+  std::string path = TempSocketPath("queue");
+  ServerOptions o = SmallServerOptions(path);
+  o.max_queued_steps = 2;
+  auto server = Server::Create(o, SmallLayers());
+  ASSERT_TRUE(server.ok());
+  auto c = Client::Create(SmallClientOptions(path, 0, 0, 1));
+  ASSERT_TRUE(c.ok());
+  Client& k = **c;
+  // Unreleased outputs hold the first step at its first layer.
+  ASSERT_TRUE(k.PrepareForward(1, 1, true).ok());
+  StepData s = MakeStep(4, 64, 20);
+  WriteInputs(k, s);
+  ASSERT_TRUE(k.PrepareForward(4, 64, false).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the worker holds step 1
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(k.PrepareForward(4, 64, false).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(k.ReleaseOutputs().ok());
+  // Steps 1 to 3 run (two queued); step 4 was refused.
+  for (int step = 1; step <= 4; ++step) {
+    SCOPED_TRACE(step);
+    Status w = k.Wait(0);
+    if (step < 4) {
+      ASSERT_TRUE(w.ok()) << w.ToString();
+      for (size_t slot = 1; slot < k.slots(); ++slot) ASSERT_TRUE(k.Wait(slot).ok());
+      ExpectRows(k, 0, s);
+    } else {
+      EXPECT_EQ(w.code(), Code::kResourceExhausted) << w.ToString();
+    }
+    ASSERT_TRUE(k.ReleaseOutputs().ok());
+  }
+  EXPECT_EQ((*server)->stats().steps_ok, 3u);
+  EXPECT_EQ((*server)->stats().steps_failed, 1u);
+}
+
+}  // namespace
+}  // namespace ferry::embed::service
