@@ -28,13 +28,16 @@ class CudaSink final : public OutputSink {
     FERRY_ASSIGN_OR_RETURN(copy_stream_, gpu::StreamCreate());
     FERRY_ASSIGN_OR_RETURN(flag_stream_, gpu::StreamCreate());
     for (const LayerOutput& l : reg.layers) {
-      // Offsets are checked against the allocation only by the driver; the client computed
-      // them from the allocation's range, so an offset past it is the client's own memory
-      // fault at worst, never the service's. Refuse obviously wrapped values.
-      if (l.output_offset > (1ull << 48) || l.flag_offset > (1ull << 48))
-        return Status(Code::kOutOfRange, "device offset past any allocation");
+      // Every offset and size is checked against the allocation the driver mapped.
       FERRY_ASSIGN_OR_RETURN(uint8_t * out, Base(l.output_ipc));
       FERRY_ASSIGN_OR_RETURN(uint8_t * flag, Base(l.flag_ipc));
+      FERRY_ASSIGN_OR_RETURN(uint64_t out_alloc, gpu::AllocationBytes(out));
+      FERRY_ASSIGN_OR_RETURN(uint64_t flag_alloc, gpu::AllocationBytes(flag));
+      if (l.output_offset > out_alloc || out_bytes > out_alloc - l.output_offset ||
+          l.flag_offset > flag_alloc || 4 > flag_alloc - l.flag_offset)
+        return Status(Code::kOutOfRange,
+                      "layer " + std::to_string(l.layer) +
+                          ": output or flag outside its CUDA allocation");
       outputs_.push_back(out + l.output_offset);
       flags_.push_back(reinterpret_cast<uint32_t*>(flag + l.flag_offset));
     }

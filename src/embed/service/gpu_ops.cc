@@ -115,6 +115,17 @@ Result<void*> IpcOpen(const std::string& handle) {
                                  "cudaIpcOpenMemHandle"));
   return p;
 }
+Result<uint64_t> AllocationBytes(void* base) {
+  const Driver& d = GetDriver();
+  if (d.range == nullptr) return Status(Code::kUnsupported, d.error);
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  FERRY_RETURN_IF_ERROR(FromCu(d.range(&start, &size, reinterpret_cast<CUdeviceptr>(base)),
+                               "cuMemGetAddressRange"));
+  uint64_t skip = reinterpret_cast<uint64_t>(base) - static_cast<uint64_t>(start);
+  return static_cast<uint64_t>(size) - skip;
+}
+
 Status IpcClose(void* base) { return ToStatus(cudaIpcCloseMemHandle(base), "cudaIpcCloseMemHandle"); }
 
 Result<void*> StreamCreate() {

@@ -31,6 +31,8 @@ Status Free(void* ptr);
 Status IpcHandleOf(void* ptr, std::string* handle, uint64_t* offset);
 // Opens another process's handle on the current device; its allocation's base.
 Result<void*> IpcOpen(const std::string& handle);
+// Bytes of the allocation that starts at `base` (an IpcOpen result), for bounds checks.
+Result<uint64_t> AllocationBytes(void* base);
 Status IpcClose(void* base);
 
 Result<void*> StreamCreate();  // non-blocking with respect to the legacy default stream

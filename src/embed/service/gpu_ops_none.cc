@@ -16,6 +16,7 @@ Status Free(void*) { return No(); }
 Status IpcHandleOf(void*, std::string*, uint64_t*) { return No(); }
 Result<void*> IpcOpen(const std::string&) { return No(); }
 Status IpcClose(void*) { return No(); }
+Result<uint64_t> AllocationBytes(void*) { return No(); }
 Result<void*> StreamCreate() { return No(); }
 Status StreamDestroy(void*) { return No(); }
 Status StreamSync(void*, Deadline) { return No(); }

@@ -151,6 +151,20 @@ TEST_F(EmbedServiceCudaTest, DummyForwardOnTheStream) {
   EXPECT_EQ(r0->flag(0), kFlagReset);
 }
 
+TEST_F(EmbedServiceCudaTest, OutputsOutsideTheirAllocationAreRefused) {
+  auto small = gpu::Malloc(4096);
+  ASSERT_TRUE(small.ok());
+  ClientOptions o = SmallClientOptions(path_, 0, 0, 1);
+  o.mode = OutputMode::kCuda;
+  for (size_t i = 0; i < o.layers.size(); ++i) {
+    o.cuda_outputs.push_back(*small);  // 4 KiB, for 512 x 128 bytes
+    o.cuda_flags.push_back(static_cast<uint8_t*>(*small) + 64 * i);
+  }
+  auto c = Client::Create(o);
+  EXPECT_EQ(c.status().code(), Code::kOutOfRange) << c.status().ToString();
+  (void)gpu::Free(*small);
+}
+
 TEST_F(EmbedServiceCudaTest, KilledServiceReleasesTheStreamWait) {
   auto r0 = MakeClient(0, 2), r1 = MakeClient(1, 2);
   ASSERT_TRUE(r0 && r1);
