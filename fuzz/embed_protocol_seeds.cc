@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
       reg,
       svc::Encode(cuda),
       svc::Encode(svc::Registered{ferry::Status::Ok()}),
-      svc::Encode(svc::Request{7, 8192, 8}),
+      svc::Encode(svc::Request{7, 8192, 8, 1}),
       svc::Encode(svc::Reply{7, ferry::Status(ferry::Code::kOutOfRange, "id >= V")}),
       reg.substr(0, reg.size() / 2),
   };

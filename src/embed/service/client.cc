@@ -384,7 +384,7 @@ Status Client::PrepareForward(uint32_t num_reqs, uint32_t num_tokens, bool dummy
     return Status::Ok();
   }
   if (c.options.tp_rank != 0) return Status::Ok();  // rank 0 speaks for the group
-  Request r{c.last_seq.load() + 1, num_tokens, num_reqs};
+  Request r{c.last_seq.load() + 1, num_tokens, num_reqs, c.options.dp_rank};
   c.last_seq = r.seq;
   if (sources == nullptr) return c.SendRequest(r);
   if (!c.cuda)

@@ -128,8 +128,9 @@ std::string Encode(const Registered& m) {
 
 std::string Encode(const Request& m) {
   codec::Writer w;
-  Header(w, 3, MessageType::kRequest);
+  Header(w, 4, MessageType::kRequest);
   w.UInt(m.seq);
+  w.UInt(m.dp_rank);
   w.UInt(m.num_tokens);
   w.UInt(m.num_reqs);
   return w.Take();
@@ -171,6 +172,8 @@ Result<AnyMessage> Decode(std::string_view bytes) {
     case MessageType::kRequest: {
       Request m;
       FERRY_ASSIGN_OR_RETURN(m.seq, r.UInt("seq"));
+      FERRY_ASSIGN_OR_RETURN(uint64_t dp, Bounded(r, "dp_rank", 0, kMaxDpRanks - 1));
+      m.dp_rank = static_cast<uint32_t>(dp);
       FERRY_ASSIGN_OR_RETURN(uint64_t t, Bounded(r, "num_tokens", 0, kMaxTokens));
       FERRY_ASSIGN_OR_RETURN(uint64_t q, Bounded(r, "num_reqs", 0, kMaxRequests));
       m.num_tokens = static_cast<uint32_t>(t);

@@ -9,7 +9,7 @@
 //   Register  client -> service, once per connection, with descriptors (SCM_RIGHTS):
 //             fd 0 the outputs memfd (host mode), then the inputs memfd (tensor-parallel rank 0).
 //   Registered service -> client: the registration's Status.
-//   Request   tensor-parallel rank 0 -> service: one step {seq, num_tokens, num_reqs}.
+//   Request   tensor-parallel rank 0 -> service: one step {seq, dp_rank, num_tokens, num_reqs}.
 //   Reply     service -> tensor-parallel rank 0: the step's Status, after its last layer.
 //
 // Flag words (uint32) hold kFlagReset, kFlagDone or kFlagFailed; a waiter waits for >= kFlagDone,
@@ -95,6 +95,7 @@ struct Request {
   uint64_t seq = 0;
   uint32_t num_tokens = 0;
   uint32_t num_reqs = 0;
+  uint32_t dp_rank = 0;  // must be the sender's registered data-parallel rank
 };
 
 struct Reply {

@@ -36,11 +36,12 @@ TEST(EmbedProtocol, RoundTripsEveryMessage) {
   EXPECT_EQ(back.layers[1].flag_offset, 4160u);
   EXPECT_EQ(back.inputs.ngram_context, 2560u);
 
-  Result<AnyMessage> q = Decode(Encode(Request{42, 8192, 8}));
+  Result<AnyMessage> q = Decode(Encode(Request{42, 8192, 8, 3}));
   ASSERT_TRUE(q.ok());
   EXPECT_EQ(std::get<Request>(*q).seq, 42u);
   EXPECT_EQ(std::get<Request>(*q).num_tokens, 8192u);
   EXPECT_EQ(std::get<Request>(*q).num_reqs, 8u);
+  EXPECT_EQ(std::get<Request>(*q).dp_rank, 3u);
 
   Result<AnyMessage> p = Decode(Encode(Reply{5, Status(Code::kOutOfRange, "id 9 >= V")}));
   ASSERT_TRUE(p.ok());
@@ -101,15 +102,18 @@ TEST(EmbedProtocol, RejectsOutOfRangeFields) {
   EXPECT_EQ(Decode(Encode(r)).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(Decode(Encode(Request{1, kMaxTokens + 1, 1})).status().code(),
             Code::kInvalidArgument);
+  EXPECT_EQ(Decode(Encode(Request{1, 1, 1, kMaxDpRanks})).status().code(),
+            Code::kInvalidArgument);
 }
 
 TEST(EmbedProtocol, RejectsTrailingFields) {
   std::string bytes = Encode(Request{1, 2, 3});
   codec::Writer w;
-  w.Array(6);
+  w.Array(7);
   w.UInt(kProtocolVersion);
   w.UInt(3);
   w.UInt(1);
+  w.UInt(0);
   w.UInt(2);
   w.UInt(3);
   w.UInt(4);

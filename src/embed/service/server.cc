@@ -251,7 +251,13 @@ void Server::Impl::Serve(std::shared_ptr<Connection> conn) {
       continue;
     }
     if (decoded.ok() && std::holds_alternative<Request>(*decoded) && member->reg.tp_rank == 0) {
-      Enqueue(member, Step{std::get<Request>(*decoded), Status::Ok()});
+      const Request& req = std::get<Request>(*decoded);
+      Status check;
+      if (req.dp_rank != member->reg.dp_rank)
+        check = Status(Code::kInvalidArgument,
+                       "request for dp rank " + std::to_string(req.dp_rank) +
+                           " on the connection of " + RankName(member->reg));
+      Enqueue(member, Step{req, check});
       continue;
     }
     Status st = decoded.ok()

@@ -175,7 +175,19 @@ TEST_F(EmbedServiceTest, TruncatedRequestFailsTheStep) {
   Result<Message> m = Receive(fd->get(), Deadline::After(std::chrono::seconds(5)));
   ASSERT_TRUE(m.ok());
   ASSERT_TRUE(std::get<Registered>(*Decode(m->bytes)).status.ok());
-  std::string req = Encode(Request{1, 10, 1});
+  // A request naming another data-parallel rank fails as well.
+  ASSERT_TRUE(Send(fd->get(), Encode(Request{5, 10, 1, 3})).ok());
+  m = Receive(fd->get(), Deadline::After(std::chrono::seconds(5)));
+  ASSERT_TRUE(m.ok());
+  ASSERT_TRUE(Decode(m->bytes).ok());
+  EXPECT_EQ(std::get<Reply>(*Decode(m->bytes)).status.code(), Code::kInvalidArgument);
+  EXPECT_EQ(std::get<Reply>(*Decode(m->bytes)).seq, 5u);
+  for (size_t i = 0; i < 3; ++i) {
+    uint32_t* f = reinterpret_cast<uint32_t*>((*mem_out)->data() + reg.layers[i].flag_offset);
+    EXPECT_EQ(LoadFlag(f), kFlagFailed);
+    StoreFlag(f, kFlagReset);  // released
+  }
+  std::string req = Encode(Request{1, 10, 1, 7});
   ASSERT_TRUE(Send(fd->get(), std::string_view(req).substr(0, req.size() - 1)).ok());
   m = Receive(fd->get(), Deadline::After(std::chrono::seconds(5)));
   ASSERT_TRUE(m.ok());
