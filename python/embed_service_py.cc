@@ -6,8 +6,8 @@
 
 #include <memory>
 #include <optional>
-#include <tuple>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "binding.h"
@@ -43,10 +43,10 @@ void BindEmbedService(py::module_& parent) {
                      "One GPU worker's connection to `ferry embed-serve` (host-mode outputs).")
       .def(py::init([](const std::string& socket_path, uint32_t dp_rank, uint32_t tp_rank,
                        uint32_t tp_size, uint64_t max_tokens, uint64_t max_reqs,
-                       uint64_t context_len, uint64_t token_bytes,
-                       std::vector<uint32_t> layers, double connect_timeout_ms,
-                       double step_timeout_ms, const std::string& mode, int device,
-                       std::vector<uintptr_t> cuda_outputs, std::vector<uintptr_t> cuda_flags) {
+                       uint64_t context_len, uint64_t token_bytes, std::vector<uint32_t> layers,
+                       double connect_timeout_ms, double step_timeout_ms, const std::string& mode,
+                       int device, std::vector<uintptr_t> cuda_outputs,
+                       std::vector<uintptr_t> cuda_flags) {
              ClientOptions o;
              o.socket_path = socket_path;
              o.dp_rank = dp_rank;
@@ -72,12 +72,12 @@ void BindEmbedService(py::module_& parent) {
              }
              return Unwrap(std::move(c));
            }),
-           py::arg("socket_path"), py::kw_only(), py::arg("dp_rank") = 0,
-           py::arg("tp_rank") = 0, py::arg("tp_size") = 1, py::arg("max_tokens"),
-           py::arg("max_reqs"), py::arg("context_len"), py::arg("token_bytes"),
-           py::arg("layers"), py::arg("connect_timeout_ms") = 10000.0,
-           py::arg("step_timeout_ms") = 30000.0, py::arg("mode") = "host",
-           py::arg("device") = 0, py::arg("cuda_outputs") = std::vector<uintptr_t>{},
+           py::arg("socket_path"), py::kw_only(), py::arg("dp_rank") = 0, py::arg("tp_rank") = 0,
+           py::arg("tp_size") = 1, py::arg("max_tokens"), py::arg("max_reqs"),
+           py::arg("context_len"), py::arg("token_bytes"), py::arg("layers"),
+           py::arg("connect_timeout_ms") = 10000.0, py::arg("step_timeout_ms") = 30000.0,
+           py::arg("mode") = "host", py::arg("device") = 0,
+           py::arg("cuda_outputs") = std::vector<uintptr_t>{},
            py::arg("cuda_flags") = std::vector<uintptr_t>{})
       .def_property_readonly("slots", &Client::slots)
       .def_property_readonly("layers", [](const Client& c) { return c.options().layers; })
@@ -110,7 +110,8 @@ void BindEmbedService(py::module_& parent) {
           "output",
           [](py::object self, size_t slot) {
             Client& c = self.cast<Client&>();
-            if (slot >= c.slots()) Throw(Status(Code::kOutOfRange, "no slot " + std::to_string(slot)));
+            if (slot >= c.slots())
+              Throw(Status(Code::kOutOfRange, "no slot " + std::to_string(slot)));
             return View(c.output(slot),
                         {static_cast<py::ssize_t>(c.options().max_tokens),
                          static_cast<py::ssize_t>(c.options().token_bytes)},
@@ -120,11 +121,15 @@ void BindEmbedService(py::module_& parent) {
       .def("flag", &Client::flag, py::arg("slot"))
       .def(
           "device_output",
-          [](const Client& c, size_t slot) { return reinterpret_cast<uintptr_t>(c.device_output(slot)); },
+          [](const Client& c, size_t slot) {
+            return reinterpret_cast<uintptr_t>(c.device_output(slot));
+          },
           py::arg("slot"), "CUDA mode: the slot's output's device address (0 in host mode)")
       .def(
           "device_flag",
-          [](const Client& c, size_t slot) { return reinterpret_cast<uintptr_t>(c.device_flag(slot)); },
+          [](const Client& c, size_t slot) {
+            return reinterpret_cast<uintptr_t>(c.device_flag(slot));
+          },
           py::arg("slot"))
       .def(
           "prepare_forward",
@@ -161,7 +166,9 @@ void BindEmbedService(py::module_& parent) {
           py::arg("slot"), py::arg("stream") = 0)
       .def(
           "release_outputs",
-          [](Client& c, uintptr_t stream) { Check(c.ReleaseOutputs(reinterpret_cast<void*>(stream))); },
+          [](Client& c, uintptr_t stream) {
+            Check(c.ReleaseOutputs(reinterpret_cast<void*>(stream)));
+          },
           py::arg("stream") = 0)
       .def("close", [](Client& c) {
         py::gil_scoped_release nogil;

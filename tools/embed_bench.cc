@@ -73,8 +73,10 @@ struct Inputs {
 Inputs MakeInputs(const StepShape& s, const embed::Config& c, uint32_t seed) {
   std::mt19937 rng(seed);
   Inputs in;
-  for (uint32_t i = 0; i < s.tokens; ++i) in.tokens.push_back(static_cast<int32_t>(rng() % c.vocab_size));
-  for (uint32_t r = 0; r <= s.reqs; ++r) in.qsl.push_back(r == s.reqs ? s.tokens : r * (s.tokens / s.reqs));
+  for (uint32_t i = 0; i < s.tokens; ++i)
+    in.tokens.push_back(static_cast<int32_t>(rng() % c.vocab_size));
+  for (uint32_t r = 0; r <= s.reqs; ++r)
+    in.qsl.push_back(r == s.reqs ? s.tokens : r * (s.tokens / s.reqs));
   for (uint32_t i = 0; i < s.reqs * static_cast<uint32_t>(c.ngram_size - 1); ++i)
     in.ctx.push_back(static_cast<int32_t>(rng() % c.vocab_size));
   return in;
@@ -97,16 +99,33 @@ double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(
 Result<pid_t> SpawnService(const BenchFlags& f, const std::string& socket) {
   std::string ready = socket + ".ready";
   ::unlink(ready.c_str());
-  std::vector<std::string> args = {"/proc/self/exe", "embed-serve", "--socket", socket,
-                                   "--ready-file", ready,
-                                   "--vocab", std::to_string(f.vocab), "--eos", std::to_string(f.eos),
-                                   "--ngram", std::to_string(f.ngram), "--heads", std::to_string(f.heads),
-                                   "--embed-dim", std::to_string(f.embed_dim),
-                                   "--base-vocab", std::to_string(f.base_vocab),
-                                   "--padding", std::to_string(f.padding),
-                                   "--synthetic-rows", std::to_string(f.synthetic_rows),
-                                   "--threads", std::to_string(f.threads),
-                                   "--chunk-tokens", std::to_string(f.chunk_tokens), "--layers"};
+  std::vector<std::string> args = {"/proc/self/exe",
+                                   "embed-serve",
+                                   "--socket",
+                                   socket,
+                                   "--ready-file",
+                                   ready,
+                                   "--vocab",
+                                   std::to_string(f.vocab),
+                                   "--eos",
+                                   std::to_string(f.eos),
+                                   "--ngram",
+                                   std::to_string(f.ngram),
+                                   "--heads",
+                                   std::to_string(f.heads),
+                                   "--embed-dim",
+                                   std::to_string(f.embed_dim),
+                                   "--base-vocab",
+                                   std::to_string(f.base_vocab),
+                                   "--padding",
+                                   std::to_string(f.padding),
+                                   "--synthetic-rows",
+                                   std::to_string(f.synthetic_rows),
+                                   "--threads",
+                                   std::to_string(f.threads),
+                                   "--chunk-tokens",
+                                   std::to_string(f.chunk_tokens),
+                                   "--layers"};
   for (int l = 0; l < f.layers; ++l) args.push_back(std::to_string(l));
   pid_t pid = ::fork();
   if (pid == 0) {
@@ -143,7 +162,8 @@ Status Run(const BenchFlags& f) {
     FERRY_ASSIGN_OR_RETURN(StepShape shape, ParseStep(s));
     shapes.push_back(shape);
   }
-  if (f.iters < 1 || f.layers < 1) return Status(Code::kInvalidArgument, "--iters and --layers >= 1");
+  if (f.iters < 1 || f.layers < 1)
+    return Status(Code::kInvalidArgument, "--iters and --layers >= 1");
   const bool cuda = f.kind == "cuda";
   uint32_t max_tokens = 0, max_reqs = 0;
   for (auto& s : shapes) {
@@ -166,8 +186,8 @@ Status Run(const BenchFlags& f) {
   for (int l = 0; l < f.layers; ++l) layer_ids.push_back(static_cast<uint32_t>(l));
   FERRY_ASSIGN_OR_RETURN(auto layers, svc::MakeServedLayers(c, layer_ids, embed::Dtype::kBf16, {},
                                                             f.synthetic_rows, nullptr));
-  const uint64_t token_bytes = static_cast<uint64_t>(layers[0].layout.num_heads()) *
-                               layers[0].table->row_bytes();
+  const uint64_t token_bytes =
+      static_cast<uint64_t>(layers[0].layout.num_heads()) * layers[0].table->row_bytes();
   svc::ClientOptions o;
   o.socket_path = socket;
   o.max_tokens = max_tokens;
@@ -189,8 +209,9 @@ Status Run(const BenchFlags& f) {
   std::vector<uint8_t> dst(max_tokens * token_bytes), out(max_tokens * token_bytes);
   const uint64_t row_bytes = layers[0].table->row_bytes();
 
-  fmt::print("| step (tokens x requests) | layers | service step ms (median / min) | "
-             "in-process Gatherer ms | naive 1-thread ms | service GB/s |\n");
+  fmt::print(
+      "| step (tokens x requests) | layers | service step ms (median / min) | "
+      "in-process Gatherer ms | naive 1-thread ms | service GB/s |\n");
   fmt::print("| --- | --- | --- | --- | --- | --- |\n");
   for (const StepShape& s : shapes) {
     Inputs in = MakeInputs(s, c, s.tokens);
@@ -204,10 +225,14 @@ Status Run(const BenchFlags& f) {
       FERRY_RETURN_IF_ERROR(client->PrepareForward(s.reqs, s.tokens, false, stream));
       for (size_t slot = 0; slot < client->slots(); ++slot)
         FERRY_RETURN_IF_ERROR(client->Wait(slot, stream));
-      if (cuda) FERRY_RETURN_IF_ERROR(svc::gpu::StreamSync(stream, Deadline::After(std::chrono::seconds(30))));
+      if (cuda)
+        FERRY_RETURN_IF_ERROR(
+            svc::gpu::StreamSync(stream, Deadline::After(std::chrono::seconds(30))));
       auto t1 = Clock::now();
       FERRY_RETURN_IF_ERROR(client->ReleaseOutputs(stream));
-      if (cuda) FERRY_RETURN_IF_ERROR(svc::gpu::StreamSync(stream, Deadline::After(std::chrono::seconds(30))));
+      if (cuda)
+        FERRY_RETURN_IF_ERROR(
+            svc::gpu::StreamSync(stream, Deadline::After(std::chrono::seconds(30))));
       if (it > 0) service_ms.push_back(Ms(t1 - t0));  // the first step warms up
     }
     for (int it = 0; it < f.iters; ++it) {

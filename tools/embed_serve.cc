@@ -52,12 +52,13 @@ Status Serve(const ServeFlags& f) {
   c.row_padding = f.padding;
   c.seed = f.seed;
   FERRY_ASSIGN_OR_RETURN(embed::Dtype dtype, embed::ParseDtype(f.dtype));
-  if (f.wait_timeout_s <= 0) return Status(Code::kInvalidArgument, "--wait-timeout must be positive");
+  if (f.wait_timeout_s <= 0)
+    return Status(Code::kInvalidArgument, "--wait-timeout must be positive");
   std::vector<embed::service::ServedLayer> layers;
   {
     ThreadPool pool(std::max(1, f.threads), "embed-fill");
-    FERRY_ASSIGN_OR_RETURN(layers, embed::service::MakeServedLayers(
-                                       c, f.layers, dtype, f.tables, f.synthetic_rows, &pool));
+    FERRY_ASSIGN_OR_RETURN(layers, embed::service::MakeServedLayers(c, f.layers, dtype, f.tables,
+                                                                    f.synthetic_rows, &pool));
   }
   embed::service::ServerOptions o;
   o.socket_path = f.socket;

@@ -48,8 +48,8 @@ struct Client::Impl {
     void* event;
   };
   std::thread sender;
-  std::deque<Pending> to_send;         // GUARDED_BY(mu)
-  std::vector<void*> free_events;      // GUARDED_BY(mu)
+  std::deque<Pending> to_send;     // GUARDED_BY(mu)
+  std::vector<void*> free_events;  // GUARDED_BY(mu)
   std::vector<void*> all_events;
 
   std::mutex mu;
@@ -156,8 +156,8 @@ Result<std::unique_ptr<Client>> Client::Create(const ClientOptions& o) {
   Impl& c = *impl;
   c.options = o;
   c.cuda = o.mode == OutputMode::kCuda;
-  std::string tag = "ferry-embed-dp" + std::to_string(o.dp_rank) + "-tp" +
-                    std::to_string(o.tp_rank);
+  std::string tag =
+      "ferry-embed-dp" + std::to_string(o.dp_rank) + "-tp" + std::to_string(o.tp_rank);
   Register reg;
   reg.dp_rank = o.dp_rank;
   reg.tp_rank = o.tp_rank;
@@ -179,16 +179,15 @@ Result<std::unique_ptr<Client>> Client::Create(const ClientOptions& o) {
       c.output_offsets.push_back(reg.layers[i].output_offset);
       c.flag_offsets.push_back(reg.layers[i].flag_offset);
     }
-    FERRY_ASSIGN_OR_RETURN(c.outputs, SharedMemory::Create(tag + "-out",
-                                                           flags_base + kAlign * o.layers.size()));
+    FERRY_ASSIGN_OR_RETURN(
+        c.outputs, SharedMemory::Create(tag + "-out", flags_base + kAlign * o.layers.size()));
     fds.push_back(c.outputs->fd());
   }
   if (o.tp_rank == 0) {
     reg.has_inputs = true;
     c.input_offsets.ids = 0;
     c.input_offsets.query_start_loc = AlignUp(o.max_tokens * 4);
-    c.input_offsets.ngram_context =
-        c.input_offsets.query_start_loc + AlignUp((o.max_reqs + 1) * 4);
+    c.input_offsets.ngram_context = c.input_offsets.query_start_loc + AlignUp((o.max_reqs + 1) * 4);
     uint64_t bytes = c.input_offsets.ngram_context + AlignUp(o.max_reqs * o.context_len * 4);
     reg.inputs = c.input_offsets;
     FERRY_ASSIGN_OR_RETURN(c.inputs, SharedMemory::Create(tag + "-in", bytes));
@@ -243,8 +242,7 @@ void Client::Impl::Read() {
       }
       continue;
     }
-    Result<AnyMessage> decoded =
-        msg.ok() ? Decode(msg->bytes) : Result<AnyMessage>(msg.status());
+    Result<AnyMessage> decoded = msg.ok() ? Decode(msg->bytes) : Result<AnyMessage>(msg.status());
     std::lock_guard<std::mutex> lock(mu);
     if (!decoded.ok() || !std::holds_alternative<Reply>(*decoded)) {
       Status why =
@@ -331,14 +329,12 @@ std::span<int32_t> Client::input_ids() {
 }
 std::span<int32_t> Client::query_start_loc() {
   if (!impl_->inputs) return {};
-  return {reinterpret_cast<int32_t*>(impl_->inputs->data() +
-                                     impl_->input_offsets.query_start_loc),
+  return {reinterpret_cast<int32_t*>(impl_->inputs->data() + impl_->input_offsets.query_start_loc),
           impl_->options.max_reqs + 1};
 }
 std::span<int32_t> Client::ngram_context() {
   if (!impl_->inputs) return {};
-  return {reinterpret_cast<int32_t*>(impl_->inputs->data() +
-                                     impl_->input_offsets.ngram_context),
+  return {reinterpret_cast<int32_t*>(impl_->inputs->data() + impl_->input_offsets.ngram_context),
           impl_->options.max_reqs * impl_->options.context_len};
 }
 std::span<uint8_t> Client::output(size_t slot) {
@@ -378,7 +374,8 @@ Status Client::PrepareForward(uint32_t num_reqs, uint32_t num_tokens, bool dummy
         StoreFlag(c.Flag(s), kFlagDone);
         continue;
       }
-      FERRY_RETURN_IF_ERROR(gpu::MemsetAsync(c.dev_outputs[s], 0, tokens * c.options.token_bytes, stream));
+      FERRY_RETURN_IF_ERROR(
+          gpu::MemsetAsync(c.dev_outputs[s], 0, tokens * c.options.token_bytes, stream));
       FERRY_RETURN_IF_ERROR(gpu::StreamWrite(stream, c.dev_flags[s], kFlagDone));
     }
     return Status::Ok();
@@ -387,8 +384,7 @@ Status Client::PrepareForward(uint32_t num_reqs, uint32_t num_tokens, bool dummy
   Request r{c.last_seq.load() + 1, num_tokens, num_reqs, c.options.dp_rank};
   c.last_seq = r.seq;
   if (sources == nullptr) return c.SendRequest(r);
-  if (!c.cuda)
-    return Status(Code::kInvalidArgument, "input sources are copied in CUDA mode only");
+  if (!c.cuda) return Status(Code::kInvalidArgument, "input sources are copied in CUDA mode only");
   if (num_tokens > c.options.max_tokens || num_reqs > c.options.max_reqs)
     return Status(Code::kOutOfRange, "step larger than the registered capacity");
   void* event = nullptr;
@@ -401,8 +397,8 @@ Status Client::PrepareForward(uint32_t num_reqs, uint32_t num_tokens, bool dummy
   }
   Status st = gpu::MemcpyAsync(input_ids().data(), sources->input_ids, num_tokens * 4ull, stream);
   if (st.ok())
-    st = gpu::MemcpyAsync(query_start_loc().data(), sources->query_start_loc,
-                          (num_reqs + 1ull) * 4, stream);
+    st = gpu::MemcpyAsync(query_start_loc().data(), sources->query_start_loc, (num_reqs + 1ull) * 4,
+                          stream);
   if (st.ok() && c.options.context_len > 0)
     st = gpu::MemcpyAsync(ngram_context().data(), sources->ngram_context,
                           num_reqs * c.options.context_len * 4, stream);
@@ -420,8 +416,8 @@ Status Client::PrepareForward(uint32_t num_reqs, uint32_t num_tokens, bool dummy
 Status Client::Wait(size_t slot, void* stream) {
   Impl& c = *impl_;
   if (slot >= slots())
-    return Status(Code::kOutOfRange, "slot " + std::to_string(slot) + " of " +
-                                         std::to_string(slots()));
+    return Status(Code::kOutOfRange,
+                  "slot " + std::to_string(slot) + " of " + std::to_string(slots()));
   if (c.cuda) {
     // The stream waits; a failure is reported on the next call (the flag says FAILED and
     // releases the stream).
@@ -434,8 +430,7 @@ Status Client::Wait(size_t slot, void* stream) {
     if (!c.fatal.ok()) return c.pending.ok() ? c.fatal : std::exchange(c.pending, Status::Ok());
   }
   Deadline deadline = Deadline::After(c.options.step_timeout);
-  Result<uint32_t> v =
-      WaitFlag(c.Flag(slot), deadline, [](uint32_t x) { return x >= kFlagDone; });
+  Result<uint32_t> v = WaitFlag(c.Flag(slot), deadline, [](uint32_t x) { return x >= kFlagDone; });
   if (!v.ok())
     return Status(Code::kDeadlineExceeded,
                   "layer " + std::to_string(c.options.layers[slot]) +
@@ -444,13 +439,13 @@ Status Client::Wait(size_t slot, void* stream) {
   // Failed: rank 0 gets the service's reply (it follows the flags); give it a moment.
   // Other ranks get no reply; they look briefly for a lost connection.
   std::unique_lock<std::mutex> lock(c.mu);
-  c.cv.wait_for(lock,
-                c.options.tp_rank == 0 ? std::chrono::milliseconds(1000)
-                                       : std::chrono::milliseconds(20),
-                [&] {
-                  return !c.pending.ok() || !c.fatal.ok() ||
-                         (c.options.tp_rank == 0 && c.waiting.count(c.last_seq.load()) == 0);
-                });
+  c.cv.wait_for(
+      lock,
+      c.options.tp_rank == 0 ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(20),
+      [&] {
+        return !c.pending.ok() || !c.fatal.ok() ||
+               (c.options.tp_rank == 0 && c.waiting.count(c.last_seq.load()) == 0);
+      });
   if (!c.pending.ok()) return std::exchange(c.pending, Status::Ok());
   if (!c.fatal.ok()) return c.fatal;
   return Status(Code::kAborted, "layer " + std::to_string(c.options.layers[slot]) +

@@ -40,10 +40,10 @@ struct ClientOptions {
   uint32_t dp_rank = 0;
   uint32_t tp_rank = 0;
   uint32_t tp_size = 1;
-  uint64_t max_tokens = 0;   // capacity of a step
+  uint64_t max_tokens = 0;  // capacity of a step
   uint64_t max_reqs = 0;
-  uint64_t context_len = 0;  // N - 1
-  uint64_t token_bytes = 0;  // one token's output: E values
+  uint64_t context_len = 0;      // N - 1
+  uint64_t token_bytes = 0;      // one token's output: E values
   std::vector<uint32_t> layers;  // the model's layer indices, in the order of the forward
   std::chrono::nanoseconds connect_timeout = std::chrono::seconds(10);
   std::chrono::nanoseconds step_timeout = std::chrono::seconds(30);
@@ -94,8 +94,8 @@ class Client {
   // request goes out now; with `sources` (CUDA mode) they are copied on `stream`, and a
   // background thread sends the request once the copies are done. Dummy: zero rows and DONE
   // flags, on `stream` in CUDA mode. Returns an error a previous step left unreported.
-  Status PrepareForward(uint32_t num_reqs, uint32_t num_tokens, bool dummy,
-                        void* stream = nullptr, const StepSources* sources = nullptr);
+  Status PrepareForward(uint32_t num_reqs, uint32_t num_tokens, bool dummy, void* stream = nullptr,
+                        const StepSources* sources = nullptr);
   // Host mode: waits until the slot's flag is DONE or FAILED, up to step_timeout. CUDA mode:
   // makes `stream` wait for flag >= DONE (cuStreamWaitValue32 GEQ; capturable in a graph) and
   // returns at once.

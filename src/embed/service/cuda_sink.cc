@@ -1,8 +1,9 @@
 // OpenCudaSink with CUDA: output buffers and flags opened from the client's IPC handles.
+#include "embed/service/cuda_sink.h"
+
 #include <map>
 #include <mutex>
 
-#include "embed/service/cuda_sink.h"
 #include "embed/service/gpu_ops.h"
 
 namespace ferry::embed::service {
@@ -35,9 +36,8 @@ class CudaSink final : public OutputSink {
       FERRY_ASSIGN_OR_RETURN(uint64_t flag_alloc, gpu::AllocationBytes(flag));
       if (l.output_offset > out_alloc || out_bytes > out_alloc - l.output_offset ||
           l.flag_offset > flag_alloc || 4 > flag_alloc - l.flag_offset)
-        return Status(Code::kOutOfRange,
-                      "layer " + std::to_string(l.layer) +
-                          ": output or flag outside its CUDA allocation");
+        return Status(Code::kOutOfRange, "layer " + std::to_string(l.layer) +
+                                             ": output or flag outside its CUDA allocation");
       outputs_.push_back(out + l.output_offset);
       flags_.push_back(reinterpret_cast<uint32_t*>(flag + l.flag_offset));
     }
@@ -99,7 +99,8 @@ class CudaSink final : public OutputSink {
 Result<std::unique_ptr<OutputSink>> OpenCudaSink(const Register& reg, uint64_t out_bytes) {
   std::string reason;
   if (!gpu::Usable(&reason))
-    return Status(Code::kFailedPrecondition, "CUDA outputs, but the service cannot use CUDA: " + reason);
+    return Status(Code::kFailedPrecondition,
+                  "CUDA outputs, but the service cannot use CUDA: " + reason);
   auto sink = std::make_unique<CudaSink>();
   FERRY_RETURN_IF_ERROR(sink->Open(reg, out_bytes));
   return std::unique_ptr<OutputSink>(std::move(sink));

@@ -94,8 +94,8 @@ Status IpcHandleOf(void* ptr, std::string* handle, uint64_t* offset) {
   if (d.range == nullptr) return Status(Code::kUnsupported, d.error);
   CUdeviceptr base = 0;
   size_t size = 0;
-  FERRY_RETURN_IF_ERROR(FromCu(d.range(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)),
-                               "cuMemGetAddressRange"));
+  FERRY_RETURN_IF_ERROR(
+      FromCu(d.range(&base, &size, reinterpret_cast<CUdeviceptr>(ptr)), "cuMemGetAddressRange"));
   cudaIpcMemHandle_t h{};
   FERRY_RETURN_IF_ERROR(
       ToStatus(cudaIpcGetMemHandle(&h, reinterpret_cast<void*>(base)), "cudaIpcGetMemHandle"));
@@ -120,13 +120,15 @@ Result<uint64_t> AllocationBytes(void* base) {
   if (d.range == nullptr) return Status(Code::kUnsupported, d.error);
   CUdeviceptr start = 0;
   size_t size = 0;
-  FERRY_RETURN_IF_ERROR(FromCu(d.range(&start, &size, reinterpret_cast<CUdeviceptr>(base)),
-                               "cuMemGetAddressRange"));
+  FERRY_RETURN_IF_ERROR(
+      FromCu(d.range(&start, &size, reinterpret_cast<CUdeviceptr>(base)), "cuMemGetAddressRange"));
   uint64_t skip = reinterpret_cast<uint64_t>(base) - static_cast<uint64_t>(start);
   return static_cast<uint64_t>(size) - skip;
 }
 
-Status IpcClose(void* base) { return ToStatus(cudaIpcCloseMemHandle(base), "cudaIpcCloseMemHandle"); }
+Status IpcClose(void* base) {
+  return ToStatus(cudaIpcCloseMemHandle(base), "cudaIpcCloseMemHandle");
+}
 
 Result<void*> StreamCreate() {
   cudaStream_t s = nullptr;
@@ -151,8 +153,9 @@ Status EventDestroy(void* event) {
   return ToStatus(cudaEventDestroy(static_cast<cudaEvent_t>(event)), "cudaEventDestroy");
 }
 Status EventRecord(void* event, void* stream) {
-  return ToStatus(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)),
-                  "cudaEventRecord");
+  return ToStatus(
+      cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)),
+      "cudaEventRecord");
 }
 Status EventSync(void* event, Deadline deadline) {
   return PollUntil([&] { return cudaEventQuery(static_cast<cudaEvent_t>(event)); }, deadline,
@@ -160,9 +163,9 @@ Status EventSync(void* event, Deadline deadline) {
 }
 
 Status MemcpyAsync(void* dst, const void* src, size_t bytes, void* stream) {
-  return ToStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault,
-                                  static_cast<cudaStream_t>(stream)),
-                  "cudaMemcpyAsync");
+  return ToStatus(
+      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),
+      "cudaMemcpyAsync");
 }
 Status MemsetAsync(void* dst, int value, size_t bytes, void* stream) {
   return ToStatus(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)),

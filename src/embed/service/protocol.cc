@@ -21,8 +21,7 @@ Status Bad(std::string what) {
   return Status(Code::kInvalidArgument, "malformed message: " + std::move(what));
 }
 
-Result<uint64_t> Bounded(codec::ArrayReader& r, std::string_view field, uint64_t lo,
-                         uint64_t hi) {
+Result<uint64_t> Bounded(codec::ArrayReader& r, std::string_view field, uint64_t lo, uint64_t hi) {
   FERRY_ASSIGN_OR_RETURN(uint64_t v, r.UInt(field));
   if (v < lo || v > hi)
     return Bad("field '" + std::string(field) + "' = " + std::to_string(v) + " outside [" +

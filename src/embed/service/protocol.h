@@ -56,11 +56,11 @@ enum class OutputMode : uint8_t {
 
 // One layer's output buffer (max_tokens x token_bytes) and flag word of one client.
 struct LayerOutput {
-  uint32_t layer = 0;           // the model's layer index (the table's Config::layer)
-  uint64_t output_offset = 0;   // host: offset in the outputs memfd; cuda: in the allocation
-  uint64_t flag_offset = 0;     // likewise, 4-byte aligned
-  std::string output_ipc;       // cuda: cudaIpcMemHandle_t bytes of the output's allocation
-  std::string flag_ipc;         // cuda: of the flag's allocation
+  uint32_t layer = 0;          // the model's layer index (the table's Config::layer)
+  uint64_t output_offset = 0;  // host: offset in the outputs memfd; cuda: in the allocation
+  uint64_t flag_offset = 0;    // likewise, 4-byte aligned
+  std::string output_ipc;      // cuda: cudaIpcMemHandle_t bytes of the output's allocation
+  std::string flag_ipc;        // cuda: of the flag's allocation
 };
 
 // Offsets of the shared inputs in the inputs memfd (tensor-parallel rank 0 only):
@@ -77,13 +77,13 @@ struct Register {
   uint32_t tp_rank = 0;
   uint32_t tp_size = 1;
   OutputMode mode = OutputMode::kHost;
-  int32_t device = -1;          // cuda: the client's device ordinal
-  uint64_t max_tokens = 0;      // >= 1
-  uint64_t max_reqs = 0;        // >= 1
-  uint64_t context_len = 0;     // N - 1
-  uint64_t token_bytes = 0;     // one token's output row: E values
+  int32_t device = -1;       // cuda: the client's device ordinal
+  uint64_t max_tokens = 0;   // >= 1
+  uint64_t max_reqs = 0;     // >= 1
+  uint64_t context_len = 0;  // N - 1
+  uint64_t token_bytes = 0;  // one token's output row: E values
   std::vector<LayerOutput> layers;
-  bool has_inputs = false;      // true exactly for tp_rank 0
+  bool has_inputs = false;  // true exactly for tp_rank 0
   InputOffsets inputs;
 };
 

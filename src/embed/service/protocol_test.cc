@@ -100,10 +100,8 @@ TEST(EmbedProtocol, RejectsOutOfRangeFields) {
   r = SampleRegister();
   r.mode = OutputMode::kCuda;  // CUDA mode needs 64-byte handles
   EXPECT_EQ(Decode(Encode(r)).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(Decode(Encode(Request{1, kMaxTokens + 1, 1})).status().code(),
-            Code::kInvalidArgument);
-  EXPECT_EQ(Decode(Encode(Request{1, 1, 1, kMaxDpRanks})).status().code(),
-            Code::kInvalidArgument);
+  EXPECT_EQ(Decode(Encode(Request{1, kMaxTokens + 1, 1})).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Decode(Encode(Request{1, 1, 1, kMaxDpRanks})).status().code(), Code::kInvalidArgument);
 }
 
 TEST(EmbedProtocol, RejectsTrailingFields) {

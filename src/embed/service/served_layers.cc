@@ -7,8 +7,7 @@
 namespace ferry::embed::service {
 
 Result<std::vector<ServedLayer>> MakeServedLayers(const Config& base,
-                                                  std::span<const uint32_t> layers,
-                                                  Dtype dtype,
+                                                  std::span<const uint32_t> layers, Dtype dtype,
                                                   std::span<const std::string> files,
                                                   uint64_t synthetic_rows, ThreadPool* pool) {
   if (layers.empty()) return Status(Code::kInvalidArgument, "no layers to serve");
@@ -26,9 +25,9 @@ Result<std::vector<ServedLayer>> MakeServedLayers(const Config& base,
   }
   std::vector<ServedLayer> out;
   if (files.empty()) {
-    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Table> table,
-                           Table::Synthetic(layouts[0], dtype, pool,
-                                            synthetic_rows != 0 ? synthetic_rows : rows));
+    FERRY_ASSIGN_OR_RETURN(
+        std::unique_ptr<Table> table,
+        Table::Synthetic(layouts[0], dtype, pool, synthetic_rows != 0 ? synthetic_rows : rows));
     std::shared_ptr<const Table> shared = std::move(table);
     for (Layout& l : layouts) out.push_back(ServedLayer{std::move(l), shared});
     return out;
@@ -38,9 +37,9 @@ Result<std::vector<ServedLayer>> MakeServedLayers(const Config& base,
     FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Table> table,
                            Table::Open(layouts[i], std::span<const std::string>(&path, 1), {}));
     if (table->dtype() != dtype)
-      return Status(Code::kInvalidArgument,
-                    path + " holds " + std::string(DtypeName(table->dtype())) + ", not " +
-                        std::string(DtypeName(dtype)));
+      return Status(Code::kInvalidArgument, path + " holds " +
+                                                std::string(DtypeName(table->dtype())) + ", not " +
+                                                std::string(DtypeName(dtype)));
     out.push_back(ServedLayer{std::move(layouts[i]), std::move(table)});
   }
   return out;

@@ -20,8 +20,7 @@ namespace ferry::embed::service {
 // kInvalidArgument for no layers, a bad configuration or a file count other than 0 or
 // layers.size(); the table's errors otherwise.
 Result<std::vector<ServedLayer>> MakeServedLayers(const Config& base,
-                                                  std::span<const uint32_t> layers,
-                                                  Dtype dtype,
+                                                  std::span<const uint32_t> layers, Dtype dtype,
                                                   std::span<const std::string> files,
                                                   uint64_t synthetic_rows, ThreadPool* pool);
 

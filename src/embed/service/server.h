@@ -42,9 +42,10 @@ struct ServedLayer {
 
 struct ServerOptions {
   std::string socket_path;
-  GatherOptions gather;             // threads, chunk size, prefetch
-  std::chrono::nanoseconds wait_timeout = std::chrono::seconds(30);  // released outputs, absent ranks
-  size_t max_queued_steps = 16;     // per data-parallel rank; more: kResourceExhausted
+  GatherOptions gather;  // threads, chunk size, prefetch
+  std::chrono::nanoseconds wait_timeout =
+      std::chrono::seconds(30);  // released outputs, absent ranks
+  size_t max_queued_steps = 16;  // per data-parallel rank; more: kResourceExhausted
 };
 
 struct ServerStats {

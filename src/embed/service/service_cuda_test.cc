@@ -29,11 +29,35 @@ class EmbedServiceCudaTest : public ::testing::Test {
     ::unlink(ready.c_str());
     service_ = ::fork();
     if (service_ == 0) {
-      const char* argv[] = {FERRY_BIN, "embed-serve", "--socket", path_.c_str(),
-                            "--ready-file", ready.c_str(), "--vocab", "1000", "--eos", "2",
-                            "--heads", "2", "--embed-dim", "64", "--base-vocab", "97",
-                            "--padding", "8", "--layers", "0", "1", "2", "--threads", "2",
-                            "--chunk-tokens", "16", "--wait-timeout", "5", nullptr};
+      const char* argv[] = {FERRY_BIN,
+                            "embed-serve",
+                            "--socket",
+                            path_.c_str(),
+                            "--ready-file",
+                            ready.c_str(),
+                            "--vocab",
+                            "1000",
+                            "--eos",
+                            "2",
+                            "--heads",
+                            "2",
+                            "--embed-dim",
+                            "64",
+                            "--base-vocab",
+                            "97",
+                            "--padding",
+                            "8",
+                            "--layers",
+                            "0",
+                            "1",
+                            "2",
+                            "--threads",
+                            "2",
+                            "--chunk-tokens",
+                            "16",
+                            "--wait-timeout",
+                            "5",
+                            nullptr};
       ::execv(FERRY_BIN, const_cast<char**>(argv));
       ::_exit(127);
     }

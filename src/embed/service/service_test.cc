@@ -165,7 +165,8 @@ TEST_F(EmbedServiceTest, TruncatedRequestFailsTheStep) {
   reg.context_len = 2;
   reg.token_bytes = kTokenBytes;
   for (size_t i = 0; i < 3; ++i)
-    reg.layers.push_back({kLayers[i], i * 512 * kTokenBytes, 3 * 512 * kTokenBytes + 64 * i, "", ""});
+    reg.layers.push_back(
+        {kLayers[i], i * 512 * kTokenBytes, 3 * 512 * kTokenBytes + 64 * i, "", ""});
   reg.has_inputs = true;
   reg.inputs = {0, 2048, 2560};
   Result<UniqueFd> fd = Connect(path_, Deadline::After(std::chrono::seconds(5)));

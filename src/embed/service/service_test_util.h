@@ -95,7 +95,8 @@ inline StepData MakeStep(uint32_t num_reqs, uint32_t num_tokens, uint32_t seed) 
     uint32_t r = rng() % 100;
     s.tokens.push_back(r < 5 ? 2 : r < 7 ? -1 : static_cast<int32_t>(rng() % 1000));
   }
-  for (uint32_t r = 0; r <= num_reqs; ++r) s.qsl.push_back(r == num_reqs ? num_tokens : r * (num_tokens / num_reqs));
+  for (uint32_t r = 0; r <= num_reqs; ++r)
+    s.qsl.push_back(r == num_reqs ? num_tokens : r * (num_tokens / num_reqs));
   for (uint32_t i = 0; i < num_reqs * 2; ++i) s.ctx.push_back(static_cast<int32_t>(rng() % 1000));
   return s;
 }

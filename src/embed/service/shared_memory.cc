@@ -15,8 +15,7 @@ Status Errno(std::string what) {
 }
 }  // namespace
 
-Result<std::unique_ptr<SharedMemory>> SharedMemory::Create(const std::string& name,
-                                                           size_t bytes) {
+Result<std::unique_ptr<SharedMemory>> SharedMemory::Create(const std::string& name, size_t bytes) {
   if (bytes == 0) return Status(Code::kInvalidArgument, "shared memory of 0 bytes");
   UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) return Errno("memfd_create");

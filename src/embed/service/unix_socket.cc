@@ -161,8 +161,8 @@ Result<Message> Receive(int fd, Deadline deadline, int wake_fd) {
   }
   if (n == 0 && out.fds.empty()) return Status(Code::kUnavailable, "peer closed the connection");
   if ((msg.msg_flags & MSG_TRUNC) || static_cast<size_t>(n) > kMaxMessageBytes)
-    return Status(Code::kInvalidArgument, "message larger than " +
-                                              std::to_string(kMaxMessageBytes) + " bytes");
+    return Status(Code::kInvalidArgument,
+                  "message larger than " + std::to_string(kMaxMessageBytes) + " bytes");
   if (msg.msg_flags & MSG_CTRUNC)
     return Status(Code::kInvalidArgument, "too many descriptors in one message");
   out.bytes.resize(static_cast<size_t>(n));

@@ -61,10 +61,9 @@ TEST(EmbedSocket, WakeDescriptorCancelsAWait) {
   Result<UniqueFd> wake = MakeWakeFd();
   ASSERT_TRUE(wake.ok());
   SignalWakeFd(wake->get());
-  EXPECT_EQ(Receive(a.get(), Deadline::After(std::chrono::seconds(30)), wake->get())
-                .status()
-                .code(),
-            Code::kCancelled);
+  EXPECT_EQ(
+      Receive(a.get(), Deadline::After(std::chrono::seconds(30)), wake->get()).status().code(),
+      Code::kCancelled);
 }
 
 TEST(EmbedSocket, OversizedMessageIsRejected) {
@@ -79,10 +78,9 @@ TEST(EmbedSocket, OversizedMessageIsRejected) {
 }
 
 TEST(EmbedSocket, ConnectWithoutListenerIsUnavailable) {
-  EXPECT_EQ(Connect(TempSocket("none"), Deadline::After(std::chrono::milliseconds(30)))
-                .status()
-                .code(),
-            Code::kUnavailable);
+  EXPECT_EQ(
+      Connect(TempSocket("none"), Deadline::After(std::chrono::milliseconds(30))).status().code(),
+      Code::kUnavailable);
 }
 
 TEST(EmbedSharedMemory, RefusesUnsealedFiles) {
