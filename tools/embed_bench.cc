@@ -45,6 +45,7 @@ struct BenchFlags {
   uint64_t padding = 128;
   uint64_t synthetic_rows = 0;
   int layers = 1;
+  int tp = 1;
   int threads = 2;
   int64_t chunk_tokens = 64;
   int iters = 20;
@@ -162,8 +163,8 @@ Status Run(const BenchFlags& f) {
     FERRY_ASSIGN_OR_RETURN(StepShape shape, ParseStep(s));
     shapes.push_back(shape);
   }
-  if (f.iters < 1 || f.layers < 1)
-    return Status(Code::kInvalidArgument, "--iters and --layers >= 1");
+  if (f.iters < 1 || f.layers < 1 || f.tp < 1 || f.tp > 64)
+    return Status(Code::kInvalidArgument, "--iters and --layers >= 1, --tp in [1, 64]");
   const bool cuda = f.kind == "cuda";
   uint32_t max_tokens = 0, max_reqs = 0;
   for (auto& s : shapes) {
@@ -196,7 +197,15 @@ Status Run(const BenchFlags& f) {
   o.token_bytes = token_bytes;
   o.layers = layer_ids;
   o.mode = cuda ? svc::OutputMode::kCuda : svc::OutputMode::kHost;
-  FERRY_ASSIGN_OR_RETURN(auto client, svc::Client::Create(o));
+  o.tp_size = static_cast<uint32_t>(f.tp);
+  // Every tensor-parallel rank of one data-parallel rank; rank 0 sends, all wait.
+  std::vector<std::unique_ptr<svc::Client>> ranks;
+  for (int tp = 0; tp < f.tp; ++tp) {
+    o.tp_rank = static_cast<uint32_t>(tp);
+    FERRY_ASSIGN_OR_RETURN(auto r, svc::Client::Create(o));
+    ranks.push_back(std::move(r));
+  }
+  svc::Client* client = ranks[0].get();
   void* stream = nullptr;
   if (cuda) {
     FERRY_ASSIGN_OR_RETURN(stream, svc::gpu::StreamCreate());
@@ -223,13 +232,14 @@ Status Run(const BenchFlags& f) {
       std::memcpy(client->ngram_context().data(), in.ctx.data(), in.ctx.size() * 4);
       auto t0 = Clock::now();
       FERRY_RETURN_IF_ERROR(client->PrepareForward(s.reqs, s.tokens, false, stream));
-      for (size_t slot = 0; slot < client->slots(); ++slot)
-        FERRY_RETURN_IF_ERROR(client->Wait(slot, stream));
+      for (auto& r : ranks)
+        for (size_t slot = 0; slot < r->slots(); ++slot)
+          FERRY_RETURN_IF_ERROR(r->Wait(slot, stream));
       if (cuda)
         FERRY_RETURN_IF_ERROR(
             svc::gpu::StreamSync(stream, Deadline::After(std::chrono::seconds(30))));
       auto t1 = Clock::now();
-      FERRY_RETURN_IF_ERROR(client->ReleaseOutputs(stream));
+      for (auto& r : ranks) FERRY_RETURN_IF_ERROR(r->ReleaseOutputs(stream));
       if (cuda)
         FERRY_RETURN_IF_ERROR(
             svc::gpu::StreamSync(stream, Deadline::After(std::chrono::seconds(30))));
@@ -278,6 +288,8 @@ void AddEmbedBenchCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--synthetic-rows", f->synthetic_rows, "Synthetic table rows (0: all)")
       ->capture_default_str();
   cmd->add_option("--layers", f->layers, "Layers per step")->capture_default_str();
+  cmd->add_option("--tp", f->tp, "Tensor-parallel ranks that receive every row")
+      ->capture_default_str();
   cmd->add_option("--threads", f->threads, "Gather threads (service and in-process)")
       ->capture_default_str();
   cmd->add_option("--chunk-tokens", f->chunk_tokens, "Tokens per gather/copy chunk")
