@@ -26,21 +26,25 @@ inline void StoreFlag(uint32_t* word, uint32_t value) {
   std::atomic_ref<uint32_t>(*word).store(value, std::memory_order_release);
 }
 
-// Waits until pred(value) holds; returns the value, or kDeadlineExceeded. Spins briefly, then
-// sleeps in short steps (a step's DONE follows its request by micro- to milliseconds).
+// Waits until pred(value) holds; returns the value, or kDeadlineExceeded. Spins, then yields
+// for up to 200 us (a decode step's DONE follows its request by about that much), then sleeps
+// in short steps (a sleep costs the timer slack, about 50 us, in latency).
 template <typename Pred>
 Result<uint32_t> WaitFlag(uint32_t* word, Deadline deadline, Pred pred) {
+  const auto yield_until = Clock::now() + std::chrono::microseconds(200);
   for (int spin = 0;; ++spin) {
     uint32_t v = LoadFlag(word);
     if (pred(v)) return v;
-    if (spin > 2000) {
-      if (deadline.expired()) {
-        v = LoadFlag(word);
-        if (pred(v)) return v;
-        return Status(Code::kDeadlineExceeded, "flag wait passed its deadline");
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(spin > 20000 ? 200 : 20));
+    if (spin < 256) continue;
+    if (deadline.expired()) {
+      v = LoadFlag(word);
+      if (pred(v)) return v;
+      return Status(Code::kDeadlineExceeded, "flag wait passed its deadline");
     }
+    if (Clock::now() < yield_until)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(spin > 100000 ? 200 : 20));
   }
 }
 
