@@ -37,7 +37,7 @@ struct GatherOptions {
   int prefetch_rows = 32;     // rows prefetched ahead; 0 disables prefetching
   // Non-temporal stores into dst (x86 SSE2; used when dst is 16-byte aligned and rows are a
   // multiple of 16 bytes): they skip the read for ownership of dst lines. Off by default: on
-  // the 2-core EPYC development VM they were 5-20% slower (bench/results/embed_cpu.md).
+  // the development VM they were as fast or slower (bench/results/embed_cpu.md).
   bool streaming_stores = false;
 };
 

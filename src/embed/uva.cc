@@ -100,6 +100,8 @@ Status UvaGatherer::CheckErrors() {
   FERRY_RETURN_IF_ERROR(cuda::MemsetSync(error_, 0, sizeof(int32_t)));
   if (error == kUvaIdOutOfRange)
     return Status(Code::kOutOfRange, "a token id of the step is outside the vocabulary");
+  if (error == kUvaQueryStartPastEnd)
+    return Status(Code::kOutOfRange, "the step's last query start is past its tokens");
   return Status(Code::kInvalidArgument, "the step's query start locations are not sound");
 }
 

@@ -6,9 +6,10 @@
 // assumes the device reaches registered memory at its host address, as on 64-bit Linux with
 // unified addressing). Inputs are device-visible int32 arrays (device memory or page-locked
 // host memory) shaped as in row_ids.h; dst is device memory of num_tokens x E values.
-// The kernel checks what it reads: ids >= V (kOutOfRange) and unsound query starts
-// (kInvalidArgument) are recorded on the device and reported by CheckErrors() once the stream
-// has finished; rows it could not compute are zeros, and no read leaves the inputs or table.
+// The kernel checks what it reads: ids >= V and a last query start past num_tokens
+// (kOutOfRange), a first query start other than 0 or a decreasing one (kInvalidArgument) are
+// recorded on the device and reported by CheckErrors() once the stream has finished; rows it
+// could not compute are zeros, and no read leaves the inputs or the table.
 // (Unlike ValidateStep, context entries of an empty request are never read, so never checked.)
 //
 // Thread safety: one UvaGatherer per stream; Enqueue and CheckErrors must not race.

@@ -42,8 +42,8 @@ __global__ void UvaGatherKernel(UvaStepArgs a) {
   // The first warp checks the query starts (others read them assuming they are sound; every
   // index below is bounds-checked, so unsound ones only give wrong rows and this error).
   if (warp == 0) {
-    if (lane == 0 && (a.query_start[0] != 0 || a.query_start[a.num_reqs] > a.num_tokens))
-      Fail(a.error, kUvaBadQueryStart);
+    if (lane == 0 && a.query_start[0] != 0) Fail(a.error, kUvaBadQueryStart);
+    if (lane == 0 && a.query_start[a.num_reqs] > a.num_tokens) Fail(a.error, kUvaQueryStartPastEnd);
     for (int64_t r = lane; r < a.num_reqs; r += kWarp)
       if (a.query_start[r + 1] < a.query_start[r]) Fail(a.error, kUvaBadQueryStart);
   }

@@ -19,7 +19,14 @@ struct UvaHead {
 };
 
 // Error kinds the kernel records in *error (the first one wins; 0: none).
-enum UvaError : int32_t { kUvaOk = 0, kUvaIdOutOfRange = 1, kUvaBadQueryStart = 2 };
+// The codes they become match ValidateStep's: kOutOfRange for ids >= V and a last query start
+// past num_tokens, kInvalidArgument for a first one other than 0 or a decreasing one.
+enum UvaError : int32_t {
+  kUvaOk = 0,
+  kUvaIdOutOfRange = 1,
+  kUvaBadQueryStart = 2,
+  kUvaQueryStartPastEnd = 3,
+};
 
 struct UvaStepArgs {
   const int32_t* tokens;       // device-visible, num_tokens

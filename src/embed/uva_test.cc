@@ -146,7 +146,7 @@ TEST(Uva, Errors) {
   Step bad_qsl{{1, 2, 3, 4}, {0, 3, 2}, {0, 0, 0, 0}};
   EXPECT_EQ(uva->GatherSync(bad_qsl.input(), dst.ptr).code(), Code::kInvalidArgument);
   Step too_far{{1, 2, 3, 4}, {0, 5}, {0, 0}};
-  EXPECT_EQ(uva->GatherSync(too_far.input(), dst.ptr).code(), Code::kInvalidArgument);
+  EXPECT_EQ(uva->GatherSync(too_far.input(), dst.ptr).code(), Code::kOutOfRange);
   Step good{{1, 2, 3, 4}, {0, 4}, {0, 0}};
   EXPECT_TRUE(uva->GatherSync(good.input(), dst.ptr).ok());  // errors were cleared
   EXPECT_EQ(uva->GatherSync(StepInput{good.tokens, good.qsl, {}}, dst.ptr).code(),
