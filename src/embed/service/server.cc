@@ -156,10 +156,11 @@ void Server::Impl::Serve(std::shared_ptr<Connection> conn) {
       Enqueue(member, Step{req, check});
       continue;
     }
-    Status st = decoded.ok()
-                    ? Status(Code::kFailedPrecondition,
-                             "only tensor-parallel rank 0 sends step requests, once registered")
-                    : decoded.status();
+    Status st =
+        !decoded.ok() ? decoded.status()
+        : std::holds_alternative<Request>(*decoded)
+            ? Status(Code::kFailedPrecondition, "only tensor-parallel rank 0 sends step requests")
+            : Status(Code::kInvalidArgument, "unexpected message type after the registration");
     FERRY_LOG_WARN("embed-serve: {}: bad message: {}", RankName(member->reg), st.ToString());
     if (member->reg.tp_rank == 0) {
       // The step it meant to start fails: its flags and its reply say so.

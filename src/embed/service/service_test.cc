@@ -342,3 +342,49 @@ TEST(EmbedServiceQueue, StepsPastTheQueueLimitFailWithResourceExhausted) {
 
 }  // namespace
 }  // namespace ferry::embed::service
+
+namespace ferry::embed::service {
+namespace {
+
+using namespace testing;
+
+TEST(EmbedServiceMessages, OnlyRankZeroSendsRequestsAndRegistrationIsOnce) {
+  std::string path = TempSocketPath("messages");
+  auto server = Server::Create(SmallServerOptions(path), SmallLayers());
+  ASSERT_TRUE(server.ok());
+  auto out = SharedMemory::Create("out", 3 * 512 * kTokenBytes + 4096);
+  ASSERT_TRUE(out.ok());
+  Register reg;
+  reg.dp_rank = 4;
+  reg.tp_rank = 1;
+  reg.tp_size = 2;
+  reg.max_tokens = 512;
+  reg.max_reqs = 64;
+  reg.context_len = 2;
+  reg.token_bytes = kTokenBytes;
+  for (size_t i = 0; i < 3; ++i)
+    reg.layers.push_back(
+        {kLayers[i], i * 512 * kTokenBytes, 3 * 512 * kTokenBytes + 64 * i, "", ""});
+  Result<UniqueFd> fd = Connect(path, Deadline::After(std::chrono::seconds(5)));
+  ASSERT_TRUE(fd.ok());
+  int fds[] = {(*out)->fd()};
+  ASSERT_TRUE(Send(fd->get(), Encode(reg), fds).ok());
+  auto reply = [&]() -> Status {
+    Result<Message> m = Receive(fd->get(), Deadline::After(std::chrono::seconds(5)));
+    if (!m.ok()) return m.status();
+    Result<AnyMessage> d = Decode(m->bytes);
+    if (!d.ok()) return d.status();
+    if (auto* r = std::get_if<Registered>(&*d)) return r->status;
+    return std::get<Reply>(*d).status;
+  };
+  ASSERT_TRUE(reply().ok());
+  ASSERT_TRUE(Send(fd->get(), Encode(Request{1, 8, 1, 4})).ok());
+  EXPECT_EQ(reply().code(), Code::kFailedPrecondition);
+  ASSERT_TRUE(Send(fd->get(), Encode(reg), fds).ok());
+  EXPECT_EQ(reply().code(), Code::kInvalidArgument);
+  EXPECT_EQ((*server)->stats().live_clients, 1u);
+  EXPECT_EQ((*server)->stats().steps_ok + (*server)->stats().steps_failed, 0u);
+}
+
+}  // namespace
+}  // namespace ferry::embed::service
