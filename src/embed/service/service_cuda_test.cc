@@ -180,8 +180,9 @@ TEST_F(EmbedServiceCudaTest, OutputsOutsideTheirAllocationAreRefused) {
   ASSERT_TRUE(small.ok());
   ClientOptions o = SmallClientOptions(path_, 0, 0, 1);
   o.mode = OutputMode::kCuda;
+  o.max_tokens = 65536;  // 8 MiB per layer: past the allocation even if the driver rounds it up
   for (size_t i = 0; i < o.layers.size(); ++i) {
-    o.cuda_outputs.push_back(*small);  // 4 KiB, for 512 x 128 bytes
+    o.cuda_outputs.push_back(*small);  // 4 KiB
     o.cuda_flags.push_back(static_cast<uint8_t*>(*small) + 64 * i);
   }
   auto c = Client::Create(o);
