@@ -55,5 +55,6 @@ void BindTransfer(py::module_& m);
 void BindSession(py::module_& m);
 void BindEngine(py::module_& m);
 void BindEmbed(py::module_& m);  // the submodule ferry.embed
+void BindEmbedService(py::module_& m);  // the submodule ferry.embed_service
 
 }  // namespace ferry::python

@@ -81,6 +81,7 @@ PYBIND11_MODULE(_ferry, m) {
   BindSession(m);
   BindEngine(m);
   BindEmbed(m);
+  BindEmbedService(m);
   m.attr("__name__") = module_name;
 
   m.def(

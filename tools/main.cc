@@ -27,6 +27,8 @@ int main(int argc, char** argv) {
   ferry::tools::AddInfoCommand(app, &exit_code);
   ferry::tools::AddBenchCommand(app, &exit_code);
   ferry::tools::AddDemoCommand(app, &exit_code);
+  ferry::tools::AddEmbedServeCommand(app, &exit_code);
+  ferry::tools::AddEmbedBenchCommand(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

@@ -19,7 +19,7 @@ Errors raise ferry.Error with ``.code`` (a name from ferry.CODES, e.g. "OUT_OF_R
 ``.message``. Transfer waits and every call that can block release the GIL.
 """
 
-from . import _ferry, embed
+from . import _ferry, embed, embed_service
 from ._ferry import (
     CODES,
     MAX_DESCRIPTOR_BYTES,
@@ -50,6 +50,7 @@ __all__ = [
     "cuda_available",
     "cuda_unavailable_reason",
     "embed",
+    "embed_service",
     "system_info",
     "version",
 ]

@@ -1,0 +1,195 @@
+#include "embed/service/protocol.h"
+
+#include "base/codec.h"
+
+namespace ferry::embed::service {
+namespace {
+
+void Header(codec::Writer& w, uint32_t fields, MessageType type) {
+  w.Array(2 + fields);
+  w.UInt(kProtocolVersion);
+  w.UInt(static_cast<uint64_t>(type));
+}
+
+void PutStatus(codec::Writer& w, const Status& s) {
+  w.UInt(static_cast<uint64_t>(s.code()));
+  std::string_view msg = s.message();
+  w.Str(msg.substr(0, kMaxStatusMessage));
+}
+
+Status Bad(std::string what) {
+  return Status(Code::kInvalidArgument, "malformed message: " + std::move(what));
+}
+
+Result<uint64_t> Bounded(codec::ArrayReader& r, std::string_view field, uint64_t lo, uint64_t hi) {
+  FERRY_ASSIGN_OR_RETURN(uint64_t v, r.UInt(field));
+  if (v < lo || v > hi)
+    return Bad("field '" + std::string(field) + "' = " + std::to_string(v) + " outside [" +
+               std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+Result<uint64_t> Aligned(codec::ArrayReader& r, std::string_view field) {
+  FERRY_ASSIGN_OR_RETURN(uint64_t v, r.UInt(field));
+  if (v % 4 != 0) return Bad("field '" + std::string(field) + "' is not 4-byte aligned");
+  return v;
+}
+
+// The decoded status goes to *out (a Result<Status> would be ambiguous).
+Status GetStatus(codec::ArrayReader& r, Status* out) {
+  FERRY_ASSIGN_OR_RETURN(uint64_t code,
+                         Bounded(r, "code", 0, static_cast<uint64_t>(Code::kInProgress)));
+  FERRY_ASSIGN_OR_RETURN(std::string_view msg, r.Bytes("message", kMaxStatusMessage));
+  *out = code == 0 ? Status::Ok() : Status(static_cast<Code>(code), std::string(msg));
+  return Status::Ok();
+}
+
+Result<AnyMessage> DecodeRegister(codec::ArrayReader& r) {
+  Register m;
+  FERRY_ASSIGN_OR_RETURN(uint64_t dp, Bounded(r, "dp_rank", 0, kMaxDpRanks - 1));
+  FERRY_ASSIGN_OR_RETURN(uint64_t tp_size, Bounded(r, "tp_size", 1, kMaxTpSize));
+  FERRY_ASSIGN_OR_RETURN(uint64_t tp, Bounded(r, "tp_rank", 0, tp_size - 1));
+  FERRY_ASSIGN_OR_RETURN(uint64_t mode, Bounded(r, "mode", 0, 1));
+  FERRY_ASSIGN_OR_RETURN(int64_t device, r.Int("device"));
+  if (device < -1 || device > 1023) return Bad("field 'device' out of range");
+  m.dp_rank = static_cast<uint32_t>(dp);
+  m.tp_size = static_cast<uint32_t>(tp_size);
+  m.tp_rank = static_cast<uint32_t>(tp);
+  m.mode = static_cast<OutputMode>(mode);
+  m.device = static_cast<int32_t>(device);
+  FERRY_ASSIGN_OR_RETURN(m.max_tokens, Bounded(r, "max_tokens", 1, kMaxTokens));
+  FERRY_ASSIGN_OR_RETURN(m.max_reqs, Bounded(r, "max_reqs", 1, kMaxRequests));
+  FERRY_ASSIGN_OR_RETURN(m.context_len, Bounded(r, "context_len", 0, kMaxContext));
+  FERRY_ASSIGN_OR_RETURN(m.token_bytes, Bounded(r, "token_bytes", 1, kMaxTokenBytes));
+  FERRY_ASSIGN_OR_RETURN(codec::ArrayReader layers, r.Array("layers", kMaxLayers));
+  if (layers.size() == 0) return Bad("no layers");
+  for (size_t i = 0; i < layers.size(); ++i) {
+    FERRY_ASSIGN_OR_RETURN(codec::ArrayReader l, layers.Array("layer", 5));
+    LayerOutput out;
+    FERRY_ASSIGN_OR_RETURN(uint64_t index, Bounded(l, "layer.index", 0, kMaxLayerIndex));
+    out.layer = static_cast<uint32_t>(index);
+    FERRY_ASSIGN_OR_RETURN(out.output_offset, Aligned(l, "layer.output_offset"));
+    FERRY_ASSIGN_OR_RETURN(out.flag_offset, Aligned(l, "layer.flag_offset"));
+    FERRY_ASSIGN_OR_RETURN(std::string_view oipc, l.Bytes("layer.output_ipc", kCudaIpcHandleBytes));
+    FERRY_ASSIGN_OR_RETURN(std::string_view fipc, l.Bytes("layer.flag_ipc", kCudaIpcHandleBytes));
+    size_t want = m.mode == OutputMode::kCuda ? kCudaIpcHandleBytes : 0;
+    if (oipc.size() != want || fipc.size() != want) return Bad("IPC handle of the wrong size");
+    out.output_ipc = std::string(oipc);
+    out.flag_ipc = std::string(fipc);
+    for (const LayerOutput& prev : m.layers)
+      if (prev.layer == out.layer) return Bad("layer " + std::to_string(index) + " listed twice");
+    m.layers.push_back(std::move(out));
+  }
+  FERRY_ASSIGN_OR_RETURN(m.has_inputs, r.Bool("has_inputs"));
+  if (m.has_inputs != (m.tp_rank == 0)) return Bad("inputs must come from tp_rank 0 exactly");
+  FERRY_ASSIGN_OR_RETURN(m.inputs.ids, Aligned(r, "inputs.ids"));
+  FERRY_ASSIGN_OR_RETURN(m.inputs.query_start_loc, Aligned(r, "inputs.query_start_loc"));
+  FERRY_ASSIGN_OR_RETURN(m.inputs.ngram_context, Aligned(r, "inputs.ngram_context"));
+  return AnyMessage(std::move(m));
+}
+
+}  // namespace
+
+std::string Encode(const Register& m) {
+  codec::Writer w;
+  Header(w, 14, MessageType::kRegister);
+  w.UInt(m.dp_rank);
+  w.UInt(m.tp_size);
+  w.UInt(m.tp_rank);
+  w.UInt(static_cast<uint64_t>(m.mode));
+  w.Int(m.device);
+  w.UInt(m.max_tokens);
+  w.UInt(m.max_reqs);
+  w.UInt(m.context_len);
+  w.UInt(m.token_bytes);
+  w.Array(static_cast<uint32_t>(m.layers.size()));
+  for (const LayerOutput& l : m.layers) {
+    w.Array(5);
+    w.UInt(l.layer);
+    w.UInt(l.output_offset);
+    w.UInt(l.flag_offset);
+    w.Bin(l.output_ipc);
+    w.Bin(l.flag_ipc);
+  }
+  w.Bool(m.has_inputs);
+  w.UInt(m.inputs.ids);
+  w.UInt(m.inputs.query_start_loc);
+  w.UInt(m.inputs.ngram_context);
+  return w.Take();
+}
+
+std::string Encode(const Registered& m) {
+  codec::Writer w;
+  Header(w, 2, MessageType::kRegistered);
+  PutStatus(w, m.status);
+  return w.Take();
+}
+
+std::string Encode(const Request& m) {
+  codec::Writer w;
+  Header(w, 4, MessageType::kRequest);
+  w.UInt(m.seq);
+  w.UInt(m.dp_rank);
+  w.UInt(m.num_tokens);
+  w.UInt(m.num_reqs);
+  return w.Take();
+}
+
+std::string Encode(const Reply& m) {
+  codec::Writer w;
+  Header(w, 3, MessageType::kReply);
+  w.UInt(m.seq);
+  PutStatus(w, m.status);
+  return w.Take();
+}
+
+Result<AnyMessage> Decode(std::string_view bytes) {
+  codec::Limits limits;
+  limits.max_bytes = 64 * 1024;
+  limits.max_array = kMaxLayers + 16;
+  limits.max_str = kMaxStatusMessage;
+  limits.max_depth = 4;
+  FERRY_ASSIGN_OR_RETURN(codec::Reader reader, codec::Reader::Parse(bytes, limits));
+  codec::ArrayReader r = reader.root();
+  FERRY_ASSIGN_OR_RETURN(uint64_t version, r.UInt("version"));
+  if (version != kProtocolVersion)
+    return Status(Code::kUnsupported, "embedding protocol version " + std::to_string(version) +
+                                          ", this build speaks " +
+                                          std::to_string(kProtocolVersion));
+  FERRY_ASSIGN_OR_RETURN(uint64_t type, r.UInt("type"));
+  Result<AnyMessage> out = Bad("unknown message type " + std::to_string(type));
+  switch (static_cast<MessageType>(type)) {
+    case MessageType::kRegister:
+      out = DecodeRegister(r);
+      break;
+    case MessageType::kRegistered: {
+      Registered m;
+      FERRY_RETURN_IF_ERROR(GetStatus(r, &m.status));
+      out = AnyMessage(std::move(m));
+      break;
+    }
+    case MessageType::kRequest: {
+      Request m;
+      FERRY_ASSIGN_OR_RETURN(m.seq, r.UInt("seq"));
+      FERRY_ASSIGN_OR_RETURN(uint64_t dp, Bounded(r, "dp_rank", 0, kMaxDpRanks - 1));
+      m.dp_rank = static_cast<uint32_t>(dp);
+      FERRY_ASSIGN_OR_RETURN(uint64_t t, Bounded(r, "num_tokens", 0, kMaxTokens));
+      FERRY_ASSIGN_OR_RETURN(uint64_t q, Bounded(r, "num_reqs", 0, kMaxRequests));
+      m.num_tokens = static_cast<uint32_t>(t);
+      m.num_reqs = static_cast<uint32_t>(q);
+      out = AnyMessage(m);
+      break;
+    }
+    case MessageType::kReply: {
+      Reply m;
+      FERRY_ASSIGN_OR_RETURN(m.seq, r.UInt("seq"));
+      FERRY_RETURN_IF_ERROR(GetStatus(r, &m.status));
+      out = AnyMessage(std::move(m));
+      break;
+    }
+  }
+  if (out.ok() && !r.done()) return Bad("trailing fields");
+  return out;
+}
+
+}  // namespace ferry::embed::service

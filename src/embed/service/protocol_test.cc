@@ -1,0 +1,122 @@
+#include "embed/service/protocol.h"
+
+#include <gtest/gtest.h>
+
+#include "base/codec.h"
+
+namespace ferry::embed::service {
+namespace {
+
+Register SampleRegister() {
+  Register r;
+  r.dp_rank = 3;
+  r.tp_rank = 0;
+  r.tp_size = 2;
+  r.max_tokens = 512;
+  r.max_reqs = 64;
+  r.context_len = 2;
+  r.token_bytes = 5120;
+  r.layers = {{7, 0, 4096, "", ""}, {9, 8192, 4160, "", ""}};
+  r.has_inputs = true;
+  r.inputs = {0, 2048, 2560};
+  return r;
+}
+
+TEST(EmbedProtocol, RoundTripsEveryMessage) {
+  Register r = SampleRegister();
+  Result<AnyMessage> d = Decode(Encode(r));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  const Register& back = std::get<Register>(*d);
+  EXPECT_EQ(back.dp_rank, 3u);
+  EXPECT_EQ(back.tp_size, 2u);
+  EXPECT_EQ(back.max_tokens, 512u);
+  ASSERT_EQ(back.layers.size(), 2u);
+  EXPECT_EQ(back.layers[1].layer, 9u);
+  EXPECT_EQ(back.layers[1].output_offset, 8192u);
+  EXPECT_EQ(back.layers[1].flag_offset, 4160u);
+  EXPECT_EQ(back.inputs.ngram_context, 2560u);
+
+  Result<AnyMessage> q = Decode(Encode(Request{42, 8192, 8, 3}));
+  ASSERT_TRUE(q.ok());
+  EXPECT_EQ(std::get<Request>(*q).seq, 42u);
+  EXPECT_EQ(std::get<Request>(*q).num_tokens, 8192u);
+  EXPECT_EQ(std::get<Request>(*q).num_reqs, 8u);
+  EXPECT_EQ(std::get<Request>(*q).dp_rank, 3u);
+
+  Result<AnyMessage> p = Decode(Encode(Reply{5, Status(Code::kOutOfRange, "id 9 >= V")}));
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(std::get<Reply>(*p).seq, 5u);
+  EXPECT_EQ(std::get<Reply>(*p).status.code(), Code::kOutOfRange);
+  EXPECT_EQ(std::get<Reply>(*p).status.message(), "id 9 >= V");
+
+  Result<AnyMessage> ok = Decode(Encode(Registered{Status::Ok()}));
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE(std::get<Registered>(*ok).status.ok());
+}
+
+TEST(EmbedProtocol, RejectsEveryTruncation) {
+  std::string bytes = Encode(SampleRegister());
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    Result<AnyMessage> d = Decode(std::string_view(bytes).substr(0, n));
+    ASSERT_FALSE(d.ok()) << n;
+    EXPECT_EQ(d.status().code(), Code::kInvalidArgument) << n;
+  }
+}
+
+TEST(EmbedProtocol, RejectsOtherVersionsAndTypes) {
+  codec::Writer w;
+  w.Array(5);
+  w.UInt(kProtocolVersion + 1);
+  w.UInt(3);
+  w.UInt(1);
+  w.UInt(1);
+  w.UInt(1);
+  EXPECT_EQ(Decode(w.Take()).status().code(), Code::kUnsupported);
+  w.Array(2);
+  w.UInt(kProtocolVersion);
+  w.UInt(99);
+  EXPECT_EQ(Decode(w.Take()).status().code(), Code::kInvalidArgument);
+}
+
+TEST(EmbedProtocol, RejectsOutOfRangeFields) {
+  Register r = SampleRegister();
+  r.tp_rank = 2;  // >= tp_size
+  EXPECT_EQ(Decode(Encode(r)).status().code(), Code::kInvalidArgument);
+  r = SampleRegister();
+  r.max_tokens = kMaxTokens + 1;
+  EXPECT_EQ(Decode(Encode(r)).status().code(), Code::kInvalidArgument);
+  r = SampleRegister();
+  r.has_inputs = false;  // rank 0 must bring the inputs
+  EXPECT_EQ(Decode(Encode(r)).status().code(), Code::kInvalidArgument);
+  r = SampleRegister();
+  r.layers[1].flag_offset = 4161;  // unaligned
+  EXPECT_EQ(Decode(Encode(r)).status().code(), Code::kInvalidArgument);
+  r = SampleRegister();
+  r.layers[1].layer = 7;  // twice
+  EXPECT_EQ(Decode(Encode(r)).status().code(), Code::kInvalidArgument);
+  r = SampleRegister();
+  r.layers[0].output_ipc = std::string(64, 'x');  // host mode carries no IPC handle
+  EXPECT_EQ(Decode(Encode(r)).status().code(), Code::kInvalidArgument);
+  r = SampleRegister();
+  r.mode = OutputMode::kCuda;  // CUDA mode needs 64-byte handles
+  EXPECT_EQ(Decode(Encode(r)).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Decode(Encode(Request{1, kMaxTokens + 1, 1})).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(Decode(Encode(Request{1, 1, 1, kMaxDpRanks})).status().code(), Code::kInvalidArgument);
+}
+
+TEST(EmbedProtocol, RejectsTrailingFields) {
+  std::string bytes = Encode(Request{1, 2, 3});
+  codec::Writer w;
+  w.Array(7);
+  w.UInt(kProtocolVersion);
+  w.UInt(3);
+  w.UInt(1);
+  w.UInt(0);
+  w.UInt(2);
+  w.UInt(3);
+  w.UInt(4);
+  EXPECT_EQ(Decode(w.Take()).status().code(), Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ferry::embed::service

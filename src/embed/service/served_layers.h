@@ -1,0 +1,27 @@
+// MakeServedLayers: the layers a service serves, from one base configuration (Config::layer
+// ignored) and a list of layer indices: each layer's Layout, and either one synthetic table
+// shared by all layers (sized for the largest layer unless `synthetic_rows` says otherwise) or
+// one safetensors file per layer, in the order of `layers`.
+//
+// Thread safety: a pure function; `pool` (optional) fills a synthetic table in parallel.
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "embed/config.h"
+#include "embed/service/server.h"
+#include "ferry/status.h"
+
+namespace ferry::embed::service {
+
+// kInvalidArgument for no layers, a bad configuration or a file count other than 0 or
+// layers.size(); the table's errors otherwise.
+Result<std::vector<ServedLayer>> MakeServedLayers(const Config& base,
+                                                  std::span<const uint32_t> layers, Dtype dtype,
+                                                  std::span<const std::string> files,
+                                                  uint64_t synthetic_rows, ThreadPool* pool);
+
+}  // namespace ferry::embed::service

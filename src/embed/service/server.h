@@ -1,0 +1,78 @@
+// Server: the embedding-offload service behind `ferry embed-serve`, one per node.
+//
+// GPU workers (data-parallel x tensor-parallel ranks) connect to a Unix socket and register
+// (protocol.h): their per-layer output buffers and flags, and, from tensor-parallel rank 0,
+// the shared inputs. A data-parallel rank's group serves the steps that its rank 0 requests,
+// in order, on the group's own thread, so several data-parallel ranks are served concurrently
+// (their gathers share one Gatherer's threads). Per step and layer: wait until every rank of
+// the group released the layer's previous output (flag back to kFlagReset), compute the row
+// ids and gather the rows into staging in chunks, copy each chunk to every rank's buffer as
+// soon as it is gathered, then set every rank's flag to kFlagDone. A step that fails
+// (bad request, a wait past its deadline, a rank gone) sets kFlagFailed on the layers it did
+// not finish, for every rank, and its Reply carries the error.
+//
+// A client that disconnects (or dies) loses its registration at once; the group keeps
+// serving once the rank registers again, and other groups are not affected. Registrations are
+// checked against the served layers and table (token bytes, n-gram context, layer indices) and
+// every registered offset and size against the memory it lies in.
+//
+// Thread safety: Create() starts the threads; Stop() (also run by the destructor) ends them;
+// the accessors may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "embed/config.h"
+#include "embed/gather.h"
+#include "embed/table.h"
+#include "ferry/status.h"
+
+namespace ferry::embed::service {
+
+// One layer the service serves: its layout (Config::layer set) and its table.
+struct ServedLayer {
+  Layout layout;
+  std::shared_ptr<const Table> table;
+};
+
+struct ServerOptions {
+  std::string socket_path;
+  GatherOptions gather;  // threads, chunk size, prefetch
+  std::chrono::nanoseconds wait_timeout =
+      std::chrono::seconds(30);  // released outputs, absent ranks
+  size_t max_queued_steps = 16;  // per data-parallel rank; more: kResourceExhausted
+};
+
+struct ServerStats {
+  uint64_t registrations = 0;  // accepted so far
+  uint64_t live_clients = 0;
+  uint64_t steps_ok = 0;
+  uint64_t steps_failed = 0;
+};
+
+class Server {
+ public:
+  // kInvalidArgument for no layers, duplicate layer indices or layouts that disagree on V or N.
+  static Result<std::unique_ptr<Server>> Create(const ServerOptions& options,
+                                                std::vector<ServedLayer> layers);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  void Stop();
+  ServerStats stats() const;
+  const std::string& socket_path() const;
+
+  struct Impl;
+
+ private:
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry::embed::service

@@ -1,0 +1,130 @@
+// Internal to the embedding-offload server (server.cc, server_steps.cc): the registered
+// ranks, the data-parallel groups and their step queues, and Server::Impl.
+//
+// Thread safety: Group::mu guards a group's members and queue; Impl::mu guards the group map
+// and the connection list. A step's worker thread owns its group's staging and input copies.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/runtime.h"
+#include "embed/gather.h"
+#include "embed/row_ids.h"
+#include "embed/service/output_sink.h"
+#include "embed/service/protocol.h"
+#include "embed/service/server.h"
+#include "embed/service/shared_memory.h"
+#include "embed/service/unix_socket.h"
+
+namespace ferry::embed::service {
+namespace internal {
+
+struct Connection {
+  UniqueFd fd;
+  std::mutex send_mu;
+  std::thread thread;
+  std::atomic<bool> finished{false};
+
+  Status Send(const std::string& bytes) {
+    std::lock_guard<std::mutex> lock(send_mu);
+    return service::Send(fd.get(), bytes);
+  }
+};
+
+// One registered GPU worker.
+struct Member {
+  Register reg;
+  std::vector<size_t> served;            // slot -> index into Impl::layers
+  std::shared_ptr<SharedMemory> inputs;  // tensor-parallel rank 0 only
+  std::unique_ptr<OutputSink> sink;
+  std::shared_ptr<Connection> conn;
+  std::atomic<bool> alive{true};
+};
+
+struct Step {
+  Request request;
+  Status error;  // set: the step fails without reading inputs (a malformed request)
+};
+
+// One data-parallel rank: its members and its queue of steps, served by `worker`.
+struct Group {
+  uint32_t dp_rank = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::shared_ptr<Member>> members;  // GUARDED_BY(mu), tp_size entries
+  std::deque<Step> queue;                        // GUARDED_BY(mu)
+  bool stopping = false;                         // GUARDED_BY(mu)
+  std::thread worker;
+  // Used by the worker thread only.
+  std::vector<uint8_t> staging;
+  bool staging_pinned = false;  // page-locked for copies to GPUs
+  ~Group() {
+    if (staging_pinned) (void)cuda::HostUnregister(staging.data());
+  }
+  std::vector<int32_t> tokens, qsl, context;
+};
+
+inline bool SameShape(const Register& a, const Register& b) {
+  if (a.tp_size != b.tp_size || a.max_tokens != b.max_tokens || a.max_reqs != b.max_reqs ||
+      a.context_len != b.context_len || a.token_bytes != b.token_bytes ||
+      a.layers.size() != b.layers.size())
+    return false;
+  for (size_t i = 0; i < a.layers.size(); ++i)
+    if (a.layers[i].layer != b.layers[i].layer) return false;
+  return true;
+}
+
+inline std::string RankName(const Register& r) {
+  return "dp " + std::to_string(r.dp_rank) + " tp " + std::to_string(r.tp_rank);
+}
+
+}  // namespace internal
+
+struct Server::Impl {
+  using Connection = internal::Connection;
+  using Member = internal::Member;
+  using Step = internal::Step;
+  using Group = internal::Group;
+
+  ServerOptions options;
+  std::vector<ServedLayer> layers;
+  std::unique_ptr<Gatherer> gatherer;
+  UniqueFd listen_fd;
+  UniqueFd wake_fd;       // ends the accept loop
+  UniqueFd conn_wake_fd;  // ends the connection threads, once the groups have stopped
+  std::thread accept_thread;
+  std::atomic<bool> stopping{false};
+
+  std::mutex mu;
+  std::map<uint32_t, std::shared_ptr<Group>> groups;   // GUARDED_BY(mu)
+  std::list<std::shared_ptr<Connection>> connections;  // GUARDED_BY(mu)
+  bool stopped = false;                                // GUARDED_BY(mu)
+
+  std::atomic<uint64_t> registrations{0}, live{0}, steps_ok{0}, steps_failed{0};
+
+  void AcceptLoop();
+  void Serve(std::shared_ptr<Connection> conn);
+  Result<std::shared_ptr<Member>> Admit(const std::shared_ptr<Connection>& conn,
+                                        const Register& reg, std::vector<UniqueFd> fds);
+  Status Enroll(const std::shared_ptr<Member>& m);
+  void Leave(const std::shared_ptr<Member>& m);
+  void Enqueue(const std::shared_ptr<Member>& m, Step step);
+  void Work(std::shared_ptr<Group> g);
+  Status RunStep(Group& g, const std::vector<std::shared_ptr<Member>>& members, const Step& s);
+  Status RunLayer(Group& g, const std::vector<std::shared_ptr<Member>>& members, size_t slot,
+                  const StepInput& in);
+  Status WaitReleased(const std::vector<std::shared_ptr<Member>>& members, size_t slot,
+                      Deadline deadline);
+  void FailFrom(const std::vector<std::shared_ptr<Member>>& members, size_t slot);
+};
+
+}  // namespace ferry::embed::service

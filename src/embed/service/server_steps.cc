@@ -1,0 +1,183 @@
+// The step loop of a data-parallel group: wait for every rank's released outputs, gather each
+// layer's rows in chunks, copy each chunk to every rank as soon as it is gathered, set DONE;
+// on any failure set FAILED on the layers not done.
+#include <cstring>
+
+#include "base/log.h"
+#include "embed/service/server_internal.h"
+
+namespace ferry::embed::service {
+
+using internal::Connection;
+using internal::Group;
+using internal::Member;
+using internal::RankName;
+using internal::Step;
+
+void Server::Impl::Work(std::shared_ptr<Group> g) {
+  for (;;) {
+    Step step;
+    std::vector<std::shared_ptr<Member>> members;
+    {
+      std::unique_lock<std::mutex> lock(g->mu);
+      g->cv.wait(lock, [&] { return g->stopping || !g->queue.empty(); });
+      if (g->stopping) return;
+      step = std::move(g->queue.front());
+      g->queue.pop_front();
+      // A step needs every rank of the group; wait for absent ones up to the deadline.
+      Deadline deadline = Deadline::After(options.wait_timeout);
+      auto complete = [&] {
+        if (g->stopping || g->members.empty()) return true;
+        for (const auto& x : g->members)
+          if (x == nullptr) return false;
+        return true;
+      };
+      if (step.error.ok()) g->cv.wait_until(lock, deadline.at(), complete);
+      if (g->stopping) return;
+      members = g->members;
+    }
+    std::shared_ptr<Member> rank0 = members.empty() ? nullptr : members[0];
+    if (rank0 == nullptr) continue;  // rank 0 left: nobody asked any more
+    Status st = step.error;
+    if (st.ok()) {
+      for (size_t i = 0; i < members.size(); ++i)
+        if (members[i] == nullptr)
+          st = Status(Code::kUnavailable, "tp rank " + std::to_string(i) + " of dp rank " +
+                                              std::to_string(g->dp_rank) + " is not registered");
+    }
+    std::vector<std::shared_ptr<Member>> present;
+    for (auto& x : members)
+      if (x != nullptr) present.push_back(x);
+    if (st.ok()) {
+      st = RunStep(*g, present, step);
+    } else {
+      FailFrom(present, 0);
+    }
+    (st.ok() ? steps_ok : steps_failed)++;
+    if (!st.ok())
+      FERRY_LOG_WARN("embed-serve: dp {} step {} failed: {}", g->dp_rank, step.request.seq,
+                     st.ToString());
+    if (rank0->alive) (void)rank0->conn->Send(Encode(Reply{step.request.seq, st}));
+  }
+}
+
+Status Server::Impl::RunStep(Group& g, const std::vector<std::shared_ptr<Member>>& members,
+                             const Step& step) {
+  const Member& r0 = *members[0];
+  const Register& reg = r0.reg;
+  const Request& req = step.request;
+  Status st;
+  if (req.num_tokens > reg.max_tokens)
+    st = Status(Code::kOutOfRange, "num_tokens " + std::to_string(req.num_tokens) +
+                                       " exceeds the registered " + std::to_string(reg.max_tokens));
+  else if (req.num_reqs > reg.max_reqs)
+    st = Status(Code::kOutOfRange, "num_reqs " + std::to_string(req.num_reqs) +
+                                       " exceeds the registered " + std::to_string(reg.max_reqs));
+  if (!st.ok()) {
+    FailFrom(members, 0);
+    return st;
+  }
+  // Copy the inputs out of shared memory first: what is validated is what is used, whatever
+  // the client writes meanwhile.
+  const uint8_t* base = r0.inputs->data();
+  g.tokens.resize(req.num_tokens);
+  g.qsl.resize(req.num_reqs + 1);
+  g.context.resize(static_cast<size_t>(req.num_reqs) * reg.context_len);
+  std::memcpy(g.tokens.data(), base + reg.inputs.ids, g.tokens.size() * 4);
+  std::memcpy(g.qsl.data(), base + reg.inputs.query_start_loc, g.qsl.size() * 4);
+  std::memcpy(g.context.data(), base + reg.inputs.ngram_context, g.context.size() * 4);
+  StepInput in{g.tokens, g.qsl, g.context};
+  st = ValidateStep(layers[r0.served[0]].layout, in);
+  const size_t staging_bytes = reg.max_tokens * reg.token_bytes;
+  bool want_pinned = false;
+  for (const auto& m : members) want_pinned |= m->sink->wants_pinned_source();
+  if (g.staging.size() != staging_bytes || (want_pinned && !g.staging_pinned)) {
+    if (g.staging_pinned) (void)cuda::HostUnregister(g.staging.data());
+    g.staging_pinned = false;
+    g.staging.assign(staging_bytes, 0);
+    if (want_pinned) {
+      Status pin = cuda::HostRegister(g.staging.data(), g.staging.size());
+      if (!pin.ok()) st = pin.WithContext("page-locking the staging buffer");
+      g.staging_pinned = pin.ok();
+    }
+  }
+  for (size_t slot = 0; st.ok() && slot < r0.served.size(); ++slot) {
+    if (!r0.alive) return Status(Code::kAborted, "tp rank 0 left during the step");
+    st = RunLayer(g, members, slot, in);
+    if (!st.ok()) {
+      FailFrom(members, slot);
+      return st.WithContext("layer " + std::to_string(reg.layers[slot].layer));
+    }
+  }
+  if (!st.ok()) FailFrom(members, 0);
+  return st;
+}
+
+Status Server::Impl::WaitReleased(const std::vector<std::shared_ptr<Member>>& members, size_t slot,
+                                  Deadline deadline) {
+  for (const auto& m : members) {
+    for (int spin = 0;; ++spin) {
+      FERRY_ASSIGN_OR_RETURN(uint32_t v, m->sink->ReadFlag(slot));
+      if (v == kFlagReset) break;
+      if (stopping) return Status(Code::kAborted, "the service is stopping");
+      if (!m->alive) return Status(Code::kUnavailable, RankName(m->reg) + " left");
+      if (deadline.expired())
+        return Status(Code::kDeadlineExceeded, RankName(m->reg) +
+                                                   " did not release its previous output (flag " +
+                                                   std::to_string(v) + ")");
+      if (spin > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  return Status::Ok();
+}
+
+Status Server::Impl::RunLayer(Group& g, const std::vector<std::shared_ptr<Member>>& members,
+                              size_t slot, const StepInput& in) {
+  const Register& reg = members[0]->reg;
+  const ServedLayer& layer = layers[members[0]->served[slot]];
+  FERRY_RETURN_IF_ERROR(WaitReleased(members, slot, Deadline::After(options.wait_timeout)));
+  // The previous layer's copies read the staging that this layer's gather overwrites.
+  for (const auto& m : members)
+    FERRY_RETURN_IF_ERROR(m->sink->Drain(Deadline::After(options.wait_timeout)));
+  const uint64_t tb = reg.token_bytes;
+  // Rows go to the staging, or straight into the first rank's buffer when it is host memory;
+  // each finished chunk is copied from there to the other ranks at once.
+  uint8_t* direct = members[0]->sink->direct(slot);
+  uint8_t* gathered = direct != nullptr ? direct : g.staging.data();
+  std::mutex err_mu;
+  Status copy_error;
+  auto on_chunk = [&](int64_t begin, int64_t end) {
+    const uint64_t off = static_cast<uint64_t>(begin) * tb;
+    const uint64_t bytes = static_cast<uint64_t>(end - begin) * tb;
+    for (size_t i = direct != nullptr ? 1 : 0; i < members.size(); ++i) {
+      const auto& m = members[i];
+      Status s = m->sink->Write(slot, off, gathered + off, bytes);
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lock(err_mu);
+        if (copy_error.ok()) copy_error = s;
+      }
+    }
+  };
+  if (in.num_tokens() > 0) {
+    std::span<uint8_t> dst(gathered, static_cast<size_t>(in.num_tokens()) * tb);
+    FERRY_RETURN_IF_ERROR(gatherer->GatherStep(layer.layout, *layer.table, in, dst, on_chunk));
+  }
+  FERRY_RETURN_IF_ERROR(copy_error);
+  for (const auto& m : members) FERRY_RETURN_IF_ERROR(m->sink->Finish(slot, kFlagDone));
+  return Status::Ok();
+}
+
+void Server::Impl::FailFrom(const std::vector<std::shared_ptr<Member>>& members, size_t slot) {
+  // Wait (briefly) for each output to be released first, so that a release still in flight
+  // cannot erase the failure and leave a GPU stream waiting.
+  Deadline deadline = Deadline::After(
+      std::min<std::chrono::nanoseconds>(options.wait_timeout, std::chrono::seconds(2)));
+  for (const auto& m : members) {
+    for (size_t s = slot; s < m->sink->slots(); ++s) {
+      (void)WaitReleased({m}, s, deadline);
+      (void)m->sink->Signal(s, kFlagFailed);
+    }
+  }
+}
+
+}  // namespace ferry::embed::service

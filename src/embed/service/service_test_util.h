@@ -1,0 +1,134 @@
+// Helpers of the service tests: a small synthetic model, a server on a temporary socket, and
+// checks of output rows against the synthetic pattern at independently computed row ids.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "embed/config.h"
+#include "embed/row_ids.h"
+#include "embed/service/client.h"
+#include "embed/service/server.h"
+#include "embed/table.h"
+
+namespace ferry::embed::service::testing {
+
+// V 1000, N 3, H 2 (G 4), E 64 (d 16, bf16: 32-byte rows, 128-byte tokens), B 97, P 8.
+inline Config SmallConfig(int layer) {
+  Config c;
+  c.vocab_size = 1000;
+  c.eos_id = 2;
+  c.ngram_size = 3;
+  c.heads_per_ngram = 2;
+  c.embed_dim = 64;
+  c.base_vocab = 97;
+  c.row_padding = 8;
+  c.layer = layer;
+  return c;
+}
+inline constexpr uint64_t kTokenBytes = 64 * 2;
+inline const std::vector<uint32_t> kLayers = {0, 1, 2};
+
+inline std::string TempSocketPath(const std::string& name) {
+  return "/tmp/ferry-embed-" + std::to_string(::getpid()) + "-" + name + ".sock";
+}
+
+// The served layers: one synthetic table large enough for every layer's rows.
+inline std::vector<ServedLayer> SmallLayers() {
+  std::vector<Layout> layouts;
+  uint64_t rows = 0;
+  for (uint32_t l : kLayers) {
+    Result<Layout> layout = Layout::Create(SmallConfig(static_cast<int>(l)));
+    EXPECT_TRUE(layout.ok()) << layout.status().ToString();
+    rows = std::max(rows, layout->table_rows());
+    layouts.push_back(*layout);
+  }
+  Result<std::unique_ptr<Table>> table = Table::Synthetic(layouts[0], Dtype::kBf16, nullptr, rows);
+  EXPECT_TRUE(table.ok()) << table.status().ToString();
+  std::shared_ptr<const Table> shared = std::move(table).value();
+  std::vector<ServedLayer> out;
+  for (auto& l : layouts) out.push_back(ServedLayer{l, shared});
+  return out;
+}
+
+inline ServerOptions SmallServerOptions(const std::string& path) {
+  ServerOptions o;
+  o.socket_path = path;
+  o.gather.threads = 2;
+  o.gather.chunk_tokens = 16;
+  o.wait_timeout = std::chrono::seconds(5);
+  return o;
+}
+
+inline ClientOptions SmallClientOptions(const std::string& path, uint32_t dp, uint32_t tp,
+                                        uint32_t tp_size) {
+  ClientOptions o;
+  o.socket_path = path;
+  o.dp_rank = dp;
+  o.tp_rank = tp;
+  o.tp_size = tp_size;
+  o.max_tokens = 512;
+  o.max_reqs = 64;
+  o.context_len = 2;
+  o.token_bytes = kTokenBytes;
+  o.layers = kLayers;
+  o.connect_timeout = std::chrono::seconds(10);
+  o.step_timeout = std::chrono::seconds(5);
+  return o;
+}
+
+struct StepData {
+  std::vector<int32_t> tokens, qsl, ctx;
+};
+
+// num_tokens tokens in num_reqs equal requests (the last takes the rest), ids with EOS and
+// negative padding ids sprinkled in.
+inline StepData MakeStep(uint32_t num_reqs, uint32_t num_tokens, uint32_t seed) {
+  std::mt19937 rng(seed);
+  StepData s;
+  for (uint32_t i = 0; i < num_tokens; ++i) {
+    uint32_t r = rng() % 100;
+    s.tokens.push_back(r < 5 ? 2 : r < 7 ? -1 : static_cast<int32_t>(rng() % 1000));
+  }
+  for (uint32_t r = 0; r <= num_reqs; ++r)
+    s.qsl.push_back(r == num_reqs ? num_tokens : r * (num_tokens / num_reqs));
+  for (uint32_t i = 0; i < num_reqs * 2; ++i) s.ctx.push_back(static_cast<int32_t>(rng() % 1000));
+  return s;
+}
+
+inline void WriteInputs(Client& c, const StepData& s) {
+  std::memcpy(c.input_ids().data(), s.tokens.data(), s.tokens.size() * 4);
+  std::memcpy(c.query_start_loc().data(), s.qsl.data(), s.qsl.size() * 4);
+  std::memcpy(c.ngram_context().data(), s.ctx.data(), s.ctx.size() * 4);
+}
+
+// Checks every byte of the slot's first num_tokens rows against SyntheticRow at the row ids.
+inline void ExpectRows(Client& c, size_t slot, const StepData& s) {
+  Result<Layout> layout = Layout::Create(SmallConfig(static_cast<int>(kLayers[slot])));
+  ASSERT_TRUE(layout.ok());
+  StepInput in{s.tokens, s.qsl, s.ctx};
+  const int G = layout->num_heads();
+  std::vector<uint64_t> ids(s.tokens.size() * G);
+  ASSERT_TRUE(ComputeRowIds(*layout, in, ids).ok());
+  const uint64_t row_bytes = kTokenBytes / G;
+  std::vector<uint8_t> want(row_bytes);
+  const uint8_t* got = c.output(slot).data();
+  for (size_t t = 0; t < s.tokens.size(); ++t) {
+    for (int h = 0; h < G; ++h) {
+      uint64_t id = ids[t * G + h];
+      if (id == kPaddingRow)
+        std::fill(want.begin(), want.end(), 0);
+      else
+        SyntheticRow(id, row_bytes, want.data());
+      ASSERT_EQ(std::memcmp(got + (t * G + h) * row_bytes, want.data(), row_bytes), 0)
+          << "slot " << slot << " token " << t << " head " << h;
+    }
+  }
+}
+
+}  // namespace ferry::embed::service::testing

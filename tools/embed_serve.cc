@@ -1,0 +1,130 @@
+// `ferry embed-serve`: the embedding-offload service of one node (src/embed/service/). It
+// builds the layers' layouts from the model flags, opens one safetensors table per layer
+// (--table, repeated) or a synthetic one, listens on --socket and serves until SIGINT or
+// SIGTERM. --ready-file is written once the socket listens (for scripts and tests).
+#include <fmt/format.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "commands.h"
+#include "embed/config.h"
+#include "embed/service/served_layers.h"
+#include "embed/service/server.h"
+
+namespace ferry::tools {
+namespace {
+
+constexpr std::string_view kCmd = "embed-serve";
+
+struct ServeFlags {
+  std::string socket;
+  std::string ready_file;
+  int64_t vocab = 248320;
+  int64_t eos = 1;
+  int ngram = 3;
+  int heads = 8;
+  int64_t embed_dim = 2560;
+  uint64_t base_vocab = 20000000;
+  uint64_t padding = 128;
+  uint64_t seed = 1234;
+  std::vector<uint32_t> layers = {0};
+  std::string dtype = "bf16";
+  std::vector<std::string> tables;
+  uint64_t synthetic_rows = 0;
+  int threads = 4;
+  int64_t chunk_tokens = 32;
+  double wait_timeout_s = 30;
+};
+
+Status Serve(const ServeFlags& f) {
+  embed::Config c;
+  c.vocab_size = f.vocab;
+  c.eos_id = f.eos;
+  c.ngram_size = f.ngram;
+  c.heads_per_ngram = f.heads;
+  c.embed_dim = f.embed_dim;
+  c.base_vocab = f.base_vocab;
+  c.row_padding = f.padding;
+  c.seed = f.seed;
+  FERRY_ASSIGN_OR_RETURN(embed::Dtype dtype, embed::ParseDtype(f.dtype));
+  if (f.wait_timeout_s <= 0)
+    return Status(Code::kInvalidArgument, "--wait-timeout must be positive");
+  std::vector<embed::service::ServedLayer> layers;
+  {
+    ThreadPool pool(std::max(1, f.threads), "embed-fill");
+    FERRY_ASSIGN_OR_RETURN(layers, embed::service::MakeServedLayers(c, f.layers, dtype, f.tables,
+                                                                    f.synthetic_rows, &pool));
+  }
+  embed::service::ServerOptions o;
+  o.socket_path = f.socket;
+  o.gather.threads = f.threads;
+  o.gather.chunk_tokens = f.chunk_tokens;
+  o.wait_timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(f.wait_timeout_s));
+  // Signals are taken synchronously below; block them before any thread starts.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  FERRY_ASSIGN_OR_RETURN(auto server, embed::service::Server::Create(o, std::move(layers)));
+  fmt::print("ferry embed-serve: listening on {} ({} layers, {} table)\n", f.socket,
+             f.layers.size(), f.tables.empty() ? "synthetic" : "file");
+  std::fflush(stdout);
+  if (!f.ready_file.empty()) {
+    std::FILE* rf = std::fopen(f.ready_file.c_str(), "w");
+    if (rf == nullptr) return Status(Code::kInvalidArgument, "cannot write " + f.ready_file);
+    std::fputs(f.socket.c_str(), rf);
+    std::fclose(rf);
+  }
+  int sig = 0;
+  sigwait(&set, &sig);
+  server->Stop();
+  auto st = server->stats();
+  fmt::print("ferry embed-serve: stopped by signal {}: {} registrations, {} steps, {} failed\n",
+             sig, st.registrations, st.steps_ok + st.steps_failed, st.steps_failed);
+  return Status::Ok();
+}
+
+}  // namespace
+
+void AddEmbedServeCommand(CLI::App& app, int* exit_code) {
+  CLI::App* cmd = app.add_subcommand(
+      "embed-serve", "Serve offloaded n-gram embedding rows to the GPU workers of this node");
+  auto f = std::make_shared<ServeFlags>();
+  cmd->add_option("--socket", f->socket, "Unix socket path to listen on")->required();
+  cmd->add_option("--ready-file", f->ready_file, "Written once the socket listens");
+  cmd->add_option("--vocab", f->vocab, "V: vocabulary size")->capture_default_str();
+  cmd->add_option("--eos", f->eos, "EOS token id")->capture_default_str();
+  cmd->add_option("--ngram", f->ngram, "N: n-gram size")->capture_default_str();
+  cmd->add_option("--heads", f->heads, "H: heads per n-gram order")->capture_default_str();
+  cmd->add_option("--embed-dim", f->embed_dim, "E: values per token")->capture_default_str();
+  cmd->add_option("--base-vocab", f->base_vocab, "B: head sizes start at B")->capture_default_str();
+  cmd->add_option("--padding", f->padding, "P: table rows padded to a multiple of P")
+      ->capture_default_str();
+  cmd->add_option("--seed", f->seed, "S: hash seed")->capture_default_str();
+  cmd->add_option("--layers", f->layers, "Layer indices served")->capture_default_str();
+  cmd->add_option("--dtype", f->dtype, "Row dtype: bf16, f16, f32, f8_e4m3, nvfp4")
+      ->capture_default_str();
+  cmd->add_option("--table", f->tables, "Safetensors table, one per layer (default: synthetic)");
+  cmd->add_option("--synthetic-rows", f->synthetic_rows,
+                  "Rows of the synthetic table (0: the largest layer's)")
+      ->capture_default_str();
+  cmd->add_option("--threads", f->threads, "Gather threads")->capture_default_str();
+  cmd->add_option("--chunk-tokens", f->chunk_tokens, "Tokens per gather and copy chunk")
+      ->capture_default_str();
+  cmd->add_option("--wait-timeout", f->wait_timeout_s,
+                  "Seconds a step waits for released outputs or absent ranks")
+      ->capture_default_str();
+  cmd->callback([f, exit_code] {
+    Status s = Serve(*f);
+    *exit_code = s.ok() ? 0 : Fail(kCmd, s);
+  });
+}
+
+}  // namespace ferry::tools
