@@ -25,6 +25,10 @@ constexpr size_t kFewPieces = 4;
 // device; one launch takes at most a quarter of it so that batches overlap.
 constexpr size_t kRingPieces = size_t{1} << 17;
 constexpr size_t kMaxLaunchPieces = kRingPieces / 4;
+// The first launch of a batch carries at most this many pieces and each later one twice the
+// last, so that the GPU starts while the CPU still fills descriptors for the rest: on an H200 a
+// first launch of 32,768 pieces kept the link idle for about 1.4 ms of a 27 ms batch.
+constexpr size_t kFirstLaunchPieces = 2048;
 
 // Walks the kernel's share of a batch (pieces under kLargePieceBytes, unless the batch goes
 // to the DMA engines whole), cutting each copy into pieces of at most kMaxPieceBytes.
@@ -261,8 +265,9 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
   Status error;
   if (!dma.empty()) error = EnqueueDmaLocked(dma, /*batched=*/!options.pageable, &enqueued);
   auto backoff = std::chrono::microseconds(5);
+  size_t launch = kFirstLaunchPieces;
   for (size_t begin = 0; error.ok() && begin < kernel_pieces;) {
-    const size_t n = std::min(kMaxLaunchPieces, kernel_pieces - begin);
+    const size_t n = std::min(launch, kernel_pieces - begin);
     size_t at = 0;
     if (!AllocRingLocked(n, &at)) {
       // The ring is full of batches in flight: complete what has finished, then back off.
@@ -290,6 +295,7 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
                        "launch batch copy kernel");
     }
     begin += n;
+    launch = std::min(launch * 2, kMaxLaunchPieces);
     const bool last = begin == kernel_pieces || !error.ok();
     Status pushed = PushSegmentLocked(true, at + n, last ? completion : nullptr, error);
     if (!pushed.ok()) {
