@@ -1,6 +1,9 @@
 // The UVA-mode kernel (see uva_kernels.h). One warp per token in a grid-stride loop: lanes
-// compute the ids of 32 heads at a time, then the warp copies those rows one after the other,
-// 16 bytes per lane where rows, table and destination allow, bytewise otherwise.
+// compute the ids of 32 heads at a time. Then, where rows, table and destination allow 16-byte
+// words, the warp treats those heads' rows as one array of words and each lane loads up to
+// kWordsInFlight of them before storing any: every row read over the link is in flight at once,
+// instead of one round trip per row (a store may alias a later load, so the compiler cannot
+// hoist the loads itself). Otherwise rows are copied one by one, bytewise.
 #include <cuda_runtime.h>
 
 #include "embed/uva_device.h"
@@ -11,6 +14,33 @@ namespace {
 
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 4;
+// 16-byte words each lane keeps in flight: 32 lanes x 10 words = 16 rows of 320 bytes, one
+// token of the model's layout, in one round trip.
+constexpr int kWordsInFlight = 10;
+
+// Copies (or zeroes, for rows >= table_rows) the rows of heads [hb, hb + count) of one token,
+// whose ids sit in lanes 0..count-1 of `id`. REQUIRES: 16-byte aligned rows, table and dst.
+__device__ void CopyRowsWide(uint4* __restrict__ out, const uint4* __restrict__ table, uint64_t table_rows,
+                             uint32_t words_per_row, uint64_t id, int count, int lane) {
+  const uint32_t total = static_cast<uint32_t>(count) * words_per_row;
+  for (uint32_t base = 0; base < total; base += kWarp * kWordsInFlight) {
+    uint4 v[kWordsInFlight];
+#pragma unroll
+    for (int u = 0; u < kWordsInFlight; ++u) {
+      const uint32_t k = base + u * kWarp + lane;
+      const uint32_t h = k < total ? k / words_per_row : 0;
+      const uint64_t row = __shfl_sync(0xffffffffu, id, static_cast<int>(h));
+      if (k < total) {
+        v[u] = row < table_rows ? table[row * words_per_row + (k - h * words_per_row)] : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kWordsInFlight; ++u) {
+      const uint32_t k = base + u * kWarp + lane;
+      if (k < total) out[k] = v[u];
+    }
+  }
+}
 
 __device__ __forceinline__ void Fail(int32_t* error, int32_t kind) { atomicCAS(error, 0, kind); }
 
@@ -60,6 +90,12 @@ __global__ void UvaGatherKernel(UvaStepArgs a) {
       const int h = hb + lane;
       const uint64_t id = real && h < a.num_heads ? uva::RowId(a, t, r, i, h) : uva::kNoRow;
       const int count = a.num_heads - hb < kWarp ? a.num_heads - hb : kWarp;
+      if (wide) {
+        CopyRowsWide(reinterpret_cast<uint4*>(out + static_cast<uint64_t>(hb) * a.row_bytes),
+                     reinterpret_cast<const uint4*>(a.table), a.table_rows,
+                     static_cast<uint32_t>(a.row_bytes / 16), id, count, lane);
+        continue;
+      }
       for (int j = 0; j < count; ++j) {  // then the warp copies those rows one by one
         const uint64_t row = __shfl_sync(0xffffffffu, id, j);
         uint8_t* d = out + static_cast<uint64_t>(hb + j) * a.row_bytes;
