@@ -23,7 +23,7 @@ if ! { cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_WITH_C
          -DFERRY_WITH_PYTHON=ON -DPython3_EXECUTABLE="$(command -v python3)" -DFERRY_WITH_BENCH=ON &&
        cmake --build "$build" -j "$jobs" --target \
          cuda_ipc_test cuda_ipc_gpu_test cuda_process_test cuda_path_test cuda_runtime_test ucx_test notify_route_test \
-         engine_test ferry_test_peer ferry_bench_cuda embed_test embed_uva_test ferry_bench_embed \
+         engine_test ferry_test_peer ferry_bench_cuda embed_test embed_uva_test ferry_bench_embed ferry embed_service_test embed_service_cuda_test \
          ${FERRY_GPU_EXTRA_TARGETS:-}; } > "$out/gpu_build.log" 2>&1; then
   echo "build failed; see $out/gpu_build.log"
   tail -30 "$out/gpu_build.log"
@@ -58,4 +58,15 @@ echo "embedding benchmarks -> $out/gpu_embed_bench.log"
 FERRY_EMBED_TABLE_GB="${FERRY_EMBED_TABLE_GB:-32}" "$build/bench/ferry_bench_embed" --benchmark_min_time=0.3 \
   > "$out/gpu_embed_bench.log" 2>&1 || status=1
 cat "$out/gpu_embed_bench.log"
+
+# The embedding service's step (request sent to DONE visible on the GPU) against a torch
+# reference, with a table of at least 32 GB (B = 6,500,000: 104 M rows of 320 bytes).
+echo "embedding service benchmarks -> $out/gpu_embed_service.log"
+vocab="${FERRY_EMBED_BASE_VOCAB:-6500000}"
+{
+  "$build/tools/ferry" bench-embed --kind cuda --base-vocab "$vocab" --threads 12 --iters 50
+  PYTHONPATH="$build/python" python3 bench/embed_service_reference.py --ferry "$build/tools/ferry" \
+    --cuda --base-vocab "$vocab" --threads 12 --iters 50
+} > "$out/gpu_embed_service.log" 2>&1 || status=1
+cat "$out/gpu_embed_service.log"
 exit $status
