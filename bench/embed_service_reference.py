@@ -8,9 +8,10 @@ For each step shape (8192 tokens in 8 requests, 256 in 256) with the model's hea
 (V 248320, N 3, H 8, E 2560; B from --base-vocab so the synthetic table fits here), it times
   - ferry: a `ferry embed-serve` process and the Python client; request sent to every layer's
     DONE visible (with --cuda, outputs in GPU memory from torch tensors and a stream wait);
-  - reference: the same rows by torch.index_select on the same table (numpy.take without
-    torch), then, with --cuda, a pinned staging copy and a host-to-device copy. The reference
-    is handed the row ids, computed outside its timing (it does no hashing at all).
+  - reference: the design of vLLM's PLE offload written with torch: the row ids by tensor ops
+    (torch_row_ids below, checked against ferry's ids before timing), the rows by
+    torch.index_select into pinned memory, then, with --cuda, one host-to-device copy. Without
+    torch, numpy.take of rows whose ids were computed outside the timing.
 Medians of --iters steps, side by side in one run.
 """
 
@@ -64,6 +65,45 @@ def main():
         proc.wait()
 
 
+def torch_row_ids(layout, tokens, qsl, ctx):
+    """Row ids of one step by torch tensor ops (the reference's hashing), int64 [T * G].
+
+    uint64 arithmetic is done in int64, whose multiplication and xor wrap to the same bits;
+    the unsigned modulo is taken on the low 63 bits plus 2^63 mod m for negative values."""
+    n, g = layout.ngram_size, layout.num_heads
+    hpn = layout.config.heads_per_ngram
+    eos = layout.config.eos_id
+    m = [int(v) - (1 << 64) if int(v) >= 1 << 63 else int(v) for v in layout.multipliers]
+    sizes = torch.tensor(list(layout.head_sizes), dtype=torch.int64)
+    offsets = torch.tensor(list(layout.head_offsets), dtype=torch.int64)
+    t_all = tokens.shape[0]
+    used = int(qsl[-1])
+    tok = tokens[:used].to(torch.int64).clamp_min(0)
+    pos = torch.arange(used, dtype=torch.int64)
+    req = torch.searchsorted(qsl[1:].to(torch.int64), pos, right=True)
+    idx = pos - qsl[:-1].to(torch.int64)[req]
+    ctx64 = ctx.to(torch.int64).clamp_min(0)
+    mix = tok * m[0]
+    blocked = torch.zeros(used, dtype=torch.bool)
+    out = torch.empty(used, g, dtype=torch.int64)
+    low63 = (1 << 63) - 1
+    for s in range(1, n):
+        from_step = tok[(pos - s).clamp_min(0)]
+        from_ctx = ctx64[req, (n - 1 + idx - s).clamp(0, n - 2)]
+        v = torch.where(idx >= s, from_step, from_ctx)
+        y = torch.where(blocked, torch.full_like(v, eos), v)
+        blocked = blocked | (v == eos)
+        mix = mix ^ (y * m[s])
+        for k in range(hpn):
+            h = (s - 1) * hpn + k
+            size = sizes[h]
+            r = ((mix & low63) % size + (mix < 0).to(torch.int64) * ((1 << 63) % int(size))) % size
+            out[:, h] = r + offsets[h]
+    full = torch.full((t_all, g), -1, dtype=torch.int64)
+    full[:used] = out
+    return full.reshape(-1)
+
+
 def run(args, sock):
     layout = embed.Layout(embed.Config(vocab_size=V, eos_id=1, ngram_size=N, heads_per_ngram=H,
                                        embed_dim=E, base_vocab=args.base_vocab, row_padding=P))
@@ -87,7 +127,7 @@ def run(args, sock):
         client = embed_service.Client(sock, **common)
         stream = 0
         table_t = torch.from_numpy(rows_np) if torch is not None else None
-    ref_name = "torch.index_select" if torch is not None else "numpy.take"
+    ref_name = "torch ids + index_select" if torch is not None else "numpy.take"
     if args.cuda:
         ref_name += " + pinned copy + H2D"
     print(f"| step (tokens x requests) | ferry service step ms | {ref_name} ms | ratio |")
@@ -113,17 +153,22 @@ def run(args, sock):
             if it:
                 svc.append((t1 - t0) * 1e3)
         ref = []
-        ids_t = torch.from_numpy(ids) if torch is not None else None
+        if torch is not None:
+            tokens_t, qsl_t, ctx_t = torch.from_numpy(tokens), torch.from_numpy(qsl), torch.from_numpy(ctx)
+            check = torch_row_ids(layout, tokens_t, qsl_t, ctx_t).numpy()
+            if not np.array_equal(check, ids):
+                raise SystemExit("the torch reference's row ids differ from ferry's")
         for it in range(args.iters + 1):
             t0 = time.perf_counter()
             if torch is None:
                 out = np.take(rows_np, ids, axis=0)
             elif args.cuda:
+                ids_t = torch_row_ids(layout, tokens_t, qsl_t, ctx_t)
                 torch.index_select(table_t, 0, ids_t, out=staging[: ids.size])
                 dev[: ids.size].copy_(staging[: ids.size], non_blocking=True)
                 torch.cuda.current_stream().synchronize()
             else:
-                out = torch.index_select(table_t, 0, ids_t)
+                out = torch.index_select(table_t, 0, torch_row_ids(layout, tokens_t, qsl_t, ctx_t))
             t1 = time.perf_counter()
             if it:
                 ref.append((t1 - t0) * 1e3)
