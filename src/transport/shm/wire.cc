@@ -1,0 +1,65 @@
+#include "transport/shm/wire.h"
+
+#include <cstring>
+
+namespace ferry::internal::shm {
+namespace {
+
+void Put64(char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(static_cast<uint8_t>(v >> (8 * i)));
+}
+uint64_t Get64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+Status Bad(const std::string& what) { return Status(Code::kInvalidArgument, "malformed shm message: " + what); }
+
+bool CarriesPayload(MsgType t) { return t == MsgType::kHello || t == MsgType::kNotify; }
+
+}  // namespace
+
+// Layout: [0] version [1] type [2] code [3..7] zero [8] token [16] region [24] offset [32] size.
+std::string Encode(const Header& h, std::string_view payload) {
+  std::string out(kHeaderBytes, '\0');
+  out[0] = static_cast<char>(kWireVersion);
+  out[1] = static_cast<char>(h.type);
+  out[2] = static_cast<char>(h.code);
+  Put64(out.data() + 8, h.token);
+  Put64(out.data() + 16, h.region);
+  Put64(out.data() + 24, h.offset);
+  Put64(out.data() + 32, h.size);
+  out.append(payload);
+  return out;
+}
+
+Result<Message> Decode(const void* data, size_t length) {
+  if (data == nullptr || length < kHeaderBytes) return Bad("message of " + std::to_string(length) + " bytes");
+  const auto* p = static_cast<const uint8_t*>(data);
+  if (p[0] != kWireVersion) return Bad("wire version " + std::to_string(p[0]));
+  if (p[1] < static_cast<uint8_t>(MsgType::kHello) || p[1] > static_cast<uint8_t>(MsgType::kUnmapped))
+    return Bad("unknown message type " + std::to_string(p[1]));
+  for (int i = 3; i < 8; ++i)
+    if (p[i] != 0) return Bad("reserved bytes are not zero");
+  Message m;
+  m.header.type = static_cast<MsgType>(p[1]);
+  m.header.code = p[2];
+  if (m.header.code > static_cast<uint8_t>(Code::kInProgress)) return Bad("unknown status code");
+  m.header.token = Get64(p + 8);
+  m.header.region = Get64(p + 16);
+  m.header.offset = Get64(p + 24);
+  m.header.size = Get64(p + 32);
+  const size_t payload = length - kHeaderBytes;
+  if (CarriesPayload(m.header.type)) {
+    if (m.header.size != payload) return Bad("size does not match the payload");
+    if (payload > kMaxPayloadBytes) return Bad("payload of " + std::to_string(payload) + " bytes");
+    m.payload = std::string_view(reinterpret_cast<const char*>(p + kHeaderBytes), payload);
+  } else if (payload != 0) {
+    return Bad("unexpected payload");
+  }
+  if (m.header.type != MsgType::kOpenReply && m.header.type != MsgType::kAck && m.header.code != 0)
+    return Bad("status code on a request");
+  return m;
+}
+
+}  // namespace ferry::internal::shm
