@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # ferry's `ucx` transport between two processes of this machine against ucx_perftest (Debian's
-# ucx-utils), side by side in one run: shared memory (UCX's default choice) and TCP only.
-# Usage: bench/ucx_two_process.sh [ferry binary]   (prints a markdown table)
+# ucx-utils), side by side in one run: shared memory (UCX's default choice) and TCP only; and
+# ferry's `shm` transport (buffers from AllocateSharedHost, `--alloc shared`) against
+# ucp_put_bw over UCX's shared memory in the same run.
+# Usage: bench/ucx_two_process.sh [ferry binary]   (prints markdown tables)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 F=${1:-build/release/tools/ferry}
@@ -19,19 +21,26 @@ perftest() {  # perftest TLS TEST SIZE ITERS -> the "Final:" line's overall MB/s
   if [ "$test" = ucp_am_lat ]; then awk '{print $4}' <<<"$line"; else awk '{print $7}' <<<"$line"; fi
 }
 
-ferry_bw() {  # ferry_bw TLS SIZE BATCH -> GB/s of write batches of BATCH pieces of SIZE
-  local tls=$1 size=$2 batch=$3
+ferry_bw() {  # ferry_bw TLS SIZE BATCH [ALLOC TRANSPORT...] -> GB/s of write batches of BATCH pieces of SIZE
+  local tls=$1 size=$2 batch=$3 alloc=${4:-heap}
+  shift 3; shift || true
+  local transports=("$@")
+  [ ${#transports[@]} -eq 0 ] && transports=(ucx)
+  local targs=()
+  for t in "${transports[@]}"; do targs+=(--transport "$t"); done
   local bytes=$((size * batch))
-  env UCX_TLS="$tls" "$F" bench --listen 127.0.0.1:0 --max-bytes "$bytes" --transport ucx >"$tmp/listen" 2>&1 &
+  env UCX_TLS="$tls" "$F" bench --listen 127.0.0.1:0 --max-bytes "$bytes" --alloc "$alloc" "${targs[@]}" >"$tmp/listen" 2>&1 &
   local server=$! address=""
   for _ in $(seq 100); do
     address=$(grep -o 'side channel on [0-9.:]*' "$tmp/listen" | awk '{print $4}' || true)
     [ -n "$address" ] && break
     sleep 0.1
   done
-  env UCX_TLS="$tls" "$F" bench --peer "$address" --transport ucx --sizes "$size" --batches "$batch" \
-    --max-bytes "$bytes" --min-time 1 --json "$tmp/out.json" >/dev/null
+  env UCX_TLS="$tls" "$F" bench --peer "$address" --alloc "$alloc" "${targs[@]}" --sizes "$size" --batches "$batch" \
+    --max-bytes "$bytes" --min-time 1 --json "$tmp/out.json" >"$tmp/peer"
   wait "$server" || true
+  # The path the session took (e.g. "shm (direct)"), on stderr for the record.
+  grep -o 'of [0-9.:]*, .*' "$tmp/peer" | head -1 | sed 's/^of [0-9.:]*, /  path: /' >&2 || true
   python3 -c "import json,sys; print('%.2f' % json.load(open(sys.argv[1]))['points'][0]['gbps'])" "$tmp/out.json"
 }
 
@@ -56,4 +65,18 @@ echo "| link | ucp_am_lat one-way us |"
 echo "| --- | ---: |"
 for tls in "all" "tcp"; do
   echo "| UCX_TLS=$tls | $(perftest "$tls" ucp_am_lat 8 10000) |"
+done
+echo
+# The shm transport: both buffers shared (--alloc shared), engines with shm and ucx (shm wins by
+# cost). Batches of one piece move the same bytes between the same two buffers each time, as
+# ucp_put_bw does; batches of 16 (1 MiB) and 4 (64 MiB) scatter pieces over larger buffers.
+echo "| piece | batch | ferry shm write GB/s | ucp_put_bw GB/s (UCX_TLS=all) | ferry shm / put_bw |"
+echo "| --- | ---: | ---: | ---: | ---: |"
+for size in 1048576 67108864; do
+  iters=$([ "$size" -gt 1048576 ] && echo 20 || echo 200)
+  put=$(mb_to_gb "$(perftest all ucp_put_bw "$size" "$iters")")
+  for batch in 1 $([ "$size" -gt 1048576 ] && echo 4 || echo 16); do
+    fw=$(ferry_bw all "$size" "$batch" shared shm ucx)
+    echo "| $((size >> 20)) MiB | $batch | $fw | $put | $(ratio "$fw" "$put") |"
+  done
 done
