@@ -39,11 +39,11 @@ Status FromCode(uint8_t code, std::string_view what) {
 
 Conn::~Conn() { close(fd_); }
 
-Status Conn::Send(const Header& h, std::string_view payload, int pass_fd) {
+Status Conn::Send(const Header& h, std::string_view payload, std::span<const int> pass_fds) {
   if (failed()) return failure();
   std::string bytes = Encode(h, payload);
   std::lock_guard<std::mutex> lock(send_mu_);
-  Status s = SendMessage(fd_, bytes, pass_fd, Deadline::After(send_timeout_));
+  Status s = SendMessage(fd_, bytes, pass_fds, Deadline::After(send_timeout_));
   if (!s.ok() && s.code() != Code::kInvalidArgument) {
     Fail(s.WithContext("connection to " + peer_key_));
     return failure();
@@ -71,7 +71,7 @@ void Conn::Fail(Status why) {
     slots.swap(slots_);
   }
   shutdown(fd_, SHUT_RDWR);  // the I/O thread sees the hang-up and drops the connection
-  for (auto& [token, w] : calls) w.reply(why, Header{}, -1);
+  for (auto& [token, w] : calls) w.reply(why, Header{}, -1, -1);
   for (auto& weak : tracked)
     if (auto s = weak.lock()) s->Finish(why);
   // Transfers already copying finish into the mapping, which lives until they let go.
@@ -95,7 +95,7 @@ Status Conn::Call(const Header& h, std::string_view payload, Deadline deadline, 
   return Status::Ok();
 }
 
-bool Conn::Complete(uint64_t token, const Status& s, const Header& h, int fd) {
+bool Conn::Complete(uint64_t token, const Status& s, const Header& h, int region_fd, int table_fd) {
   Waiting w;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -104,7 +104,7 @@ bool Conn::Complete(uint64_t token, const Status& s, const Header& h, int fd) {
     w = std::move(it->second);
     calls_.erase(it);
   }
-  w.reply(s, h, fd);
+  w.reply(s, h, region_fd, table_fd);
   return true;
 }
 
@@ -129,7 +129,7 @@ void Conn::ExpireCalls() {
     }
   }
   for (auto& w : expired)
-    w.reply(Status(Code::kDeadlineExceeded, "peer " + peer_key_ + " did not answer in time"), Header{}, -1);
+    w.reply(Status(Code::kDeadlineExceeded, "peer " + peer_key_ + " did not answer in time"), Header{}, -1, -1);
 }
 
 void Conn::Track(const std::shared_ptr<TransferState>& state) {
@@ -153,6 +153,19 @@ std::shared_ptr<MappingSlot> Conn::InstallSlot(uint64_t region, std::shared_ptr<
   if (place && place->live()) return place;
   place = std::move(slot);
   return place;
+}
+
+Result<std::shared_ptr<const RevocationView>> Conn::View(int table_fd) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!view_) {
+    auto v = RevocationView::Map(table_fd);
+    close(table_fd);
+    if (!v.ok()) return v.status();
+    view_ = std::move(v).value();
+  } else {
+    close(table_fd);
+  }
+  return view_;
 }
 
 void Conn::RevokeSlot(uint64_t region) {
@@ -186,6 +199,7 @@ Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx) {
   int threads = ctx.options->copy_threads;
   if (threads <= 0) threads = std::clamp<int>(std::thread::hardware_concurrency(), 1, 8);
   if (threads > 1) core->pool_ = std::make_unique<ThreadPool>(threads, "ferry-shm");
+  FERRY_ASSIGN_OR_RETURN(core->table_, RevocationTable::Create());
   core->socket_name_ = RandomName();
   FERRY_ASSIGN_OR_RETURN(core->listen_fd_, ListenAbstract(core->socket_name_));
   core->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -243,10 +257,11 @@ Result<TransportData> Core::Register(const std::shared_ptr<Region>& region) {
                   "region is not inside a shareable host buffer (ferry::AllocateSharedHost)");
   int fd = fcntl(span->fd, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return Status(Code::kResourceExhausted, "cannot keep the region's memory file open");
+  auto [slot, generation] = table_->Publish();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    exported_[static_cast<uint64_t>(region->id)] =
-        Exported{reinterpret_cast<uint64_t>(region->base), region->size, fd, span->offset};
+    exported_[static_cast<uint64_t>(region->id)] = Exported{reinterpret_cast<uint64_t>(region->base),
+                                                            region->size, fd, span->offset, slot, generation};
   }
   return TransportData{std::string(kName), socket_name_};
 }
@@ -260,6 +275,8 @@ void Core::Deregister(const Region& region) {
     auto it = exported_.find(id);
     if (it == exported_.end()) return;  // never registered here (not a shared buffer)
     fd = it->second.fd;
+    // Every peer sees it at its next transfer, whether or not it reads the message below.
+    table_->Revoke(it->second.slot);
     exported_.erase(it);
     // Every reply that handed out this region's file went out under mu_, before this point:
     // each revocation below reaches its peer after the file did.
@@ -375,8 +392,8 @@ void Core::Receive(const std::shared_ptr<Conn>& conn) {
 }
 
 void Core::Handle(const std::shared_ptr<Conn>& conn, Received& msg) {
-  // A descriptor is expected only with a successful kOpenReply; any other is closed.
-  int fd = -1;
+  // Descriptors are expected only with a successful kOpenReply (two); any other is closed.
+  int region_fd = -1, table_fd = -1;
   auto close_fds = [&] {
     for (int f : msg.fds) close(f);
     msg.fds.clear();
@@ -400,20 +417,21 @@ void Core::Handle(const std::shared_ptr<Conn>& conn, Received& msg) {
   }
   const bool wants_fd = conn->role() == Conn::Role::kInitiator && m->header.type == MsgType::kOpenReply &&
                         m->header.code == 0;
-  if (wants_fd && msg.fds.size() == 1) {
-    fd = msg.fds[0];
+  if (wants_fd && msg.fds.size() == 2) {
+    region_fd = msg.fds[0];
+    table_fd = msg.fds[1];
     msg.fds.clear();
   } else if (!msg.fds.empty() || wants_fd) {
     close_fds();
     if (wants_fd) {
       // An OK answer without its file: fail the call.
       (void)conn->Complete(m->header.token, Status(Code::kInvalidArgument, "the peer sent no memory file"),
-                           m->header, -1);
+                           m->header, -1, -1);
     }
     return Reject("unexpected file descriptors");
   }
   if (conn->role() == Conn::Role::kTarget) return HandleAtTarget(conn, *m);
-  HandleAtInitiator(conn, *m, fd);
+  HandleAtInitiator(conn, *m, region_fd, table_fd);
 }
 
 void Core::HandleAtTarget(const std::shared_ptr<Conn>& conn, const Message& m) {
@@ -433,7 +451,8 @@ void Core::HandleAtTarget(const std::shared_ptr<Conn>& conn, const Message& m) {
       reply.region = h.region;
       std::lock_guard<std::mutex> lock(mu_);
       auto it = exported_.find(h.region);
-      int pass = -1;
+      int pass[2] = {-1, table_->fd()};
+      size_t files = 0;
       if (it == exported_.end()) {
         reply.code = static_cast<uint8_t>(Code::kFailedPrecondition);
       } else if (it->second.address != h.offset || it->second.size != h.size) {
@@ -441,11 +460,14 @@ void Core::HandleAtTarget(const std::shared_ptr<Conn>& conn, const Message& m) {
         reply.code = static_cast<uint8_t>(Code::kInvalidArgument);
       } else {
         reply.offset = it->second.file_offset;
-        pass = it->second.fd;
+        reply.size = it->second.slot;
+        reply.extra = it->second.generation;
+        pass[0] = it->second.fd;
+        files = 2;
         conn->mapped.insert(h.region);
       }
       // Sent under mu_: a revocation of this region cannot overtake the file (Deregister).
-      (void)conn->Send(reply, {}, pass);
+      (void)conn->Send(reply, {}, std::span<const int>(pass, files));
       return;
     }
     case MsgType::kNotify: {
@@ -470,14 +492,15 @@ void Core::HandleAtTarget(const std::shared_ptr<Conn>& conn, const Message& m) {
   }
 }
 
-void Core::HandleAtInitiator(const std::shared_ptr<Conn>& conn, const Message& m, int fd) {
+void Core::HandleAtInitiator(const std::shared_ptr<Conn>& conn, const Message& m, int region_fd, int table_fd) {
   const Header& h = m.header;
   switch (h.type) {
     case MsgType::kOpenReply:
     case MsgType::kAck: {
       Status s = h.code == 0 ? Status::Ok() : FromCode(h.code, "the peer refused");
-      if (!conn->Complete(h.token, s, h, fd)) {
-        if (fd >= 0) close(fd);
+      if (!conn->Complete(h.token, s, h, region_fd, table_fd)) {
+        if (region_fd >= 0) close(region_fd);
+        if (table_fd >= 0) close(table_fd);
         Reject("reply to no call");
       }
       return;

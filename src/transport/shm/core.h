@@ -23,6 +23,7 @@
 
 #include "base/thread_pool.h"
 #include "transport/shm/mapping.h"
+#include "transport/shm/revocation.h"
 #include "transport/shm/socket.h"
 #include "transport/shm/wire.h"
 #include "transport/transport.h"
@@ -31,9 +32,9 @@ namespace ferry::internal::shm {
 
 inline constexpr std::string_view kName = "shm";
 
-// A reply (or its failure) for a call. `fd` is the attached descriptor, owned by the callee of
-// the callback, or -1.
-using ReplyFn = std::function<void(const Status&, const Header&, int fd)>;
+// A reply (or its failure) for a call, with the descriptors attached to a kOpenReply (owned by
+// the callback; -1 when none came).
+using ReplyFn = std::function<void(const Status&, const Header&, int region_fd, int table_fd)>;
 
 class Conn {
  public:
@@ -48,7 +49,7 @@ class Conn {
   Role role() const { return role_; }
   const std::string& peer_key() const { return peer_key_; }
 
-  Status Send(const Header& h, std::string_view payload = {}, int pass_fd = -1);
+  Status Send(const Header& h, std::string_view payload = {}, std::span<const int> pass_fds = {});
   // First call wins: marks the connection failed (kUnavailable unless `why` is kAborted), shuts
   // the socket down, fails every call waiting and every transfer tracked, revokes mappings.
   void Fail(Status why);
@@ -59,7 +60,7 @@ class Conn {
   // when the connection fails or `deadline` passes.
   Status Call(const Header& h, std::string_view payload, Deadline deadline, ReplyFn reply);
   // Completes the call `token`; false when no such call waits (the message is then rejected).
-  bool Complete(uint64_t token, const Status& s, const Header& h, int fd);
+  bool Complete(uint64_t token, const Status& s, const Header& h, int region_fd, int table_fd);
   void ExpireCalls();
   // Transfers whose copies run on the pool: failed with the connection's error if it dies.
   void Track(const std::shared_ptr<TransferState>& state);
@@ -69,6 +70,8 @@ class Conn {
   std::shared_ptr<MappingSlot> InstallSlot(uint64_t region, std::shared_ptr<MappingSlot> slot);
   // The peer revokes `region`: empties its slot; kUnmapped goes back once it is unmapped.
   void RevokeSlot(uint64_t region);
+  // The peer's revocation table, mapped from `table_fd` (closed here) the first time.
+  Result<std::shared_ptr<const RevocationView>> View(int table_fd);
 
   // Target side: the key the initiator announced (kHello), set once by the I/O thread.
   bool hello_seen() const { return hello_seen_; }
@@ -97,6 +100,7 @@ class Conn {
   std::unordered_map<uint64_t, Waiting> calls_;                      // GUARDED_BY(mu_)
   std::vector<std::weak_ptr<TransferState>> tracked_;                // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, std::shared_ptr<MappingSlot>> slots_;  // GUARDED_BY(mu_)
+  std::shared_ptr<const RevocationView> view_;                        // GUARDED_BY(mu_)
   std::weak_ptr<Conn> self_;
   friend class Core;
 };
@@ -128,7 +132,7 @@ class Core : public std::enable_shared_from_this<Core> {
   void Receive(const std::shared_ptr<Conn>& conn);
   void Handle(const std::shared_ptr<Conn>& conn, Received& msg);
   void HandleAtTarget(const std::shared_ptr<Conn>& conn, const Message& m);
-  void HandleAtInitiator(const std::shared_ptr<Conn>& conn, const Message& m, int fd);
+  void HandleAtInitiator(const std::shared_ptr<Conn>& conn, const Message& m, int region_fd, int table_fd);
   void Drop(const std::shared_ptr<Conn>& conn, Status why);
   void Reject(const std::string& why);
   void Wake();
@@ -139,6 +143,8 @@ class Core : public std::enable_shared_from_this<Core> {
     uint64_t size;
     int fd;  // dup of the buffer's memory file
     uint64_t file_offset;
+    uint32_t slot;  // in table_
+    uint64_t generation;
   };
 
   const std::string engine_key_;
@@ -147,6 +153,7 @@ class Core : public std::enable_shared_from_this<Core> {
   const size_t max_notification_bytes_;
   std::shared_ptr<Inbox> inbox_;
   std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<RevocationTable> table_;
   std::string socket_name_;
   int listen_fd_ = -1;
   int wake_fd_ = -1;

@@ -17,6 +17,7 @@
 #include <mutex>
 
 #include "ferry/status.h"
+#include "transport/shm/revocation.h"
 
 namespace ferry::internal::shm {
 
@@ -44,17 +45,23 @@ class Mapping {
 };
 
 struct MappingSlot {
-  MappingSlot(std::shared_ptr<Mapping> m, uint64_t address, uint64_t size)
-      : address(address), size(size), mapping_(std::move(m)) {}
+  MappingSlot(std::shared_ptr<Mapping> m, uint64_t address, uint64_t size,
+              std::shared_ptr<const RevocationView> view = nullptr, uint32_t slot = kNoSlot,
+              uint64_t generation = 0)
+      : address(address), size(size), mapping_(std::move(m)), view_(std::move(view)), slot_(slot),
+        generation_(generation) {}
   const uint64_t address;  // of the region in the peer's address space, as the peer confirmed
   const uint64_t size;
 
-  // The mapping for one more transfer; null once revoked.
+  // The mapping for one more transfer; null once revoked, by message or in the peer's
+  // revocation table.
   std::shared_ptr<Mapping> Acquire() {
+    if (view_ && !view_->Live(slot_, generation_)) return nullptr;
     std::lock_guard<std::mutex> lock(mu_);
     return mapping_;
   }
   bool live() {
+    if (view_ && !view_->Live(slot_, generation_)) return false;
     std::lock_guard<std::mutex> lock(mu_);
     return mapping_ != nullptr;
   }
@@ -74,6 +81,9 @@ struct MappingSlot {
  private:
   std::mutex mu_;
   std::shared_ptr<Mapping> mapping_;  // GUARDED_BY(mu_)
+  const std::shared_ptr<const RevocationView> view_;
+  const uint32_t slot_;
+  const uint64_t generation_;
 };
 
 }  // namespace ferry::internal::shm

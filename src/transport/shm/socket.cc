@@ -73,20 +73,21 @@ Result<uid_t> PeerUid(int fd) {
   return cred.uid;
 }
 
-Status SendMessage(int fd, std::string_view bytes, int pass_fd, Deadline until) {
+Status SendMessage(int fd, std::string_view bytes, std::span<const int> pass_fds, Deadline until) {
+  if (pass_fds.size() > kMaxFds) return Status(Code::kInvalidArgument, "too many descriptors for one message");
   iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
   msghdr msg = {};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (pass_fd >= 0) {
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
+  if (!pass_fds.empty()) {
     msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * pass_fds.size());
     cmsghdr* c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+    c->cmsg_len = CMSG_LEN(sizeof(int) * pass_fds.size());
+    std::memcpy(CMSG_DATA(c), pass_fds.data(), sizeof(int) * pass_fds.size());
   }
   for (;;) {
     ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);

@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,10 +27,10 @@ Result<int> AcceptOne(int listen_fd);
 // The user id of the process at the other end.
 Result<uid_t> PeerUid(int fd);
 
-// Sends one message, with `pass_fd` attached when >= 0. kUnavailable once the peer is gone,
+// Sends one message with `pass_fds` (at most 4) attached. kUnavailable once the peer is gone,
 // kDeadlineExceeded when the socket stays full until `until`, kInvalidArgument when the
 // message is larger than the socket takes.
-Status SendMessage(int fd, std::string_view bytes, int pass_fd, Deadline until);
+Status SendMessage(int fd, std::string_view bytes, std::span<const int> pass_fds, Deadline until);
 
 struct Received {
   std::string bytes;

@@ -124,7 +124,7 @@ class ShmEndpoint final : public Endpoint {
     h.type = MsgType::kNotify;
     h.size = message.size();
     const Deadline until = Deadline::After(core_->options().call_timeout);
-    FERRY_RETURN_IF_ERROR(conn_->Call(h, message, until, [waiter](const Status& s, const Header&, int) {
+    FERRY_RETURN_IF_ERROR(conn_->Call(h, message, until, [waiter](const Status& s, const Header&, int, int) {
       waiter->Set(s.ok() ? Result<bool>(true) : Result<bool>(s));
     }));
     auto r = waiter->Wait(until);
@@ -137,7 +137,7 @@ class ShmEndpoint final : public Endpoint {
     h.type = MsgType::kNotify;
     h.size = message.size();
     auto peer = conn_->peer_key();
-    Status s = conn_->Call(h, message, state->deadline(), [state, peer](const Status& s, const Header&, int) {
+    Status s = conn_->Call(h, message, state->deadline(), [state, peer](const Status& s, const Header&, int, int) {
       state->PartDone(NotifyStatus(s, peer).WithContext(s.ok() ? "" : "data written, notification failed"));
     });
     if (!s.ok()) state->PartDone(s.WithContext("data written, notification failed"));
@@ -158,9 +158,11 @@ class ShmEndpoint final : public Endpoint {
     const Deadline until = Deadline::After(core_->options().call_timeout);
     std::weak_ptr<Conn> weak = conn_;
     FERRY_RETURN_IF_ERROR(conn_->Call(h, {}, until, [waiter, weak, region, address, size](
-                                                      const Status& s, const Header& reply, int fd) {
+                                                      const Status& s, const Header& reply, int fd,
+                                                      int table_fd) {
       if (!s.ok()) {
         if (fd >= 0) close(fd);
+        if (table_fd >= 0) close(table_fd);
         if (s.code() == Code::kFailedPrecondition)
           return waiter->Set(Status(s.code(), "remote region " + std::to_string(region) + " is not registered"));
         if (s.code() == Code::kInvalidArgument)
@@ -169,10 +171,17 @@ class ShmEndpoint final : public Endpoint {
       }
       auto mapping = Mapping::Map(fd, reply.offset, size);
       close(fd);
-      if (!mapping.ok()) return waiter->Set(mapping.status());
       auto conn = weak.lock();
-      if (!conn) return waiter->Set(Status(Code::kAborted, "the endpoint was closed"));
-      waiter->Set(conn->InstallSlot(region, std::make_shared<MappingSlot>(std::move(mapping).value(), address, size)));
+      if (!conn) {
+        close(table_fd);
+        return waiter->Set(Status(Code::kAborted, "the endpoint was closed"));
+      }
+      auto view = conn->View(table_fd);
+      if (!mapping.ok()) return waiter->Set(mapping.status());
+      if (!view.ok()) return waiter->Set(view.status());
+      const auto slot = reply.size >= kRevocationSlots ? kNoSlot : static_cast<uint32_t>(reply.size);
+      waiter->Set(conn->InstallSlot(region, std::make_shared<MappingSlot>(std::move(mapping).value(), address,
+                                                                          size, *view, slot, reply.extra)));
     }));
     return waiter->Wait(until);
   }

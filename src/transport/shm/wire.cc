@@ -19,7 +19,8 @@ bool CarriesPayload(MsgType t) { return t == MsgType::kHello || t == MsgType::kN
 
 }  // namespace
 
-// Layout: [0] version [1] type [2] code [3..7] zero [8] token [16] region [24] offset [32] size.
+// Layout: [0] version [1] type [2] code [3..7] zero [8] token [16] region [24] offset [32] size
+// [40] extra.
 std::string Encode(const Header& h, std::string_view payload) {
   std::string out(kHeaderBytes, '\0');
   out[0] = static_cast<char>(kWireVersion);
@@ -29,6 +30,7 @@ std::string Encode(const Header& h, std::string_view payload) {
   Put64(out.data() + 16, h.region);
   Put64(out.data() + 24, h.offset);
   Put64(out.data() + 32, h.size);
+  Put64(out.data() + 40, h.extra);
   out.append(payload);
   return out;
 }
@@ -49,6 +51,7 @@ Result<Message> Decode(const void* data, size_t length) {
   m.header.region = Get64(p + 16);
   m.header.offset = Get64(p + 24);
   m.header.size = Get64(p + 32);
+  m.header.extra = Get64(p + 40);
   const size_t payload = length - kHeaderBytes;
   if (CarriesPayload(m.header.type)) {
     if (m.header.size != payload) return Bad("size does not match the payload");

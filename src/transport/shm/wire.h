@@ -1,11 +1,13 @@
-// The `shm` transport's socket messages: a fixed 40-byte little-endian header and, for the
+// The `shm` transport's socket messages: a fixed 48-byte little-endian header and, for the
 // messages that carry one, a payload of exactly `size` bytes, one message per SOCK_SEQPACKET
 // record. Decoding checks every field; nothing from a peer is trusted.
 //   kHello     initiator -> target after connecting; payload: the initiator's engine key
 //   kOpen      asks for the memory file of `region`, registered at address `offset` with `size`
 //              bytes; answered by kOpenReply
-//   kOpenReply `code` 0: the memory file comes attached (SCM_RIGHTS); `offset` is where the
-//              region starts inside it. Otherwise no file, and `code` says why.
+//   kOpenReply `code` 0: the region's memory file and the target's revocation table come
+//              attached (SCM_RIGHTS, in that order); `offset` is where the region starts in
+//              its file, `size` its slot in the table, `extra` its generation (revocation.h).
+//              Otherwise nothing is attached, and `code` says why.
 //   kNotify    payload: a notification for the target's inbox; answered by kAck
 //   kAck       completes the initiator's `token` with status `code`
 //   kRevoke    target -> initiator: `region` is being deregistered; stop, unmap, then kUnmapped
@@ -22,7 +24,7 @@
 namespace ferry::internal::shm {
 
 inline constexpr uint8_t kWireVersion = 1;
-inline constexpr size_t kHeaderBytes = 40;
+inline constexpr size_t kHeaderBytes = 48;
 // Largest payload any message may carry (a notification of up to this many bytes).
 inline constexpr size_t kMaxPayloadBytes = 1 << 20;
 
@@ -43,6 +45,7 @@ struct Header {
   uint64_t region = 0;  // target region id
   uint64_t offset = 0;  // kOpen: the region's address; kOpenReply: its offset in the file
   uint64_t size = 0;    // kOpen: the region's bytes; payload bytes for kHello and kNotify
+  uint64_t extra = 0;   // kOpenReply: the region's generation
 };
 
 struct Message {
