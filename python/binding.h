@@ -54,5 +54,6 @@ void BindDescriptors(py::module_& m);
 void BindTransfer(py::module_& m);
 void BindSession(py::module_& m);
 void BindEngine(py::module_& m);
+void BindShared(py::module_& m);
 
 }  // namespace ferry::python

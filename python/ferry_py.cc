@@ -70,6 +70,7 @@ PYBIND11_MODULE(_ferry, m) {
   BindSession(m);
   BindEngine(m);
   m.attr("__name__") = module_name;
+  BindShared(m);
 
   m.def(
       "version", [] { return std::string(Version()); }, "ferry's version, \"MAJOR.MINOR.PATCH\".");
