@@ -406,5 +406,20 @@ TEST(ShmHostile, MalformedMessagesAreRejectedAndCounted) {
   EXPECT_EQ(peer->Command("write 0 0 4096"), "DONE OK");
 }
 
+TEST(ShmHostile, NotificationLargerThanTheReceiverTakesIsRefused) {
+  EngineOptions big;
+  big.max_notification_bytes = 512 << 10;
+  auto a = MakeLocal(4096, true, big);
+  auto b = MakeLocal(4096, true);  // takes 64 KiB
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->engine->AddPeer(b->engine->Describe()).ok());
+  EXPECT_EQ(a->engine->Notify(b->engine->key(), std::string(100000, 'x')).code(), Code::kInvalidArgument);
+  ASSERT_TRUE(a->engine->Notify(b->engine->key(), std::string(60000, 'y')).ok());
+  auto got = b->engine->PopNotifications();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].message.size(), 60000u);
+  EXPECT_EQ(b->engine->stats().rejected_messages, 0u) << "refused, not malformed";
+}
+
 }  // namespace
 }  // namespace ferry

@@ -89,7 +89,9 @@ Status Conn::Call(const Header& h, std::string_view payload, Deadline deadline, 
   Status s = Send(out, payload);
   if (!s.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
-    calls_.erase(out.token);  // Fail() may have answered it already
+    // A failed send fails the connection, whose Fail() may have answered the call already:
+    // then `reply` ran, and the caller must not complete it a second time.
+    if (calls_.erase(out.token) == 0) return Status::Ok();
     return s;
   }
   return Status::Ok();
@@ -225,8 +227,11 @@ void Core::Shutdown() {
     conns.swap(conns_);
     exported.swap(exported_);
   }
+  for (auto& [id, e] : exported) {
+    table_->Revoke(e.slot);
+    close(e.fd);
+  }
   for (auto& c : conns) c->Fail(Status(Code::kAborted, "the shm transport was shut down"));
-  for (auto& [id, e] : exported) close(e.fd);
   unmapped_cv_.notify_all();
 }
 
@@ -401,11 +406,12 @@ void Core::Handle(const std::shared_ptr<Conn>& conn, Received& msg) {
   auto m = Decode(msg.bytes.data(), msg.bytes.size());
   if (!m.ok() && msg.truncated && msg.bytes.size() >= kHeaderBytes) {
     // Too long for this engine: a notification over its limit is refused, not fatal.
-    auto h = Decode(msg.bytes.data(), kHeaderBytes);
-    if (h.ok() && h->header.type == MsgType::kNotify && conn->role() == Conn::Role::kTarget && msg.fds.empty()) {
+    auto h = DecodeHeader(msg.bytes.data(), kHeaderBytes);
+    if (h.ok() && h->type == MsgType::kNotify && conn->role() == Conn::Role::kTarget && msg.fds.empty() &&
+        conn->hello_seen()) {
       Header ack;
       ack.type = MsgType::kAck;
-      ack.token = h->header.token;
+      ack.token = h->token;
       ack.code = static_cast<uint8_t>(Code::kInvalidArgument);
       (void)conn->Send(ack);
       return;

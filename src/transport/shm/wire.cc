@@ -35,7 +35,7 @@ std::string Encode(const Header& h, std::string_view payload) {
   return out;
 }
 
-Result<Message> Decode(const void* data, size_t length) {
+Result<Header> DecodeHeader(const void* data, size_t length) {
   if (data == nullptr || length < kHeaderBytes) return Bad("message of " + std::to_string(length) + " bytes");
   const auto* p = static_cast<const uint8_t*>(data);
   if (p[0] != kWireVersion) return Bad("wire version " + std::to_string(p[0]));
@@ -43,15 +43,24 @@ Result<Message> Decode(const void* data, size_t length) {
     return Bad("unknown message type " + std::to_string(p[1]));
   for (int i = 3; i < 8; ++i)
     if (p[i] != 0) return Bad("reserved bytes are not zero");
+  Header h;
+  h.type = static_cast<MsgType>(p[1]);
+  h.code = p[2];
+  if (h.code > static_cast<uint8_t>(Code::kInProgress)) return Bad("unknown status code");
+  h.token = Get64(p + 8);
+  h.region = Get64(p + 16);
+  h.offset = Get64(p + 24);
+  h.size = Get64(p + 32);
+  h.extra = Get64(p + 40);
+  if (h.type != MsgType::kOpenReply && h.type != MsgType::kAck && h.code != 0)
+    return Bad("status code on a request");
+  return h;
+}
+
+Result<Message> Decode(const void* data, size_t length) {
   Message m;
-  m.header.type = static_cast<MsgType>(p[1]);
-  m.header.code = p[2];
-  if (m.header.code > static_cast<uint8_t>(Code::kInProgress)) return Bad("unknown status code");
-  m.header.token = Get64(p + 8);
-  m.header.region = Get64(p + 16);
-  m.header.offset = Get64(p + 24);
-  m.header.size = Get64(p + 32);
-  m.header.extra = Get64(p + 40);
+  FERRY_ASSIGN_OR_RETURN(m.header, DecodeHeader(data, length));
+  const auto* p = static_cast<const uint8_t*>(data);
   const size_t payload = length - kHeaderBytes;
   if (CarriesPayload(m.header.type)) {
     if (m.header.size != payload) return Bad("size does not match the payload");
@@ -60,8 +69,6 @@ Result<Message> Decode(const void* data, size_t length) {
   } else if (payload != 0) {
     return Bad("unexpected payload");
   }
-  if (m.header.type != MsgType::kOpenReply && m.header.type != MsgType::kAck && m.header.code != 0)
-    return Bad("status code on a request");
   return m;
 }
 

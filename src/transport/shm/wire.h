@@ -58,5 +58,8 @@ std::string Encode(const Header& h, std::string_view payload = {});
 // kInvalidArgument on a message of the wrong length, version, type or status code, with
 // nonzero reserved bytes, or whose payload does not match its header.
 Result<Message> Decode(const void* data, size_t length);
+// The header alone, every field checked, whatever follows it (for a message cut short because
+// it was longer than the receiver takes).
+Result<Header> DecodeHeader(const void* data, size_t length);
 
 }  // namespace ferry::internal::shm

@@ -77,5 +77,20 @@ TEST(ShmWire, RejectsMalformed) {
   EXPECT_EQ(bad(Encode(n, std::string(kMaxPayloadBytes + 1, 'x'))), Code::kInvalidArgument);
 }
 
+TEST(ShmWire, HeaderAloneOfAMessageCutShort) {
+  Header n;
+  n.type = MsgType::kNotify;
+  n.token = 9;
+  n.size = 100000;
+  std::string head = Encode(n);  // the payload did not fit the receiver's buffer
+  EXPECT_EQ(Decode(head.data(), head.size()).status().code(), Code::kInvalidArgument);
+  auto h = DecodeHeader(head.data(), head.size());
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->token, 9u);
+  EXPECT_EQ(h->size, 100000u);
+  head[1] = 99;
+  EXPECT_EQ(DecodeHeader(head.data(), head.size()).status().code(), Code::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace ferry::internal::shm
