@@ -4,6 +4,7 @@
 # ferry's `shm` transport (buffers from AllocateSharedHost, `--alloc shared`) against
 # ucp_put_bw over UCX's shared memory in the same run.
 # Usage: bench/ucx_two_process.sh [ferry binary]   (prints markdown tables)
+#        SECTIONS="ucx shm" (default) picks the tables: ucx (with TCP and am_lat) and shm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 F=${1:-build/release/tools/ferry}
@@ -47,6 +48,8 @@ ferry_bw() {  # ferry_bw TLS SIZE BATCH [ALLOC TRANSPORT...] -> GB/s of write ba
 mb_to_gb() { python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) * 1048576 / 1e9))" "$1"; }
 ratio() { python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$1" "$2"; }
 
+SECTIONS=${SECTIONS:-ucx shm}
+if [[ " $SECTIONS " == *" ucx "* ]]; then
 # ucx_perftest keeps a window of messages in flight; ferry's side posts batches of 16 pieces of
 # 1 MiB (and of 4 pieces of 64 MiB), so that both have several messages in flight.
 echo "| link | piece | ferry write GB/s | ucp_put_bw GB/s | tag_bw GB/s | ferry / put_bw | ferry / tag_bw |"
@@ -67,16 +70,19 @@ for tls in "all" "tcp"; do
   echo "| UCX_TLS=$tls | $(perftest "$tls" ucp_am_lat 8 10000) |"
 done
 echo
+fi
+if [[ " $SECTIONS " == *" shm "* ]]; then
 # The shm transport: both buffers shared (--alloc shared), engines with shm and ucx (shm wins by
 # cost). Batches of one piece move the same bytes between the same two buffers each time, as
 # ucp_put_bw does; batches of 16 (1 MiB) and 4 (64 MiB) scatter pieces over larger buffers.
 echo "| piece | batch | ferry shm write GB/s | ucp_put_bw GB/s (UCX_TLS=all) | ferry shm / put_bw |"
 echo "| --- | ---: | ---: | ---: | ---: |"
 for size in 1048576 67108864; do
-  iters=$([ "$size" -gt 1048576 ] && echo 20 || echo 200)
+  iters=$([ "$size" -gt 1048576 ] && echo 50 || echo 10000)  # about a second each
   put=$(mb_to_gb "$(perftest all ucp_put_bw "$size" "$iters")")
   for batch in 1 $([ "$size" -gt 1048576 ] && echo 4 || echo 16); do
     fw=$(ferry_bw all "$size" "$batch" shared shm ucx)
     echo "| $((size >> 20)) MiB | $batch | $fw | $put | $(ratio "$fw" "$put") |"
   done
 done
+fi
