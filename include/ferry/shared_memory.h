@@ -8,6 +8,12 @@
 // inside the buffer with Engine::RegisterMemory (kHost) and peers on this host reach it through
 // `shm`; memory from anywhere else goes through the other transports (e.g. `ucx`).
 //
+// Deregistering a region revokes it: peers refuse new transfers on it at once, and unmap it once
+// their running copies end. A peer that does not confirm within ShmOptions::revoke_timeout (a
+// stopped process) is disconnected and a warning is logged; a copy it had already started may
+// still land when it resumes. Freeing the buffer is always safe (a late copy then lands in pages
+// only that peer still maps); reusing it for other data right after such a warning is not.
+//
 // Thread safety: HostBuffer is a move-only value; AllocateSharedHost may be called from any
 // thread.
 #pragma once
