@@ -56,5 +56,6 @@ void BindSession(py::module_& m);
 void BindEngine(py::module_& m);
 void BindEmbed(py::module_& m);  // the submodule ferry.embed
 void BindEmbedService(py::module_& m);  // the submodule ferry.embed_service
+void BindShared(py::module_& m);
 
 }  // namespace ferry::python

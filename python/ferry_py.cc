@@ -83,6 +83,7 @@ PYBIND11_MODULE(_ferry, m) {
   BindEmbed(m);
   BindEmbedService(m);
   m.attr("__name__") = module_name;
+  BindShared(m);
 
   m.def(
       "version", [] { return std::string(Version()); }, "ferry's version, \"MAJOR.MINOR.PATCH\".");

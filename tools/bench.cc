@@ -26,6 +26,7 @@ struct BenchFlags {
   std::string max_bytes = "256M";
   std::string op = "write";
   std::string kind = "host";
+  std::string alloc = "heap";  // host buffers: heap or shared (reachable by `shm`)
   int device = 0;
   uint64_t iters = 5;
   double min_time_s = 0.2;
@@ -172,8 +173,10 @@ Result<std::unique_ptr<Link>> MakeLink(const BenchFlags& f, uint64_t bytes) {
     if (!CudaAvailable(&reason)) return Status(Code::kUnsupported, "--kind cuda: " + reason);
   }
   FERRY_ASSIGN_OR_RETURN(EngineOptions engine, MakeEngineOptions(f));
+  FERRY_ASSIGN_OR_RETURN(HostAlloc alloc, ParseHostAlloc(f.alloc));
   if (!f.peer.empty()) {
     RemoteLinkOptions r;
+    r.alloc = alloc;
     r.peer = f.peer;
     r.kind = kind;
     r.device = f.device;
@@ -184,6 +187,7 @@ Result<std::unique_ptr<Link>> MakeLink(const BenchFlags& f, uint64_t bytes) {
   FERRY_ASSIGN_OR_RETURN(uint64_t parallel_bytes, ParseBytes(f.parallel_bytes));
   InProcessLinkOptions o;
   o.kind = kind;
+  o.alloc = alloc;
   o.device = f.device;
   o.bytes = bytes;
   o.engine.copy_threads = f.threads;
@@ -199,7 +203,10 @@ int Serve(const BenchFlags& f) {
   if (!bytes.ok()) return Fail("bench", bytes.status());
   auto engine = MakeEngineOptions(f);
   if (!engine.ok()) return Fail("bench", engine.status());
+  auto alloc = ParseHostAlloc(f.alloc);
+  if (!alloc.ok()) return Fail("bench", alloc.status());
   ServeOptions o;
+  o.alloc = *alloc;
   o.listen = f.listen;
   o.kind = *kind;
   o.device = f.device;
@@ -280,6 +287,10 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--kind", f->kind, "Memory of both buffers: host or cuda")
       ->check(CLI::IsMember({"host", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--alloc", f->alloc,
+                  "Host buffers from the heap, or shared (peers of this host map them: `shm`)")
+      ->check(CLI::IsMember({"heap", "shared"}))
       ->capture_default_str();
   cmd->add_option("--device", f->device, "CUDA device for --kind cuda")->capture_default_str();
   cmd->add_option("--iters", f->iters, "Timed batches per point, at least")->capture_default_str();

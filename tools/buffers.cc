@@ -14,8 +14,15 @@ namespace {
 constexpr uint64_t kPage = 4096;
 }  // namespace
 
-Result<std::unique_ptr<Buffer>> Buffer::Allocate(MemoryKind kind, int device, uint64_t bytes) {
+Result<std::unique_ptr<Buffer>> Buffer::Allocate(MemoryKind kind, int device, uint64_t bytes,
+                                                 HostAlloc alloc) {
   if (bytes == 0) return Status(Code::kInvalidArgument, "cannot allocate an empty buffer");
+  if (kind == MemoryKind::kHost && alloc == HostAlloc::kShared) {
+    FERRY_ASSIGN_OR_RETURN(HostBuffer shared, AllocateSharedHost(bytes));  // zeroed, faulted in
+    std::unique_ptr<Buffer> buffer(new Buffer(kind, -1, shared.data(), bytes));
+    buffer->shared_ = std::move(shared);
+    return buffer;
+  }
   if (kind == MemoryKind::kHost) {
     uint64_t rounded = (bytes + kPage - 1) / kPage * kPage;
     void* p = std::aligned_alloc(kPage, rounded);
@@ -34,6 +41,7 @@ Result<std::unique_ptr<Buffer>> Buffer::Allocate(MemoryKind kind, int device, ui
 }
 
 Buffer::~Buffer() {
+  if (shared_) return;  // shared_ unmaps it
   if (kind_ == MemoryKind::kHost) {
     std::free(data_);
   } else {
@@ -73,6 +81,13 @@ Result<MemoryKind> ParseMemoryKind(std::string_view name) {
   if (name == "cuda") return MemoryKind::kCuda;
   return Status(Code::kInvalidArgument,
                 fmt::format("unknown memory kind '{}' (host or cuda)", name));
+}
+
+Result<HostAlloc> ParseHostAlloc(std::string_view name) {
+  if (name == "heap") return HostAlloc::kHeap;
+  if (name == "shared") return HostAlloc::kShared;
+  return Status(Code::kInvalidArgument,
+                fmt::format("unknown host allocation '{}' (heap or shared)", name));
 }
 
 }  // namespace ferry::tools

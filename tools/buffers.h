@@ -1,5 +1,6 @@
-// Buffer: memory the CLI registers with an engine, host (page-aligned, pre-faulted) or CUDA
-// device memory, freed when the Buffer goes away. Fill and check go through host memory, so
+// Buffer: memory the CLI registers with an engine, host (page-aligned, pre-faulted; from the
+// heap or shareable with peers of this host, see ferry/shared_memory.h) or CUDA device memory,
+// freed when the Buffer goes away. Fill and check go through host memory, so
 // CUDA buffers are staged through a host copy.
 //
 // Thread safety: none.
@@ -13,14 +14,19 @@
 
 #include "ferry/descriptors.h"
 #include "ferry/engine.h"
+#include "ferry/shared_memory.h"
 #include "ferry/status.h"
 
 namespace ferry::tools {
 
+// Where host buffers come from: the heap, or ferry::AllocateSharedHost (reached by `shm`).
+enum class HostAlloc : uint8_t { kHeap, kShared };
+
 class Buffer {
  public:
   // Host memory is zeroed (faulting every page in); device memory is zeroed with a memset.
-  static Result<std::unique_ptr<Buffer>> Allocate(MemoryKind kind, int device, uint64_t bytes);
+  static Result<std::unique_ptr<Buffer>> Allocate(MemoryKind kind, int device, uint64_t bytes,
+                                                  HostAlloc alloc = HostAlloc::kHeap);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -42,6 +48,7 @@ class Buffer {
   int device_;
   std::byte* data_;
   uint64_t size_;
+  HostBuffer shared_;  // owns data_ when the buffer is shareable host memory
 };
 
 // Deregisters `desc` from `engine` (waiting for transfers still using it), then frees `buffer`.
@@ -51,5 +58,7 @@ void DeregisterAndFree(Engine& engine, const MemoryDesc& desc, std::unique_ptr<B
 
 // "host" -> kHost, "cuda" -> kCuda.
 Result<MemoryKind> ParseMemoryKind(std::string_view name);
+// "heap" -> kHeap, "shared" -> kShared.
+Result<HostAlloc> ParseHostAlloc(std::string_view name);
 
 }  // namespace ferry::tools

@@ -32,8 +32,8 @@ class InProcessLink final : public Link {
     link->copy_threads_ = o.engine.copy_threads;
     link->bytes_ = o.bytes;
     int device = o.kind == MemoryKind::kCuda ? o.device : -1;
-    FERRY_ASSIGN_OR_RETURN(link->local_buffer_, Buffer::Allocate(o.kind, device, o.bytes));
-    FERRY_ASSIGN_OR_RETURN(link->remote_buffer_, Buffer::Allocate(o.kind, device, o.bytes));
+    FERRY_ASSIGN_OR_RETURN(link->local_buffer_, Buffer::Allocate(o.kind, device, o.bytes, o.alloc));
+    FERRY_ASSIGN_OR_RETURN(link->remote_buffer_, Buffer::Allocate(o.kind, device, o.bytes, o.alloc));
 
     EngineOptions local_options = o.engine;
     local_options.key = "bench-initiator";
@@ -102,7 +102,7 @@ class RemoteLink final : public Link {
       return Status(Code::kFailedPrecondition,
                     fmt::format("the listener serves {} bytes; this grid needs {}", remote.size, o.bytes));
     int device = o.kind == MemoryKind::kCuda ? o.device : -1;
-    FERRY_ASSIGN_OR_RETURN(link->buffer_, Buffer::Allocate(o.kind, device, o.bytes));
+    FERRY_ASSIGN_OR_RETURN(link->buffer_, Buffer::Allocate(o.kind, device, o.bytes, o.alloc));
     FERRY_ASSIGN_OR_RETURN(link->engine_, Engine::Create(o.engine));
     FERRY_ASSIGN_OR_RETURN(link->local_desc_,
                            link->engine_->RegisterMemory(link->buffer_->data(), o.bytes, o.kind, device));
@@ -160,7 +160,7 @@ Result<std::unique_ptr<Link>> MakeRemoteLink(const RemoteLinkOptions& options) {
 
 Status ServeBench(const ServeOptions& o, const std::function<void(const std::string&)>& on_listening) {
   int device = o.kind == MemoryKind::kCuda ? o.device : -1;
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buffer, Buffer::Allocate(o.kind, device, o.bytes));
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buffer, Buffer::Allocate(o.kind, device, o.bytes, o.alloc));
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(o.engine));
   FERRY_ASSIGN_OR_RETURN(MemoryDesc desc, engine->RegisterMemory(buffer->data(), o.bytes, o.kind, device));
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<SideListener> listener, SideListener::Listen(o.listen));

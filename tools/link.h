@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "buffers.h"
 #include "ferry/engine.h"
 
 namespace ferry::tools {
@@ -38,6 +39,7 @@ struct InProcessLinkOptions {
   MemoryKind kind = MemoryKind::kHost;
   int device = 0;  // CUDA ordinal when kind is kCuda
   uint64_t bytes = 0;
+  HostAlloc alloc = HostAlloc::kHeap;  // of host buffers
   EngineOptions engine;  // for both engines; keys are set here
 };
 
@@ -50,6 +52,7 @@ struct RemoteLinkOptions {
   MemoryKind kind = MemoryKind::kHost;
   int device = 0;
   uint64_t bytes = 0;  // of the local buffer; the remote one must be at least as large
+  HostAlloc alloc = HostAlloc::kHeap;  // of host buffers
   EngineOptions engine;
   std::chrono::milliseconds connect_timeout = std::chrono::seconds(30);
 };
@@ -62,6 +65,7 @@ struct ServeOptions {
   MemoryKind kind = MemoryKind::kHost;
   int device = 0;
   uint64_t bytes = 0;
+  HostAlloc alloc = HostAlloc::kHeap;  // of host buffers
   EngineOptions engine;
   std::chrono::milliseconds wait = std::chrono::hours(1);  // for the peer, and for its "done"
 };

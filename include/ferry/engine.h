@@ -62,6 +62,16 @@ struct UcxOptions {
   std::chrono::milliseconds connect_timeout = std::chrono::seconds(10);
 };
 
+// Settings of the `shm` transport: host memory of this host's processes, reached in buffers
+// from ferry::AllocateSharedHost (ferry/shared_memory.h).
+struct ShmOptions {
+  // How long deregistering a region waits for the peers that map it to unmap it; a peer that
+  // has not answered by then (e.g. a stopped process) is disconnected.
+  std::chrono::milliseconds revoke_timeout = std::chrono::seconds(5);
+  // How long a round trip to a peer (mapping its region, Engine::Notify) may take.
+  std::chrono::milliseconds call_timeout = std::chrono::seconds(10);
+};
+
 struct EngineOptions {
   // Unique key of this engine; empty = "<hostname>:<pid>:<random>".
   std::string key;
@@ -80,6 +90,7 @@ struct EngineOptions {
   size_t max_notification_bytes = 64 * 1024;
   size_t max_pending_notifications = 1 << 16;
   UcxOptions ucx;
+  ShmOptions shm;
 };
 
 enum class Op : uint8_t { kRead = 0, kWrite = 1 };

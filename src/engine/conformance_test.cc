@@ -1,6 +1,7 @@
 // The transport conformance suite: the same behaviours checked over every transport compiled
-// in, each through two engines of this process restricted to that transport. Tests skip where
-// a transport lacks the capability they need.
+// in, each through two engines of this process restricted to that transport, once with heap
+// buffers and once with shareable host buffers (ferry::AllocateSharedHost). A combination
+// whose transport cannot register that memory (shm and heap memory) is skipped.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,16 +18,35 @@ namespace ferry {
 namespace {
 
 using testing::EnginePair;
+using testing::HostAlloc;
 using testing::RandomBytes;
 
-class Conformance : public ::testing::TestWithParam<std::string> {
+struct Param {
+  std::string transport;
+  HostAlloc alloc;
+};
+
+class Conformance : public ::testing::TestWithParam<Param> {
  protected:
+  void SetUp() override {
+    const std::string& why = SkipReason(transport());
+    if (!why.empty()) GTEST_SKIP() << why;
+    // Whether the transport carries this kind of host memory at all.
+    EngineOptions options;
+    options.transports = {transport()};
+    auto e = Engine::Create(options);
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    testing::Bytes probe(4096, 0, testing::TestAllocator<uint8_t>(GetParam().alloc));
+    auto d = (*e)->RegisterMemory(probe.data(), probe.size());
+    if (d.status().code() == Code::kUnavailable)
+      GTEST_SKIP() << transport() << " cannot register " << testing::HostAllocName(GetParam().alloc)
+                   << " memory: " << d.status().ToString();
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    ASSERT_TRUE((*e)->DeregisterMemory(*d).ok());
+  }
+  const std::string& transport() const { return GetParam().transport; }
   // The suite runs two engines of this process over host memory: transports that cannot
   // (cuda_ipc: GPU memory between processes) or that say they are unsupported here skip.
-  void SetUp() override {
-    const std::string& why = SkipReason(GetParam());
-    if (!why.empty()) GTEST_SKIP() << why;
-  }
   // Probed once per transport.
   static const std::string& SkipReason(const std::string& name) {
     static std::map<std::string, std::string> reasons;
@@ -44,9 +64,9 @@ class Conformance : public ::testing::TestWithParam<std::string> {
     return reasons.emplace(name, why).first->second;
   }
   std::unique_ptr<EnginePair> Pair(size_t bytes, EngineOptions options = {}) {
-    auto p = EnginePair::Make(GetParam(), bytes, options);
+    auto p = EnginePair::Make(transport(), bytes, options, GetParam().alloc);
     if (p) {
-      EXPECT_EQ(p->session.path().transport, GetParam());
+      EXPECT_EQ(p->session.path().transport, transport());
     }
     return p;
   }
@@ -69,8 +89,8 @@ std::vector<TransferOp> ScatteredOps(size_t region, size_t count, size_t max_pie
   return ops;
 }
 
-void ExpectApplied(const std::vector<uint8_t>& src, const std::vector<uint8_t>& dst,
-                   const std::vector<TransferOp>& ops, bool write) {
+template <typename Src, typename Dst>
+void ExpectApplied(const Src& src, const Dst& dst, const std::vector<TransferOp>& ops, bool write) {
   for (size_t i = 0; i < ops.size(); ++i) {
     const auto& op = ops[i];
     uint64_t s = write ? op.local_offset : op.remote_offset;
@@ -87,7 +107,7 @@ TEST_P(Conformance, SingleWriteAndRead) {
   Transfer t = p->session.Write(100, 200, 5000);
   ASSERT_TRUE(t.Wait().ok()) << t.status().ToString();
   EXPECT_EQ(t.bytes(), 5000u);
-  EXPECT_EQ(t.path().transport, GetParam());
+  EXPECT_EQ(t.path().transport, transport());
   EXPECT_TRUE(t.Test());
   EXPECT_EQ(std::memcmp(p->b_buf.data() + 200, data.data() + 100, 5000), 0);
   EXPECT_EQ(p->b_buf[199], 0);
@@ -200,7 +220,7 @@ TEST_P(Conformance, DeadlinesEndSlowTransfers) {
   EXPECT_EQ(t.Wait().code(), Code::kDeadlineExceeded);
   EXPECT_EQ(t.status().code(), Code::kDeadlineExceeded);
   // Bytes of the expired batch may still land; the next batches go to another region.
-  std::vector<uint8_t> other(kBytes);
+  testing::Bytes other(kBytes, 0, p->b_buf.get_allocator());
   auto other_desc = p->b->RegisterMemory(other.data(), kBytes);
   ASSERT_TRUE(other_desc.ok());
   auto s = p->a->OpenSession(p->a_desc, *other_desc);
@@ -329,14 +349,16 @@ TEST_P(Conformance, SessionsFailCleanlyAfterTheirEngineIsGone) {
   EXPECT_EQ(s.Write(0, 0, 8).Wait().code(), Code::kAborted);
 }
 
-std::vector<std::string> TransportNames() {
-  std::vector<std::string> out;
-  for (const auto& e : internal::RegisteredTransports()) out.emplace_back(e.name);
+std::vector<Param> Params(HostAlloc alloc) {
+  std::vector<Param> out;
+  for (const auto& e : internal::RegisteredTransports()) out.push_back({std::string(e.name), alloc});
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(AllTransports, Conformance, ::testing::ValuesIn(TransportNames()),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(AllTransports, Conformance, ::testing::ValuesIn(Params(HostAlloc::kHeap)),
+                         [](const auto& info) { return info.param.transport; });
+INSTANTIATE_TEST_SUITE_P(SharedHost, Conformance, ::testing::ValuesIn(Params(HostAlloc::kShared)),
+                         [](const auto& info) { return info.param.transport; });
 
 }  // namespace
 }  // namespace ferry

@@ -168,7 +168,11 @@ Result<MemoryDesc> EngineCore::RegisterMemory(void* ptr, uint64_t bytes, MemoryK
     if (!Carries(t->caps(), kind)) continue;
     auto access = t->Register(region);
     if (!access.ok()) {
-      FERRY_LOG_WARN("transport {} cannot register region: {}", t->name(), access.status().ToString());
+      // kUnsupported: the transport does not apply to this memory (e.g. shm and heap memory).
+      if (access.status().code() == Code::kUnsupported)
+        FERRY_LOG_DEBUG("transport {} does not carry this region: {}", t->name(), access.status().ToString());
+      else
+        FERRY_LOG_WARN("transport {} cannot register region: {}", t->name(), access.status().ToString());
       continue;
     }
     desc.access.push_back(std::move(access).value());

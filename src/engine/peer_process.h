@@ -75,6 +75,12 @@ class PeerProcess {
     return ReadLine(std::chrono::seconds(120));  // sanitizer builds of the peer are slow
   }
 
+  // Sends one command line without waiting for an answer.
+  void Post(const std::string& line) {
+    std::string l = line + "\n";
+    (void)!write(to_, l.data(), l.size());
+  }
+
   void Signal(int sig) {
     if (pid_ > 0) kill(pid_, sig);
   }

@@ -5,9 +5,14 @@
 //   READY
 // Commands: "hash OFFSET SIZE" -> "HASH <fnv1a64>", "notes" -> "NOTES <count> <last message>",
 // "fill SEED" -> "OK" (refills the buffer), "dereg" -> "DEREG <code>" (deregisters it), "exit".
+// As an initiator: "peer HEX" (packed EngineDesc) -> "OK" | "ERR <code>", "open HEX" (packed
+// MemoryDesc) -> "SESSION <transport>" | "ERR <code>", "write|read LOCAL REMOTE SIZE" on that
+// session -> "DONE <code>", "writes COUNT SIZE" (COUNT writes of SIZE at offset 0) ->
+// "DONE <code of the first failure, or OK>".
 // With --kind cuda the buffer is GPU memory of --device (default 0), registered as such.
 // Usage: ferry_test_peer BYTES [--rma auto|always|never] [--listen HOST] [--kind host|cuda]
-//                              [--device N] [--transports a,b,...] [--fill SEED]
+//                              [--device N] [--transports a,b,...] (default ucx)
+//                              [--alloc heap|shared] (default heap) [--fill SEED]
 // (--fill 0: the buffer starts zeroed, quick for benchmarks of many GiB; default seed 1)
 #include <cstdio>
 #include <cstring>
@@ -18,6 +23,7 @@
 #include "base/tsan.h"
 #include "cuda/runtime.h"
 #include "ferry/engine.h"
+#include "ferry/shared_memory.h"
 
 namespace {
 
@@ -37,7 +43,23 @@ uint64_t Fnv(const uint8_t* p, size_t n) {
   return h;
 }
 
-void Fill(std::vector<uint8_t>& buf, uint64_t seed) {
+std::string Unhex(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+// The registered buffer: on the heap or shareable (ferry::AllocateSharedHost).
+struct Buf {
+  std::vector<uint8_t> heap;
+  ferry::HostBuffer shared;
+  uint8_t* data() { return shared ? reinterpret_cast<uint8_t*>(shared.data()) : heap.data(); }
+  size_t size() const { return shared ? shared.size() : heap.size(); }
+  uint8_t& operator[](size_t i) { return data()[i]; }
+};
+
+void Fill(Buf& buf, uint64_t seed) {
   uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
   for (size_t i = 0; i < buf.size(); ++i) {
     x ^= x << 13;
@@ -55,10 +77,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   ferry::EngineOptions options;
-  options.transports = {"ucx"};
   bool gpu = false;
   int device = 0;
   uint64_t fill_seed = 1;
+  bool shared = false;
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--rma") {
@@ -80,14 +102,27 @@ int main(int argc, char** argv) {
         options.transports.push_back(value.substr(at, comma - at));
         at = comma + 1;
       }
+    } else if (flag == "--alloc") {
+      shared = value == "shared";
     }
   }
+  if (options.transports.empty()) options.transports = {"ucx"};
   auto engine = ferry::Engine::Create(options);
   if (!engine.ok()) {
     std::fprintf(stderr, "engine: %s\n", engine.status().ToString().c_str());
     return 1;
   }
-  std::vector<uint8_t> buf(std::stoull(argv[1]));
+  Buf buf;
+  if (shared) {
+    auto b = ferry::AllocateSharedHost(std::stoull(argv[1]));
+    if (!b.ok()) {
+      std::fprintf(stderr, "alloc: %s\n", b.status().ToString().c_str());
+      return 1;
+    }
+    buf.shared = std::move(b).value();
+  } else {
+    buf.heap.resize(std::stoull(argv[1]));
+  }
   if (fill_seed != 0) Fill(buf, fill_seed);
   // GPU mode: `buf` mirrors the device buffer; commands upload and download it whole.
   void* dev = nullptr;
@@ -113,6 +148,8 @@ int main(int argc, char** argv) {
   size_t notes = 0;
   std::string last;
   std::string cmd;
+  ferry::Session session;
+  auto code = [](const ferry::Status& s) { return std::string(ferry::CodeName(s.code())); };
   while (std::cin >> cmd) {
     FERRY_TSAN_WIRE_ACQUIRE();  // commands follow transfers that landed through UCX
     if (cmd == "hash") {
@@ -145,6 +182,30 @@ int main(int argc, char** argv) {
     } else if (cmd == "dereg") {
       ferry::Status s = (*engine)->DeregisterMemory(desc->region);
       std::cout << "DEREG " << ferry::CodeName(s.code()) << std::endl;
+    } else if (cmd == "peer") {
+      std::string hex;
+      std::cin >> hex;
+      auto d = ferry::EngineDesc::Unpack(Unhex(hex));
+      ferry::Status s = d.ok() ? (*engine)->AddPeer(*d) : d.status();
+      std::cout << (s.ok() ? "OK" : "ERR " + code(s)) << std::endl;
+    } else if (cmd == "open") {
+      std::string hex;
+      std::cin >> hex;
+      auto d = ferry::MemoryDesc::Unpack(Unhex(hex));
+      auto s = d.ok() ? (*engine)->OpenSession(*desc, *d) : ferry::Result<ferry::Session>(d.status());
+      if (s.ok()) session = *s;
+      std::cout << (s.ok() ? "SESSION " + s->path().transport : "ERR " + code(s.status())) << std::endl;
+    } else if (cmd == "write" || cmd == "read") {
+      uint64_t l = 0, r = 0, n = 0;
+      std::cin >> l >> r >> n;
+      ferry::Status s = cmd == "write" ? session.Write(l, r, n).Wait() : session.Read(l, r, n).Wait();
+      std::cout << "DONE " << code(s) << std::endl;
+    } else if (cmd == "writes") {
+      uint64_t count = 0, n = 0;
+      std::cin >> count >> n;
+      ferry::Status first;
+      for (uint64_t i = 0; i < count && first.ok(); ++i) first = session.Write(0, 0, n).Wait();
+      std::cout << "DONE " << code(first) << std::endl;
     } else if (cmd == "exit") {
       break;
     }

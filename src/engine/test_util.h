@@ -6,12 +6,17 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <new>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ferry/engine.h"
+#include "ferry/shared_memory.h"
 
 namespace ferry::testing {
 
@@ -27,23 +32,78 @@ inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
   return out;
 }
 
+// Where test buffers live: the heap, or shareable host memory (ferry::AllocateSharedHost) that
+// the `shm` transport reaches.
+enum class HostAlloc : uint8_t { kHeap, kShared };
+
+// A vector allocator over either; the choice travels with the vector (copies, moves, swaps).
+template <typename T>
+struct TestAllocator {
+  using value_type = T;
+  using propagate_on_container_copy_assignment = std::true_type;
+  using propagate_on_container_move_assignment = std::true_type;
+  using propagate_on_container_swap = std::true_type;
+  HostAlloc alloc = HostAlloc::kHeap;
+
+  TestAllocator() = default;
+  explicit TestAllocator(HostAlloc a) : alloc(a) {}
+  template <typename U>
+  TestAllocator(const TestAllocator<U>& other) : alloc(other.alloc) {}
+
+  T* allocate(size_t n) {
+    if (alloc == HostAlloc::kHeap || n == 0) return std::allocator<T>().allocate(n);
+    auto b = AllocateSharedHost(n * sizeof(T));
+    if (!b.ok()) throw std::bad_alloc();
+    T* p = reinterpret_cast<T*>(b->data());
+    std::lock_guard<std::mutex> lock(SharedMu());
+    Shared().emplace(p, std::move(b).value());
+    return p;
+  }
+  void deallocate(T* p, size_t n) {
+    if (alloc == HostAlloc::kHeap || n == 0) return std::allocator<T>().deallocate(p, n);
+    HostBuffer gone;
+    std::lock_guard<std::mutex> lock(SharedMu());
+    auto it = Shared().find(p);
+    if (it == Shared().end()) return;
+    gone = std::move(it->second);
+    Shared().erase(it);
+  }
+  friend bool operator==(const TestAllocator& a, const TestAllocator& b) { return a.alloc == b.alloc; }
+
+ private:
+  static std::mutex& SharedMu() {
+    static std::mutex mu;
+    return mu;
+  }
+  static std::map<const void*, HostBuffer>& Shared() {
+    static auto* m = new std::map<const void*, HostBuffer>();
+    return *m;
+  }
+};
+
+using Bytes = std::vector<uint8_t, TestAllocator<uint8_t>>;
+
+inline const char* HostAllocName(HostAlloc a) { return a == HostAlloc::kShared ? "shared" : "heap"; }
+
 // Overwrites `buf` in place (a registered buffer must keep its address).
-inline void Fill(std::vector<uint8_t>& buf, uint64_t seed) {
+template <typename Vector>
+inline void Fill(Vector& buf, uint64_t seed) {
   auto bytes = RandomBytes(buf.size(), seed);
   std::memcpy(buf.data(), bytes.data(), buf.size());
 }
 
-// Two engines restricted to one transport, each with a registered host buffer, and a session
-// from a's buffer to b's.
+// Two engines restricted to one transport, each with a registered host buffer (on the heap or
+// shareable), and a session from a's buffer to b's.
 struct EnginePair {
   // Buffers first: they are destroyed after the engines that reach them.
-  std::vector<uint8_t> a_buf, b_buf;
+  Bytes a_buf, b_buf;
   std::unique_ptr<Engine> a, b;
   MemoryDesc a_desc, b_desc;
   Session session;
 
   static std::unique_ptr<EnginePair> Make(const std::string& transport, size_t bytes,
-                                          EngineOptions options = {}) {
+                                          EngineOptions options = {},
+                                          HostAlloc alloc = HostAlloc::kHeap) {
     auto p = std::make_unique<EnginePair>();
     static std::atomic<int> counter{0};
     std::string suffix = std::to_string(counter.fetch_add(1));
@@ -58,8 +118,8 @@ struct EnginePair {
     if (!b.ok()) return nullptr;
     p->a = std::move(a).value();
     p->b = std::move(b).value();
-    p->a_buf.assign(bytes, 0);
-    p->b_buf.assign(bytes, 0);
+    p->a_buf = Bytes(bytes, 0, TestAllocator<uint8_t>(alloc));
+    p->b_buf = Bytes(bytes, 0, TestAllocator<uint8_t>(alloc));
     auto ad = p->a->RegisterMemory(p->a_buf.data(), bytes);
     auto bd = p->b->RegisterMemory(p->b_buf.data(), bytes);
     EXPECT_TRUE(ad.ok() && bd.ok());

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import ferry
-from util import NOTIFYING, fresh_key, pop_notifications
+from util import NOTIFYING, TRANSPORTS, fresh_key, pop_notifications, register_host
 
 
 def error_code(fn, *args, **kwargs) -> str:
@@ -297,7 +297,6 @@ def test_closed_engine_raises_aborted():
 def test_stats_start_at_zero_and_count_nothing_for_good_traffic(transport):
     with ferry.Engine(key=fresh_key("s"), transports=[transport]) as e:
         assert e.stats() == {"rejected_messages": 0}
-        buf = np.zeros(4096, dtype=np.uint8)
-        d = e.register_memory(buf)
+        buf, d = register_host(e, 4096)
         e.open_session(d, d).write(0, 2048, 1024).wait()
         assert e.stats()["rejected_messages"] == 0

@@ -60,8 +60,8 @@ class Pair:
         n = next(_keys)
         a = ferry.Engine(key=f"a{n}", transports=[transport], **options)
         b = ferry.Engine(key=f"b{n}", transports=[transport], **options)
-        a_buf, b_buf = np.zeros(size, np.uint8), np.zeros(size, np.uint8)
-        a_desc, b_desc = a.register_memory(a_buf), b.register_memory(b_buf)
+        a_buf, a_desc = register_host(a, size)
+        b_buf, b_desc = register_host(b, size)
         a.add_peer(b.describe().pack())
         b.add_peer(ferry.EngineDesc.unpack(a.describe().pack()))
         session = a.open_session(a_desc, ferry.MemoryDesc.unpack(b_desc.pack()))
@@ -70,6 +70,19 @@ class Pair:
     def close(self) -> None:
         self.a.close()
         self.b.close()
+
+
+def register_host(engine: ferry.Engine, size: int):
+    """(buffer, desc): a zeroed numpy buffer registered with `engine`, from the heap, or from
+    ferry.alloc_shared where the engine's transports reach only shareable memory (shm)."""
+    buf = np.zeros(size, np.uint8)
+    try:
+        return buf, engine.register_memory(buf)
+    except ferry.Error as e:
+        if e.code != "UNAVAILABLE":
+            raise
+    buf = ferry.alloc_shared(size)
+    return buf, engine.register_memory(buf)
 
 
 def require_cuda():

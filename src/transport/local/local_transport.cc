@@ -11,7 +11,7 @@
 #include "base/thread_pool.h"
 #include "cuda/runtime.h"
 #include "transport/local/cuda_path.h"
-#include "transport/local/host_copy.h"
+#include "transport/host_copy.h"
 #include "transport/transport.h"
 
 namespace ferry::internal {

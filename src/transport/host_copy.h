@@ -1,5 +1,5 @@
 // Host-memory copies of a validated batch, on the caller's thread or split by bytes over a
-// thread pool.
+// thread pool: shared by the transports that move host memory with memcpy (local, shm).
 #pragma once
 
 #include <cstddef>

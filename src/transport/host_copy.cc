@@ -1,4 +1,4 @@
-#include "transport/local/host_copy.h"
+#include "transport/host_copy.h"
 
 #include <algorithm>
 #include <cstdint>

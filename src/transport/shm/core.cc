@@ -1,0 +1,522 @@
+#include "transport/shm/core.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+
+#include "base/codec.h"
+#include "base/log.h"
+#include "base/shared_host.h"
+
+namespace ferry::internal::shm {
+namespace {
+
+// How long one message may wait for room in a peer's socket before the peer counts as gone.
+constexpr auto kSendTimeout = std::chrono::seconds(1);
+// The I/O thread wakes at least this often to expire calls past their deadline.
+constexpr int kPollMs = 50;
+
+std::string RandomName() {
+  std::random_device rd;
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "ferry-shm.%d.%08x%08x", static_cast<int>(getpid()), rd(), rd());
+  return buf;
+}
+
+Status FromCode(uint8_t code, std::string_view what) {
+  return Status(static_cast<Code>(code), std::string(what));
+}
+
+}  // namespace
+
+// ---- Conn ------------------------------------------------------------------------------------
+
+Conn::~Conn() { close(fd_); }
+
+Status Conn::Send(const Header& h, std::string_view payload, std::span<const int> pass_fds) {
+  if (failed()) return failure();
+  std::string bytes = Encode(h, payload);
+  std::lock_guard<std::mutex> lock(send_mu_);
+  Status s = SendMessage(fd_, bytes, pass_fds, Deadline::After(send_timeout_));
+  if (!s.ok() && s.code() != Code::kInvalidArgument) {
+    Fail(s.WithContext("connection to " + peer_key_));
+    return failure();
+  }
+  return s;
+}
+
+Status Conn::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failure_.ok()) return Status(Code::kUnavailable, "connection to peer " + peer_key_ + " is closed");
+  return failure_;
+}
+
+void Conn::Fail(Status why) {
+  if (failed_.exchange(true, std::memory_order_acq_rel)) return;
+  if (why.code() != Code::kAborted) why = Status(Code::kUnavailable, std::string(why.message()));
+  std::unordered_map<uint64_t, Waiting> calls;
+  std::vector<std::weak_ptr<TransferState>> tracked;
+  std::unordered_map<uint64_t, std::shared_ptr<MappingSlot>> slots;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failure_ = why;
+    calls.swap(calls_);
+    tracked.swap(tracked_);
+    slots.swap(slots_);
+  }
+  shutdown(fd_, SHUT_RDWR);  // the I/O thread sees the hang-up and drops the connection
+  for (auto& [token, w] : calls) w.reply(why, Header{}, -1, -1);
+  for (auto& weak : tracked)
+    if (auto s = weak.lock()) s->Finish(why);
+  // Transfers already copying finish into the mapping, which lives until they let go.
+  for (auto& [region, slot] : slots) slot->Revoke(nullptr);
+}
+
+Status Conn::Call(const Header& h, std::string_view payload, Deadline deadline, ReplyFn reply) {
+  Header out = h;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed()) return failure_.ok() ? Status(Code::kUnavailable, "connection closed") : failure_;
+    out.token = next_token_++;
+    calls_[out.token] = Waiting{std::move(reply), deadline};
+  }
+  Status s = Send(out, payload);
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    // A failed send fails the connection, whose Fail() may have answered the call already:
+    // then `reply` ran, and the caller must not complete it a second time.
+    if (calls_.erase(out.token) == 0) return Status::Ok();
+    return s;
+  }
+  return Status::Ok();
+}
+
+bool Conn::Complete(uint64_t token, const Status& s, const Header& h, int region_fd, int table_fd) {
+  Waiting w;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = calls_.find(token);
+    if (it == calls_.end()) return false;
+    w = std::move(it->second);
+    calls_.erase(it);
+  }
+  w.reply(s, h, region_fd, table_fd);
+  return true;
+}
+
+void Conn::ExpireCalls() {
+  std::vector<Waiting> expired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = calls_.begin(); it != calls_.end();) {
+      if (it->second.deadline.expired()) {
+        expired.push_back(std::move(it->second));
+        it = calls_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    // Forget transfers that finished.
+    if (tracked_.size() > 64) {
+      std::erase_if(tracked_, [](const std::weak_ptr<TransferState>& w) {
+        auto s = w.lock();
+        return !s || s->finished();
+      });
+    }
+  }
+  for (auto& w : expired)
+    w.reply(Status(Code::kDeadlineExceeded, "peer " + peer_key_ + " did not answer in time"), Header{}, -1, -1);
+}
+
+void Conn::Track(const std::shared_ptr<TransferState>& state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed()) {
+    state->Finish(failure_);
+    return;
+  }
+  tracked_.push_back(state);
+}
+
+std::shared_ptr<MappingSlot> Conn::FindSlot(uint64_t region) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = slots_.find(region);
+  return it == slots_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<MappingSlot> Conn::InstallSlot(uint64_t region, std::shared_ptr<MappingSlot> slot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& place = slots_[region];
+  if (place && place->live()) return place;
+  place = std::move(slot);
+  return place;
+}
+
+Result<std::shared_ptr<const RevocationView>> Conn::View(int table_fd) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!view_) {
+    auto v = RevocationView::Map(table_fd);
+    close(table_fd);
+    if (!v.ok()) return v.status();
+    view_ = std::move(v).value();
+  } else {
+    close(table_fd);
+  }
+  return view_;
+}
+
+void Conn::RevokeSlot(uint64_t region) {
+  std::shared_ptr<MappingSlot> slot;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = slots_.find(region);
+    if (it != slots_.end()) {
+      slot = std::move(it->second);
+      slots_.erase(it);
+    }
+  }
+  Header h;
+  h.type = MsgType::kUnmapped;
+  h.region = region;
+  auto tell = [weak = self_, h] {
+    if (auto c = weak.lock()) (void)c->Send(h);
+  };
+  if (!slot || !slot->Revoke(tell)) tell();  // nothing mapped: answer at once
+}
+
+// ---- Core ------------------------------------------------------------------------------------
+
+Core::Core(const TransportContext& ctx)
+    : engine_key_(ctx.engine_key), options_(ctx.options->shm),
+      parallel_copy_bytes_(ctx.options->parallel_copy_bytes),
+      max_notification_bytes_(ctx.options->max_notification_bytes), inbox_(ctx.inbox) {}
+
+Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx) {
+  std::shared_ptr<Core> core(new Core(ctx));
+  int threads = ctx.options->copy_threads;
+  if (threads <= 0) threads = std::clamp<int>(std::thread::hardware_concurrency(), 1, 8);
+  if (threads > 1) core->pool_ = std::make_unique<ThreadPool>(threads, "ferry-shm");
+  FERRY_ASSIGN_OR_RETURN(core->table_, RevocationTable::Create());
+  core->socket_name_ = RandomName();
+  FERRY_ASSIGN_OR_RETURN(core->listen_fd_, ListenAbstract(core->socket_name_));
+  core->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (core->wake_fd_ < 0) return Status(Code::kUnavailable, "eventfd failed");
+  core->io_ = std::thread([c = core.get()] { c->Run(); });
+  return core;
+}
+
+Core::~Core() {
+  Shutdown();
+  if (listen_fd_ >= 0) close(listen_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void Core::Shutdown() {
+  if (stopping_.exchange(true)) return;
+  Wake();
+  if (io_.joinable()) io_.join();
+  std::vector<std::shared_ptr<Conn>> conns;
+  std::unordered_map<uint64_t, Exported> exported;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns.swap(conns_);
+    exported.swap(exported_);
+  }
+  for (auto& [id, e] : exported) {
+    table_->Revoke(e.slot);
+    close(e.fd);
+  }
+  for (auto& c : conns) c->Fail(Status(Code::kAborted, "the shm transport was shut down"));
+  unmapped_cv_.notify_all();
+}
+
+void Core::Wake() {
+  uint64_t one = 1;
+  if (wake_fd_ >= 0) (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+void Core::Reject(const std::string& why) {
+  rejected_.fetch_add(1, std::memory_order_relaxed);
+  FERRY_LOG_DEBUG("shm: rejected a message: {}", why);
+}
+
+void Core::Add(const std::shared_ptr<Conn>& conn) {
+  conn->self_ = conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns_.push_back(conn);
+  }
+  Wake();
+}
+
+Result<TransportData> Core::Register(const std::shared_ptr<Region>& region) {
+  if (stopping_.load()) return Status(Code::kAborted, "the shm transport was shut down");
+  auto span = FindSharedHost(region->base, region->size);
+  if (!span)
+    return Status(Code::kUnsupported,
+                  "region is not inside a shareable host buffer (ferry::AllocateSharedHost)");
+  int fd = fcntl(span->fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return Status(Code::kResourceExhausted, "cannot keep the region's memory file open");
+  auto [slot, generation] = table_->Publish();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    exported_[static_cast<uint64_t>(region->id)] = Exported{reinterpret_cast<uint64_t>(region->base),
+                                                            region->size, fd, span->offset, slot, generation};
+  }
+  return TransportData{std::string(kName), socket_name_};
+}
+
+void Core::Deregister(const Region& region) {
+  const auto id = static_cast<uint64_t>(region.id);
+  std::vector<std::shared_ptr<Conn>> holders;
+  int fd = -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = exported_.find(id);
+    if (it == exported_.end()) return;  // never registered here (not a shared buffer)
+    fd = it->second.fd;
+    // Every peer sees it at its next transfer, whether or not it reads the message below.
+    table_->Revoke(it->second.slot);
+    exported_.erase(it);
+    // Every reply that handed out this region's file went out under mu_, before this point:
+    // each revocation below reaches its peer after the file did.
+    for (auto& c : conns_)
+      if (c->mapped.count(id) != 0) holders.push_back(c);
+  }
+  Header h;
+  h.type = MsgType::kRevoke;
+  h.region = id;
+  for (auto& c : holders) (void)c->Send(h);  // a failed send fails the connection
+  const Deadline deadline = Deadline::After(options_.revoke_timeout);
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto released = [&] {
+      return std::all_of(holders.begin(), holders.end(),
+                         [&](const auto& c) { return c->failed() || c->mapped.count(id) == 0; });
+    };
+    unmapped_cv_.wait_until(lock, deadline.at(), released);
+    for (auto& c : holders) {
+      if (c->failed() || c->mapped.count(id) == 0) continue;
+      FERRY_LOG_WARN("shm: peer {} did not unmap region {} within {} ms; disconnecting it",
+                     c->peer_key(), id, options_.revoke_timeout.count());
+      c->mapped.clear();
+      c->Fail(Status(Code::kUnavailable, "peer did not unmap a deregistered region in time"));
+    }
+  }
+  close(fd);
+}
+
+Result<std::shared_ptr<Conn>> Core::Dial(const std::string& peer_key, const std::string& name) {
+  if (stopping_.load()) return Status(Code::kAborted, "the shm transport was shut down");
+  FERRY_ASSIGN_OR_RETURN(int fd, DialAbstract(name));
+  auto uid = PeerUid(fd);
+  if (!uid.ok() || *uid != getuid()) {
+    close(fd);
+    return Status(Code::kUnavailable, "the shm socket of " + peer_key + " belongs to another user");
+  }
+  auto conn = std::make_shared<Conn>(fd, Conn::Role::kInitiator, peer_key, kSendTimeout);
+  Add(conn);
+  Header hello;
+  hello.type = MsgType::kHello;
+  hello.size = engine_key_.size();
+  FERRY_RETURN_IF_ERROR(conn->Send(hello, engine_key_));
+  return conn;
+}
+
+// ---- The I/O thread --------------------------------------------------------------------------
+
+void Core::Run() {
+  std::vector<pollfd> fds;
+  std::vector<std::shared_ptr<Conn>> polled;
+  while (!stopping_.load(std::memory_order_acquire)) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      polled = conns_;
+    }
+    fds.clear();
+    fds.push_back({wake_fd_, POLLIN, 0});
+    fds.push_back({listen_fd_, POLLIN, 0});
+    for (auto& c : polled) fds.push_back({c->fd(), POLLIN, 0});
+    int n = poll(fds.data(), fds.size(), kPollMs);
+    if (n < 0 && errno != EINTR) break;
+    if (fds[0].revents & POLLIN) {
+      uint64_t v;
+      (void)!read(wake_fd_, &v, sizeof(v));
+    }
+    if (fds[1].revents & POLLIN) Accept();
+    for (size_t i = 0; i < polled.size(); ++i) {
+      const auto& c = polled[i];
+      short ev = fds[i + 2].revents;
+      if (ev & POLLIN) Receive(c);
+      if ((ev & (POLLHUP | POLLERR)) && !(ev & POLLIN)) Drop(c, Status(Code::kUnavailable, "peer " + c->peer_key() + " hung up"));
+      if (c->failed()) Drop(c, c->failure());
+      else if (c->role() == Conn::Role::kInitiator) c->ExpireCalls();
+    }
+  }
+}
+
+void Core::Accept() {
+  for (int i = 0; i < 16; ++i) {
+    auto fd = AcceptOne(listen_fd_);
+    if (!fd.ok()) return;
+    auto uid = PeerUid(*fd);
+    if (!uid.ok() || *uid != getuid()) {
+      Reject("connection from another user");
+      close(*fd);
+      continue;
+    }
+    Add(std::make_shared<Conn>(*fd, Conn::Role::kTarget, "(unnamed)", kSendTimeout));
+  }
+}
+
+void Core::Drop(const std::shared_ptr<Conn>& conn, Status why) {
+  conn->Fail(std::move(why));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conn->mapped.clear();
+    std::erase(conns_, conn);
+  }
+  unmapped_cv_.notify_all();
+}
+
+void Core::Receive(const std::shared_ptr<Conn>& conn) {
+  const size_t max_bytes = kHeaderBytes + std::max(max_notification_bytes_, kMaxKeyBytes);
+  for (int i = 0; i < 64 && !conn->failed(); ++i) {
+    auto msg = ReceiveMessage(conn->fd(), max_bytes);
+    if (!msg.ok()) {
+      if (msg.status().code() != Code::kInProgress) Drop(conn, msg.status());
+      return;
+    }
+    Handle(conn, *msg);
+  }
+}
+
+void Core::Handle(const std::shared_ptr<Conn>& conn, Received& msg) {
+  // Descriptors are expected only with a successful kOpenReply (two); any other is closed.
+  int region_fd = -1, table_fd = -1;
+  auto close_fds = [&] {
+    for (int f : msg.fds) close(f);
+    msg.fds.clear();
+  };
+  auto m = Decode(msg.bytes.data(), msg.bytes.size());
+  if (!m.ok() && msg.truncated && msg.bytes.size() >= kHeaderBytes) {
+    // Too long for this engine: a notification over its limit is refused, not fatal.
+    auto h = DecodeHeader(msg.bytes.data(), kHeaderBytes);
+    if (h.ok() && h->type == MsgType::kNotify && conn->role() == Conn::Role::kTarget && msg.fds.empty() &&
+        conn->hello_seen()) {
+      Header ack;
+      ack.type = MsgType::kAck;
+      ack.token = h->token;
+      ack.code = static_cast<uint8_t>(Code::kInvalidArgument);
+      (void)conn->Send(ack);
+      return;
+    }
+  }
+  if (!m.ok() || msg.truncated) {
+    close_fds();
+    return Reject(m.ok() ? "truncated message" : std::string(m.status().message()));
+  }
+  const bool wants_fd = conn->role() == Conn::Role::kInitiator && m->header.type == MsgType::kOpenReply &&
+                        m->header.code == 0;
+  if (wants_fd && msg.fds.size() == 2) {
+    region_fd = msg.fds[0];
+    table_fd = msg.fds[1];
+    msg.fds.clear();
+  } else if (!msg.fds.empty() || wants_fd) {
+    close_fds();
+    if (wants_fd) {
+      // An OK answer without its file: fail the call.
+      (void)conn->Complete(m->header.token, Status(Code::kInvalidArgument, "the peer sent no memory file"),
+                           m->header, -1, -1);
+    }
+    return Reject("unexpected file descriptors");
+  }
+  if (conn->role() == Conn::Role::kTarget) return HandleAtTarget(conn, *m);
+  HandleAtInitiator(conn, *m, region_fd, table_fd);
+}
+
+void Core::HandleAtTarget(const std::shared_ptr<Conn>& conn, const Message& m) {
+  const Header& h = m.header;
+  if (h.type == MsgType::kHello) {
+    if (conn->hello_seen() || m.payload.empty() || m.payload.size() > kMaxKeyBytes)
+      return Reject("bad hello");
+    conn->set_peer_key(std::string(m.payload));
+    return;
+  }
+  if (!conn->hello_seen()) return Reject("message before hello");
+  switch (h.type) {
+    case MsgType::kOpen: {
+      Header reply;
+      reply.type = MsgType::kOpenReply;
+      reply.token = h.token;
+      reply.region = h.region;
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = exported_.find(h.region);
+      int pass[2] = {-1, table_->fd()};
+      size_t files = 0;
+      if (it == exported_.end()) {
+        reply.code = static_cast<uint8_t>(Code::kFailedPrecondition);
+      } else if (it->second.address != h.offset || it->second.size != h.size) {
+        Reject("open of region " + std::to_string(h.region) + " with a wrong address or size");
+        reply.code = static_cast<uint8_t>(Code::kInvalidArgument);
+      } else {
+        reply.offset = it->second.file_offset;
+        reply.size = it->second.slot;
+        reply.extra = it->second.generation;
+        pass[0] = it->second.fd;
+        files = 2;
+        conn->mapped.insert(h.region);
+      }
+      // Sent under mu_: a revocation of this region cannot overtake the file (Deregister).
+      (void)conn->Send(reply, {}, std::span<const int>(pass, files));
+      return;
+    }
+    case MsgType::kNotify: {
+      Header ack;
+      ack.type = MsgType::kAck;
+      ack.token = h.token;
+      Status s = inbox_->Push(Notification{conn->peer_key(), std::string(m.payload)});
+      ack.code = static_cast<uint8_t>(s.code());
+      (void)conn->Send(ack);
+      return;
+    }
+    case MsgType::kUnmapped: {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        conn->mapped.erase(h.region);
+      }
+      unmapped_cv_.notify_all();
+      return;
+    }
+    default:
+      return Reject("message type " + std::to_string(static_cast<int>(h.type)) + " sent to a target");
+  }
+}
+
+void Core::HandleAtInitiator(const std::shared_ptr<Conn>& conn, const Message& m, int region_fd, int table_fd) {
+  const Header& h = m.header;
+  switch (h.type) {
+    case MsgType::kOpenReply:
+    case MsgType::kAck: {
+      Status s = h.code == 0 ? Status::Ok() : FromCode(h.code, "the peer refused");
+      if (!conn->Complete(h.token, s, h, region_fd, table_fd)) {
+        if (region_fd >= 0) close(region_fd);
+        if (table_fd >= 0) close(table_fd);
+        Reject("reply to no call");
+      }
+      return;
+    }
+    case MsgType::kRevoke:
+      conn->RevokeSlot(h.region);
+      return;
+    default:
+      return Reject("message type " + std::to_string(static_cast<int>(h.type)) + " sent to an initiator");
+  }
+}
+
+}  // namespace ferry::internal::shm

@@ -1,0 +1,170 @@
+// The `shm` transport's machinery: connections over Unix-domain sockets, the I/O thread that
+// receives on all of them, the target side (exported regions, their memory files, revocation)
+// and the initiator side (calls awaiting replies, mapped peer regions, transfers to fail when a
+// connection dies).
+//
+// One Core per engine. Its I/O thread accepts connections, receives and handles every
+// message, expires calls past their deadline and drops connections that closed. Sends go out
+// from any thread (one sendmsg per message). Peers are other engines of this host run by the
+// same user (checked with SO_PEERCRED).
+//
+// Thread safety: every public method may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "transport/shm/mapping.h"
+#include "transport/shm/revocation.h"
+#include "transport/shm/socket.h"
+#include "transport/shm/wire.h"
+#include "transport/transport.h"
+
+namespace ferry::internal::shm {
+
+inline constexpr std::string_view kName = "shm";
+
+// A reply (or its failure) for a call, with the descriptors attached to a kOpenReply (owned by
+// the callback; -1 when none came).
+using ReplyFn = std::function<void(const Status&, const Header&, int region_fd, int table_fd)>;
+
+class Conn {
+ public:
+  enum class Role : uint8_t { kInitiator, kTarget };
+  Conn(int fd, Role role, std::string peer_key, Duration send_timeout)
+      : fd_(fd), role_(role), peer_key_(std::move(peer_key)), send_timeout_(send_timeout) {}
+  ~Conn();  // closes the socket
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
+
+  int fd() const { return fd_; }
+  Role role() const { return role_; }
+  const std::string& peer_key() const { return peer_key_; }
+
+  Status Send(const Header& h, std::string_view payload = {}, std::span<const int> pass_fds = {});
+  // First call wins: marks the connection failed (kUnavailable unless `why` is kAborted), shuts
+  // the socket down, fails every call waiting and every transfer tracked, revokes mappings.
+  void Fail(Status why);
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  Status failure() const;
+
+  // Initiator side. A call: `reply` runs on the I/O thread with the answer, or with an error
+  // when the connection fails or `deadline` passes.
+  Status Call(const Header& h, std::string_view payload, Deadline deadline, ReplyFn reply);
+  // Completes the call `token`; false when no such call waits (the message is then rejected).
+  bool Complete(uint64_t token, const Status& s, const Header& h, int region_fd, int table_fd);
+  void ExpireCalls();
+  // Transfers whose copies run on the pool: failed with the connection's error if it dies.
+  void Track(const std::shared_ptr<TransferState>& state);
+  // Mapped regions of the peer, by region id.
+  std::shared_ptr<MappingSlot> FindSlot(uint64_t region);
+  // Installs `slot` unless a live one exists; returns the one in place.
+  std::shared_ptr<MappingSlot> InstallSlot(uint64_t region, std::shared_ptr<MappingSlot> slot);
+  // The peer revokes `region`: empties its slot; kUnmapped goes back once it is unmapped.
+  void RevokeSlot(uint64_t region);
+  // The peer's revocation table, mapped from `table_fd` (closed here) the first time.
+  Result<std::shared_ptr<const RevocationView>> View(int table_fd);
+
+  // Target side: the key the initiator announced (kHello), set once by the I/O thread.
+  bool hello_seen() const { return hello_seen_; }
+  void set_peer_key(std::string key) {
+    peer_key_ = std::move(key);
+    hello_seen_ = true;
+  }
+  std::set<uint64_t> mapped;  // GUARDED_BY(Core::mu_): regions of ours this peer maps
+
+ private:
+  struct Waiting {
+    ReplyFn reply;
+    Deadline deadline;
+  };
+  const int fd_;
+  const Role role_;
+  std::string peer_key_;  // target side: written by the I/O thread before any use
+  bool hello_seen_ = false;
+  const Duration send_timeout_;
+  std::mutex send_mu_;
+  std::atomic<bool> failed_{false};
+
+  mutable std::mutex mu_;
+  Status failure_;                                                   // GUARDED_BY(mu_)
+  uint64_t next_token_ = 1;                                          // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, Waiting> calls_;                      // GUARDED_BY(mu_)
+  std::vector<std::weak_ptr<TransferState>> tracked_;                // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, std::shared_ptr<MappingSlot>> slots_;  // GUARDED_BY(mu_)
+  std::shared_ptr<const RevocationView> view_;                        // GUARDED_BY(mu_)
+  std::weak_ptr<Conn> self_;
+  friend class Core;
+};
+
+class Core : public std::enable_shared_from_this<Core> {
+ public:
+  static Result<std::shared_ptr<Core>> Create(const TransportContext& ctx);
+  ~Core();
+  void Shutdown();
+
+  const std::string& socket_name() const { return socket_name_; }
+  const std::string& engine_key() const { return engine_key_; }
+  const ShmOptions& options() const { return options_; }
+  ThreadPool* pool() const { return pool_.get(); }
+  uint64_t parallel_copy_bytes() const { return parallel_copy_bytes_; }
+  uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
+
+  // Target side.
+  Result<TransportData> Register(const std::shared_ptr<Region>& region);
+  void Deregister(const Region& region);
+
+  // Initiator side: connects to the engine listening on `name` and says hello.
+  Result<std::shared_ptr<Conn>> Dial(const std::string& peer_key, const std::string& name);
+
+ private:
+  explicit Core(const TransportContext& ctx);
+  void Run();
+  void Accept();
+  void Receive(const std::shared_ptr<Conn>& conn);
+  void Handle(const std::shared_ptr<Conn>& conn, Received& msg);
+  void HandleAtTarget(const std::shared_ptr<Conn>& conn, const Message& m);
+  void HandleAtInitiator(const std::shared_ptr<Conn>& conn, const Message& m, int region_fd, int table_fd);
+  void Drop(const std::shared_ptr<Conn>& conn, Status why);
+  void Reject(const std::string& why);
+  void Wake();
+  void Add(const std::shared_ptr<Conn>& conn);
+
+  struct Exported {
+    uint64_t address;
+    uint64_t size;
+    int fd;  // dup of the buffer's memory file
+    uint64_t file_offset;
+    uint32_t slot;  // in table_
+    uint64_t generation;
+  };
+
+  const std::string engine_key_;
+  const ShmOptions options_;
+  const uint64_t parallel_copy_bytes_;
+  const size_t max_notification_bytes_;
+  std::shared_ptr<Inbox> inbox_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<RevocationTable> table_;
+  std::string socket_name_;
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;
+  std::thread io_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> rejected_{0};
+
+  std::mutex mu_;
+  std::condition_variable unmapped_cv_;
+  std::vector<std::shared_ptr<Conn>> conns_;           // GUARDED_BY(mu_)
+  std::unordered_map<uint64_t, Exported> exported_;    // GUARDED_BY(mu_)
+};
+
+}  // namespace ferry::internal::shm

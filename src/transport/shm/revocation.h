@@ -1,0 +1,60 @@
+// The revocation table: a small memory file of 8-byte words that a target engine shares,
+// read-only, with every peer that maps one of its regions. A region's word holds the region's
+// generation while it is registered and 0 from the moment its deregistration begins, so a peer
+// checks before every transfer, with one load from shared memory, that the region is still
+// registered, even when it has not read the revocation message yet (e.g. it was stopped and
+// just resumed). Generations are never reused, so a slot may serve a new region at once.
+//
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "ferry/status.h"
+
+namespace ferry::internal::shm {
+
+inline constexpr uint32_t kRevocationSlots = 8192;
+inline constexpr uint32_t kNoSlot = UINT32_MAX;  // a region checked by messages alone
+
+// The target's side: owns the file, writes the words.
+class RevocationTable {
+ public:
+  static Result<std::unique_ptr<RevocationTable>> Create();
+  ~RevocationTable();
+  int fd() const { return fd_; }
+  // A slot and a fresh generation for a region being registered; kNoSlot when all are taken.
+  std::pair<uint32_t, uint64_t> Publish();
+  // The region of `slot` is being deregistered: peers see it at their next transfer.
+  void Revoke(uint32_t slot);
+
+ private:
+  RevocationTable() = default;
+  int fd_ = -1;
+  uint64_t* words_ = nullptr;
+  std::mutex mu_;
+  std::vector<uint32_t> free_;  // GUARDED_BY(mu_)
+  uint64_t next_generation_ = 1;  // GUARDED_BY(mu_)
+};
+
+// A peer's read-only view of a target's table.
+class RevocationView {
+ public:
+  // Maps `fd` (not taken) after checking its seals and size.
+  static Result<std::shared_ptr<RevocationView>> Map(int fd);
+  ~RevocationView();
+  bool Live(uint32_t slot, uint64_t generation) const {
+    if (slot >= kRevocationSlots) return true;  // kNoSlot: messages alone revoke it
+    return __atomic_load_n(words_ + slot, __ATOMIC_ACQUIRE) == generation;
+  }
+
+ private:
+  RevocationView() = default;
+  const uint64_t* words_ = nullptr;
+};
+
+}  // namespace ferry::internal::shm

@@ -1,0 +1,75 @@
+#include "transport/shm/wire.h"
+
+#include <cstring>
+
+namespace ferry::internal::shm {
+namespace {
+
+void Put64(char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(static_cast<uint8_t>(v >> (8 * i)));
+}
+uint64_t Get64(const uint8_t* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+Status Bad(const std::string& what) { return Status(Code::kInvalidArgument, "malformed shm message: " + what); }
+
+bool CarriesPayload(MsgType t) { return t == MsgType::kHello || t == MsgType::kNotify; }
+
+}  // namespace
+
+// Layout: [0] version [1] type [2] code [3..7] zero [8] token [16] region [24] offset [32] size
+// [40] extra.
+std::string Encode(const Header& h, std::string_view payload) {
+  std::string out(kHeaderBytes, '\0');
+  out[0] = static_cast<char>(kWireVersion);
+  out[1] = static_cast<char>(h.type);
+  out[2] = static_cast<char>(h.code);
+  Put64(out.data() + 8, h.token);
+  Put64(out.data() + 16, h.region);
+  Put64(out.data() + 24, h.offset);
+  Put64(out.data() + 32, h.size);
+  Put64(out.data() + 40, h.extra);
+  out.append(payload);
+  return out;
+}
+
+Result<Header> DecodeHeader(const void* data, size_t length) {
+  if (data == nullptr || length < kHeaderBytes) return Bad("message of " + std::to_string(length) + " bytes");
+  const auto* p = static_cast<const uint8_t*>(data);
+  if (p[0] != kWireVersion) return Bad("wire version " + std::to_string(p[0]));
+  if (p[1] < static_cast<uint8_t>(MsgType::kHello) || p[1] > static_cast<uint8_t>(MsgType::kUnmapped))
+    return Bad("unknown message type " + std::to_string(p[1]));
+  for (int i = 3; i < 8; ++i)
+    if (p[i] != 0) return Bad("reserved bytes are not zero");
+  Header h;
+  h.type = static_cast<MsgType>(p[1]);
+  h.code = p[2];
+  if (h.code > static_cast<uint8_t>(Code::kInProgress)) return Bad("unknown status code");
+  h.token = Get64(p + 8);
+  h.region = Get64(p + 16);
+  h.offset = Get64(p + 24);
+  h.size = Get64(p + 32);
+  h.extra = Get64(p + 40);
+  if (h.type != MsgType::kOpenReply && h.type != MsgType::kAck && h.code != 0)
+    return Bad("status code on a request");
+  return h;
+}
+
+Result<Message> Decode(const void* data, size_t length) {
+  Message m;
+  FERRY_ASSIGN_OR_RETURN(m.header, DecodeHeader(data, length));
+  const auto* p = static_cast<const uint8_t*>(data);
+  const size_t payload = length - kHeaderBytes;
+  if (CarriesPayload(m.header.type)) {
+    if (m.header.size != payload) return Bad("size does not match the payload");
+    if (payload > kMaxPayloadBytes) return Bad("payload of " + std::to_string(payload) + " bytes");
+    m.payload = std::string_view(reinterpret_cast<const char*>(p + kHeaderBytes), payload);
+  } else if (payload != 0) {
+    return Bad("unexpected payload");
+  }
+  return m;
+}
+
+}  // namespace ferry::internal::shm

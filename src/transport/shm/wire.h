@@ -1,0 +1,65 @@
+// The `shm` transport's socket messages: a fixed 48-byte little-endian header and, for the
+// messages that carry one, a payload of exactly `size` bytes, one message per SOCK_SEQPACKET
+// record. Decoding checks every field; nothing from a peer is trusted.
+//   kHello     initiator -> target after connecting; payload: the initiator's engine key
+//   kOpen      asks for the memory file of `region`, registered at address `offset` with `size`
+//              bytes; answered by kOpenReply
+//   kOpenReply `code` 0: the region's memory file and the target's revocation table come
+//              attached (SCM_RIGHTS, in that order); `offset` is where the region starts in
+//              its file, `size` its slot in the table, `extra` its generation (revocation.h).
+//              Otherwise nothing is attached, and `code` says why.
+//   kNotify    payload: a notification for the target's inbox; answered by kAck
+//   kAck       completes the initiator's `token` with status `code`
+//   kRevoke    target -> initiator: `region` is being deregistered; stop, unmap, then kUnmapped
+//   kUnmapped  initiator -> target: the initiator no longer maps `region`
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "ferry/status.h"
+
+namespace ferry::internal::shm {
+
+inline constexpr uint8_t kWireVersion = 1;
+inline constexpr size_t kHeaderBytes = 48;
+// Largest payload any message may carry (a notification of up to this many bytes).
+inline constexpr size_t kMaxPayloadBytes = 1 << 20;
+
+enum class MsgType : uint8_t {
+  kHello = 1,
+  kOpen = 2,
+  kOpenReply = 3,
+  kNotify = 4,
+  kAck = 5,
+  kRevoke = 6,
+  kUnmapped = 7,
+};
+
+struct Header {
+  MsgType type = MsgType::kHello;
+  uint8_t code = 0;     // ferry::Code of a reply
+  uint64_t token = 0;   // the initiator's call token, echoed in the reply
+  uint64_t region = 0;  // target region id
+  uint64_t offset = 0;  // kOpen: the region's address; kOpenReply: its offset in the file
+  uint64_t size = 0;    // kOpen: the region's bytes; payload bytes for kHello and kNotify
+  uint64_t extra = 0;   // kOpenReply: the region's generation
+};
+
+struct Message {
+  Header header;
+  std::string_view payload;  // points into the decoded bytes
+};
+
+// Header followed by `payload` (whose size must equal h.size for payload-carrying types).
+std::string Encode(const Header& h, std::string_view payload = {});
+// kInvalidArgument on a message of the wrong length, version, type or status code, with
+// nonzero reserved bytes, or whose payload does not match its header.
+Result<Message> Decode(const void* data, size_t length);
+// The header alone, every field checked, whatever follows it (for a message cut short because
+// it was longer than the receiver takes).
+Result<Header> DecodeHeader(const void* data, size_t length);
+
+}  // namespace ferry::internal::shm
