@@ -241,6 +241,11 @@ def test_service_killed_mid_step(service):
     start = time.monotonic()
     service.proc.kill()
     service.proc.wait()
+    # Each client learns of the loss on its own connection's thread; rank 1's flags were set
+    # DONE locally by its dummy forward, so its waits raise only once that thread marked them.
+    for c in (r0, r1):
+        while c.flag(0) != embed_service.FLAG_FAILED and time.monotonic() - start < 5:
+            time.sleep(0.005)
     for c in (r0, r1):
         for slot in range(c.slots):
             with pytest.raises(ferry.Error) as e:
