@@ -5,7 +5,7 @@
 //   READY
 // Commands: "hash OFFSET SIZE" -> "HASH <fnv1a64>", "notes" -> "NOTES <count> <last message>",
 // "fill SEED" -> "OK" (refills the buffer), "exit".
-// Usage: ferry_test_peer BYTES [--rma auto|always|never] [--listen HOST]
+// Usage: ferry_test_peer BYTES [--rma auto|always|never] [--listen HOST] [--workers N]
 #include <cstdio>
 #include <cstring>
 #include <iostream>
@@ -47,7 +47,7 @@ void Fill(std::vector<uint8_t>& buf, uint64_t seed) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: ferry_test_peer BYTES [--rma auto|always|never] [--listen HOST]\n");
+    std::fprintf(stderr, "usage: ferry_test_peer BYTES [--rma auto|always|never] [--listen HOST] [--workers N]\n");
     return 2;
   }
   ferry::EngineOptions options;
@@ -60,6 +60,8 @@ int main(int argc, char** argv) {
                                            : ferry::UcxOptions::Rma::kAuto;
     } else if (flag == "--listen") {
       options.ucx.listen_host = value;
+    } else if (flag == "--workers") {
+      options.ucx.workers = std::stoi(value);
     }
   }
   auto engine = ferry::Engine::Create(options);
