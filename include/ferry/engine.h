@@ -215,7 +215,9 @@ class Engine {
   // (kResourceExhausted) as well as counted. To know that the receiver holds a notification,
   // send it with a write batch (TransferOptions::notification): the batch completes only then.
   Status Notify(std::string_view peer_key, std::string_view message);
-  // Takes every notification received so far, in arrival order.
+  // Takes every notification received so far, in arrival order. Cheap when there are none
+  // (no lock): a thread may poll it in a loop, yielding between calls where cores are few
+  // (the transports' progress threads need them to deliver).
   std::vector<Notification> PopNotifications();
 
   EngineStats stats() const;
