@@ -150,8 +150,11 @@ class UcxChannel final : public Channel {
                                                    " was deregistered");
     state->Hold(hold);
     auto shares = Spread(ops);
-    state->AddParts(shares.size());  // each posting task's own part, before any can finish
+    size_t tasks = 0;
+    for (const auto& share : shares) tasks += !share->empty();
+    state->AddParts(tasks);  // each posting task's own part, before any can finish
     for (size_t k = 0; k < shares.size(); ++k) {
+      if (shares[k]->empty()) continue;
       const auto& conn = conns_[k];
       bool submitted = conn->shard().worker->Submit([this_core = core_, conn, local = local_,
                                                      remote = remote_, op, batch = std::move(shares[k]),
