@@ -19,9 +19,11 @@ using testing::PeerProcess;
 
 using Clock = std::chrono::steady_clock;
 
+// The buffer is declared first: it is freed after the engine, which may still be sending
+// from it (a transfer that hit its deadline) until it shuts down.
 struct Local {
-  std::unique_ptr<Engine> engine;
   std::vector<uint8_t> buf;
+  std::unique_ptr<Engine> engine;
   MemoryDesc desc;
 };
 
