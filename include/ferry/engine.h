@@ -209,8 +209,10 @@ class Engine {
   // Sends a notification to a peer (or to this engine), ordered after the data of the writes
   // to that peer that completed before the call, and after the earlier notifications of this
   // thread. One-way across processes (`ucx`): OK means it was sent, not that the receiver
-  // holds it. A full backlog at the receiver drops it there and counts it in the receiver's
-  // stats().dropped_notifications; a peer that died fails a later call (kUnavailable). Within
+  // holds it (only the first on a new connection waits for the peer's answer, up to
+  // UcxOptions::connect_timeout). A full backlog at the receiver drops it there and counts it
+  // in the receiver's stats().dropped_notifications; a peer that died fails a later call
+  // (kUnavailable). Within
   // a process (`local`) the receiver holds it on return, and a full backlog is reported here
   // (kResourceExhausted) as well as counted. To know that the receiver holds a notification,
   // send it with a write batch (TransferOptions::notification): the batch completes only then.
