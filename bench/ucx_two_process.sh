@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # ferry's `ucx` transport between two processes of this machine against ucx_perftest (Debian's
-# ucx-utils), side by side in one run: shared memory (UCX's default choice) and TCP only; and
-# ferry's `shm` transport (buffers from AllocateSharedHost, `--alloc shared`) against
-# ucp_put_bw over UCX's shared memory in the same run.
+# ucx-utils), side by side in one run: shared memory (UCX's default choice) and TCP only.
 # Usage: bench/ucx_two_process.sh [ferry binary]   (prints markdown tables)
-#        SECTIONS="ucx shm" (default) picks the tables: ucx (with TCP and am_lat) and shm.
+# Env: PINGS (notification round trips, default 5000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 F=${1:-build/release/tools/ferry}
+PINGS=${PINGS:-5000}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; kill $(jobs -p) 2>/dev/null || true' EXIT
 
@@ -22,35 +21,46 @@ perftest() {  # perftest TLS TEST SIZE ITERS -> the "Final:" line's overall MB/s
   if [ "$test" = ucp_am_lat ]; then awk '{print $4}' <<<"$line"; else awk '{print $7}' <<<"$line"; fi
 }
 
-ferry_bw() {  # ferry_bw TLS SIZE BATCH [ALLOC TRANSPORT...] -> GB/s of write batches of BATCH pieces of SIZE
-  local tls=$1 size=$2 batch=$3 alloc=${4:-heap}
-  shift 3; shift || true
-  local transports=("$@")
-  [ ${#transports[@]} -eq 0 ] && transports=(ucx)
-  local targs=()
-  for t in "${transports[@]}"; do targs+=(--transport "$t"); done
-  local bytes=$((size * batch))
-  env UCX_TLS="$tls" "$F" bench --listen 127.0.0.1:0 --max-bytes "$bytes" --alloc "$alloc" "${targs[@]}" >"$tmp/listen" 2>&1 &
+# ferry_run TLS BYTES ARGS... : a `ferry bench --listen` process and a `--peer` run against it
+# with ARGS (both get the --ucx-* flags among ARGS); the peer's stdout goes to $tmp/out.txt.
+ferry_run() {
+  local tls=$1 bytes=$2
+  shift 2
+  local i=0 args=("$@") ucx_flags=()
+  while [ $i -lt ${#args[@]} ]; do
+    if [[ ${args[$i]} == --ucx-* ]]; then ucx_flags+=("${args[$i]}" "${args[$((i + 1))]}"); i=$((i + 1)); fi
+    i=$((i + 1))
+  done
+  : >"$tmp/listen"  # not the previous listener's address
+  env UCX_TLS="$tls" "$F" bench --listen 127.0.0.1:0 --max-bytes "$bytes" --transport ucx "${ucx_flags[@]}" \
+    >"$tmp/listen" 2>&1 &
   local server=$! address=""
   for _ in $(seq 100); do
     address=$(grep -o 'side channel on [0-9.:]*' "$tmp/listen" | awk '{print $4}' || true)
     [ -n "$address" ] && break
     sleep 0.1
   done
-  # shellcheck disable=SC2086  # FERRY_EXTRA: more `ferry bench` flags for the measuring side
-  env UCX_TLS="$tls" "$F" bench --peer "$address" --alloc "$alloc" "${targs[@]}" ${FERRY_EXTRA:-} --sizes "$size" --batches "$batch" \
-    --max-bytes "$bytes" --min-time 1 --json "$tmp/out.json" >"$tmp/peer"
+  env UCX_TLS="$tls" "$F" bench --peer "$address" --transport ucx --max-bytes "$bytes" "$@" >"$tmp/out.txt"
   wait "$server" || true
-  # The path the session took (e.g. "shm (direct)"), on stderr for the record.
-  grep -o 'of [0-9.:]*, .*' "$tmp/peer" | head -1 | sed 's/^of [0-9.:]*, /  path: /' >&2 || true
+}
+
+ferry_bw() {  # ferry_bw TLS SIZE BATCH [--ucx-* flags] -> GB/s of write batches of BATCH pieces of SIZE
+  local tls=$1 size=$2 batch=$3
+  shift 3
+  ferry_run "$tls" $((size * batch)) --sizes "$size" --batches "$batch" --min-time 1 --json "$tmp/out.json" "$@"
   python3 -c "import json,sys; print('%.2f' % json.load(open(sys.argv[1]))['points'][0]['gbps'])" "$tmp/out.json"
+}
+
+ferry_ping() {  # ferry_ping TLS -> "median / p99" one-way us of notification round trips
+  ferry_run "$1" 4096 --sizes 4096 --batches 1 --min-time 0.1 --pings "$PINGS"
+  sed -n 's/.*median \([0-9.]*\) us, p99 \([0-9.]*\) us.*/\1 (\2)/p' "$tmp/out.txt"
 }
 
 mb_to_gb() { python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) * 1048576 / 1e9))" "$1"; }
 ratio() { python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$1" "$2"; }
 
-SECTIONS=${SECTIONS:-ucx shm}
-if [[ " $SECTIONS " == *" ucx "* ]]; then
+echo "load before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
 # ucx_perftest keeps a window of messages in flight; ferry's side posts batches of 16 pieces of
 # 1 MiB (and of 4 pieces of 64 MiB), so that both have several messages in flight.
 echo "| link | piece | ferry write GB/s | ucp_put_bw GB/s | tag_bw GB/s | ferry / put_bw | ferry / tag_bw |"
@@ -65,32 +75,21 @@ for tls in "all" "tcp"; do
   done
 done
 echo
-echo "| link | ucp_am_lat one-way us |"
-echo "| --- | ---: |"
+# The workers knob: two lanes per peer, dealt over one or two workers (progress threads).
+echo "| link | piece | ferry, 2 lanes, 1 worker GB/s | ferry, 2 lanes, 2 workers GB/s |"
+echo "| --- | --- | ---: | ---: |"
 for tls in "all" "tcp"; do
-  echo "| UCX_TLS=$tls | $(perftest "$tls" ucp_am_lat 8 10000) |"
+  w1=$(ferry_bw "$tls" 1048576 16 --ucx-lanes 2 --ucx-workers 1)
+  w2=$(ferry_bw "$tls" 1048576 16 --ucx-lanes 2 --ucx-workers 2)
+  echo "| UCX_TLS=$tls | 1 MiB | $w1 | $w2 |"
 done
 echo
-fi
-if [[ " $SECTIONS " == *" shm "* ]]; then
-# The shm transport: both buffers shared (--alloc shared), engines with shm and ucx (shm wins by
-# cost). Batches of one piece move the same bytes between the same two buffers each time, as
-# ucp_put_bw does; batches of 16 (1 MiB) and 4 (64 MiB) scatter pieces over larger buffers.
-# ucp_put_bw runs twice, with the ucx table's iterations (200 / 20) and for about a second
-# (10000 / 50); the ratio is taken against the faster of the two. The measuring side copies
-# with the engine's default parallel_copy_bytes (4 MiB; `ferry bench` defaults to 1M): on two
-# cores, splitting a 1 MiB copy over two threads costs more than it gains.
-echo "| piece | batch | ferry shm write GB/s | ucp_put_bw GB/s, short / 1 s run | ferry shm / best put_bw |"
-echo "| --- | ---: | ---: | ---: | ---: |"
-for size in 1048576 67108864; do
-  short=$([ "$size" -gt 1048576 ] && echo 20 || echo 200)
-  long=$([ "$size" -gt 1048576 ] && echo 50 || echo 10000)
-  put_s=$(mb_to_gb "$(perftest all ucp_put_bw "$size" "$short")")
-  put_l=$(mb_to_gb "$(perftest all ucp_put_bw "$size" "$long")")
-  put=$(python3 -c "import sys; print(max(float(sys.argv[1]), float(sys.argv[2])))" "$put_s" "$put_l")
-  for batch in 1 $([ "$size" -gt 1048576 ] && echo 4 || echo 16); do
-    fw=$(FERRY_EXTRA="--parallel-bytes 4M" ferry_bw all "$size" "$batch" shared shm ucx)
-    echo "| $((size >> 20)) MiB | $batch | $fw | $put_s / $put_l | $(ratio "$fw" "$put") |"
-  done
+echo "| link | ferry notification one-way us, median (p99) | ucp_am_lat one-way us | ferry / am_lat |"
+echo "| --- | ---: | ---: | ---: |"
+for tls in "all" "tcp"; do
+  lat=$(perftest "$tls" ucp_am_lat 8 20000)
+  fp=$(ferry_ping "$tls")
+  echo "| UCX_TLS=$tls | $fp | $lat | $(ratio "${fp%% *}" "$lat") |"
 done
-fi
+echo
+echo "load after the run: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -40,6 +40,7 @@ struct BenchFlags {
   std::string ucx_progress = "event";
   std::string ucx_rma = "auto";
   int ucx_lanes = 1;
+  int ucx_workers = 1;
   int pings = 0;  // notification round trips to time (two processes)
 };
 
@@ -160,6 +161,7 @@ Result<EngineOptions> MakeEngineOptions(const BenchFlags& f) {
               : f.ucx_rma == "never" ? UcxOptions::Rma::kNever
                                      : UcxOptions::Rma::kAuto;
   e.ucx.lanes = f.ucx_lanes;
+  e.ucx.workers = f.ucx_workers;
   return e;
 }
 
@@ -317,6 +319,8 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"auto", "always", "never"}))
       ->capture_default_str();
   cmd->add_option("--ucx-lanes", f->ucx_lanes, "ucx endpoints per peer")->capture_default_str();
+  cmd->add_option("--ucx-workers", f->ucx_workers, "ucx workers (progress threads); a peer's lanes are dealt over them")
+      ->capture_default_str();
   cmd->add_option("--pings", f->pings,
                   "Two processes: also time this many notification round trips (one-way = half)");
   cmd->callback([f, exit_code] { *exit_code = Run(*f); });

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <thread>
+
 #include "buffers.h"
 #include "side_channel.h"
 
@@ -124,10 +126,13 @@ class RemoteLink final : public Link {
       FERRY_RETURN_IF_ERROR(engine_->Notify(peer_key_, ping));
       const auto until = start + std::chrono::seconds(5);
       bool answered = false;
+      // Spin, yielding: on a machine with few cores, the progress threads that carry the
+      // notifications need the core this thread would otherwise keep for a whole time slice.
       while (!answered) {
         for (const Notification& n : engine_->PopNotifications()) answered = answered || n.message == ping;
         if (!answered && Clock::now() > until)
           return Status(Code::kDeadlineExceeded, "the listener did not answer '" + ping + "'");
+        if (!answered) std::this_thread::yield();
       }
       one_way_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count() / 2);
     }
@@ -195,6 +200,7 @@ Status ServeBench(const ServeOptions& o, const std::function<void(const std::str
         if (*msg != "pings") continue;
         while (!c.Readable(std::chrono::milliseconds(0))) {
           for (const Notification& n : engine->PopNotifications()) (void)engine->Notify(n.from, n.message);
+          std::this_thread::yield();
         }
       }
     }

@@ -52,6 +52,10 @@ struct UcxOptions {
   uint16_t listen_port = 0;
   // Endpoints opened to each peer; ops of a batch are striped across them.
   int lanes = 1;
+  // UCX workers, each with its own progress thread (1..16). Connections to peers, and their
+  // lanes, are spread over them; connections that peers open to this engine are served by
+  // the first.
+  int workers = 1;
   // Ops posted to UCX before the progress thread lets the worker make progress.
   int post_batch = 256;
   Progress progress = Progress::kEvent;
@@ -178,6 +182,8 @@ struct EngineStats {
   // Messages from peers that were malformed or reached outside registered memory, and were
   // rejected (the engine keeps serving).
   uint64_t rejected_messages = 0;
+  // Notifications from peers that this engine refused (backlog full, too big) and dropped.
+  uint64_t dropped_notifications = 0;
 };
 
 class Engine {
@@ -216,9 +222,20 @@ class Engine {
 
   TransferId AllocateTransferId();
 
-  // Sends a notification to a peer (or to this engine).
+  // Sends a notification to a peer (or to this engine), ordered after the data of the writes
+  // to that peer that completed before the call, and after the earlier notifications of this
+  // thread. One-way across processes (`ucx`): OK means it was sent, not that the receiver
+  // holds it (only the first on a new connection waits for the peer's answer, up to
+  // UcxOptions::connect_timeout). A full backlog at the receiver drops it there and counts it
+  // in the receiver's stats().dropped_notifications; a peer that died fails a later call
+  // (kUnavailable). Within
+  // a process (`local`) the receiver holds it on return, and a full backlog is reported here
+  // (kResourceExhausted) as well as counted. To know that the receiver holds a notification,
+  // send it with a write batch (TransferOptions::notification): the batch completes only then.
   Status Notify(std::string_view peer_key, std::string_view message);
-  // Takes every notification received so far, in arrival order.
+  // Takes every notification received so far, in arrival order. Cheap when there are none
+  // (no lock): a thread may poll it in a loop, yielding between calls where cores are few
+  // (the transports' progress threads need them to deliver).
   std::vector<Notification> PopNotifications();
 
   EngineStats stats() const;

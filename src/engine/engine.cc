@@ -108,6 +108,7 @@ void EngineCore::Shutdown() {
 EngineStats EngineCore::stats() const {
   EngineStats s;
   for (const auto& t : transports_) s.rejected_messages += t->rejected_messages();
+  s.dropped_notifications = inbox_->dropped();
   return s;
 }
 

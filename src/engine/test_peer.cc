@@ -12,7 +12,7 @@
 // With --kind cuda the buffer is GPU memory of --device (default 0), registered as such.
 // Usage: ferry_test_peer BYTES [--rma auto|always|never] [--listen HOST] [--kind host|cuda]
 //                              [--device N] [--transports a,b,...] (default ucx)
-//                              [--alloc heap|shared] (default heap) [--fill SEED]
+//                              [--alloc heap|shared] (default heap) [--fill SEED] [--workers N]
 // (--fill 0: the buffer starts zeroed, quick for benchmarks of many GiB; default seed 1)
 #include <cstdio>
 #include <cstring>
@@ -73,7 +73,7 @@ void Fill(Buf& buf, uint64_t seed) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: ferry_test_peer BYTES [--rma auto|always|never] [--listen HOST]\n");
+    std::fprintf(stderr, "usage: ferry_test_peer BYTES [--rma auto|always|never] [--listen HOST] [--workers N]\n");
     return 2;
   }
   ferry::EngineOptions options;
@@ -104,6 +104,8 @@ int main(int argc, char** argv) {
       }
     } else if (flag == "--alloc") {
       shared = value == "shared";
+    } else if (flag == "--workers") {
+      options.ucx.workers = std::stoi(value);
     }
   }
   if (options.transports.empty()) options.transports = {"ucx"};

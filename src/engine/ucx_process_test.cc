@@ -19,17 +19,22 @@ using testing::PeerProcess;
 
 using Clock = std::chrono::steady_clock;
 
+// The buffer is declared first: it is freed after the engine, which may still be sending
+// from it (a transfer that hit its deadline) until it shuts down.
 struct Local {
   std::vector<uint8_t> buf;  // first: destroyed after the engine, which may still send from it
   std::unique_ptr<Engine> engine;
   MemoryDesc desc;
 };
 
-Local MakeLocal(size_t bytes, UcxOptions::Rma rma = UcxOptions::Rma::kAuto) {
+Local MakeLocal(size_t bytes, UcxOptions::Rma rma = UcxOptions::Rma::kAuto, int workers = 1) {
   Local l;
   EngineOptions options;
   options.transports = {"ucx"};
   options.ucx.rma = rma;
+  options.ucx.workers = workers;
+  // With more than one worker, three lanes dealt over them: batches split over two threads.
+  if (workers > 1) options.ucx.lanes = 3;
   auto e = Engine::Create(options);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   l.engine = std::move(e).value();
@@ -43,13 +48,23 @@ const char* RmaArg(UcxOptions::Rma rma) {
   return rma == UcxOptions::Rma::kNever ? "never" : rma == UcxOptions::Rma::kAlways ? "always" : "auto";
 }
 
-class UcxProcess : public ::testing::TestWithParam<UcxOptions::Rma> {};
+// RMA mode x workers (of this engine and of its peers).
+class UcxProcess : public ::testing::TestWithParam<std::tuple<UcxOptions::Rma, int>> {
+ protected:
+  UcxOptions::Rma rma() const { return std::get<0>(GetParam()); }
+  int workers() const { return std::get<1>(GetParam()); }
+  std::vector<std::string> PeerArgs(UcxOptions::Rma r) const {
+    return {"--rma", RmaArg(r), "--workers", std::to_string(workers())};
+  }
+  std::vector<std::string> PeerArgs() const { return PeerArgs(rma()); }
+  Local MakeLocal(size_t bytes) const { return ferry::MakeLocal(bytes, rma(), workers()); }
+};
 
 TEST_P(UcxProcess, WritesReadsAndNotifiesAcrossProcesses) {
   const size_t kBytes = 16 << 20;
-  auto peer = PeerProcess::Start(kBytes, {"--rma", RmaArg(GetParam())});
+  auto peer = PeerProcess::Start(kBytes, PeerArgs());
   ASSERT_TRUE(peer);
-  Local l = MakeLocal(kBytes, GetParam());
+  Local l = MakeLocal(kBytes);
   ASSERT_TRUE(l.engine->AddPeer(peer->engine).ok());
   auto s = l.engine->OpenSession(l.desc, peer->memory);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -84,10 +99,10 @@ TEST_P(UcxProcess, WritesReadsAndNotifiesAcrossProcesses) {
 
 TEST_P(UcxProcess, KilledPeerEndsEveryTransferAndOthersGoOn) {
   const size_t kBytes = 64 << 20;
-  auto victim = PeerProcess::Start(kBytes, {"--rma", RmaArg(GetParam())});
+  auto victim = PeerProcess::Start(kBytes, PeerArgs());
   auto bystander = PeerProcess::Start(1 << 20);
   ASSERT_TRUE(victim && bystander);
-  Local l = MakeLocal(kBytes, GetParam());
+  Local l = MakeLocal(kBytes);
   ASSERT_TRUE(l.engine->AddPeer(victim->engine).ok());
   ASSERT_TRUE(l.engine->AddPeer(bystander->engine).ok());
   auto to_victim = l.engine->OpenSession(l.desc, victim->memory);
@@ -121,7 +136,7 @@ TEST_P(UcxProcess, KilledPeerEndsEveryTransferAndOthersGoOn) {
   EXPECT_EQ(bystander->Command("hash 0 65536"), "HASH " + std::to_string(Fnv(l.buf.data(), 1 << 16)));
 
   // The peer restarts with a new descriptor: AddPeer reconnects.
-  auto reborn = PeerProcess::Start(1 << 20, {"--rma", RmaArg(GetParam())});
+  auto reborn = PeerProcess::Start(1 << 20, PeerArgs());
   ASSERT_TRUE(reborn);
   ASSERT_TRUE(l.engine->AddPeer(reborn->engine).ok());
   auto again = l.engine->OpenSession(l.desc, reborn->memory);
@@ -131,11 +146,11 @@ TEST_P(UcxProcess, KilledPeerEndsEveryTransferAndOthersGoOn) {
 }
 
 TEST_P(UcxProcess, PeerThatNeverAnswersHitsTheDeadline) {
-  if (GetParam() == UcxOptions::Rma::kAlways)
+  if (rma() == UcxOptions::Rma::kAlways)
     GTEST_SKIP() << "one-sided RMA completes without the peer's CPU; active messages need it";
-  auto peer = PeerProcess::Start(1 << 20, {"--rma", "never"});
+  auto peer = PeerProcess::Start(1 << 20, PeerArgs(UcxOptions::Rma::kNever));
   ASSERT_TRUE(peer);
-  Local l = MakeLocal(1 << 20, GetParam());
+  Local l = MakeLocal(1 << 20);
   ASSERT_TRUE(l.engine->AddPeer(peer->engine).ok());
   auto s = l.engine->OpenSession(l.desc, peer->memory);
   ASSERT_TRUE(s.ok());
@@ -151,9 +166,69 @@ TEST_P(UcxProcess, PeerThatNeverAnswersHitsTheDeadline) {
   peer->Signal(SIGCONT);
 }
 
+// A peer that dies: the notification sent as it dies may vanish (Notify is one-way), but a
+// later one fails with kUnavailable within the connect timeout, and none hangs.
+TEST_P(UcxProcess, NotifyToADeadPeerFailsWithinItsDeadline) {
+  auto peer = PeerProcess::Start(1 << 20, PeerArgs());
+  ASSERT_TRUE(peer);
+  Local l = MakeLocal(1 << 20);
+  ASSERT_TRUE(l.engine->AddPeer(peer->engine).ok());
+  ASSERT_TRUE(l.engine->Notify(peer->engine.key, "hello").ok());
+  ASSERT_TRUE(l.engine->Notify(peer->engine.key, "again").ok());
+  auto until = Clock::now() + std::chrono::seconds(5);
+  std::string notes;
+  while ((notes = peer->Command("notes")) != "NOTES 2 again" && Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(notes, "NOTES 2 again");
+
+  peer->Kill(SIGKILL);
+  auto start = Clock::now();
+  Status s;
+  while (s.ok() && Clock::now() - start < std::chrono::seconds(15)) {
+    auto call = Clock::now();
+    s = l.engine->Notify(peer->engine.key, "anyone?");
+    // UcxOptions::connect_timeout (10 s) bounds every call; most return at once.
+    EXPECT_LT(Clock::now() - call, std::chrono::seconds(11));
+    if (s.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(s.code(), Code::kUnavailable) << s.ToString();
+}
+
+// Notifications sent one-way arrive in order, after the data of the batches that completed
+// before them, on another process too.
+TEST_P(UcxProcess, NotificationsFollowTheirDataInOrder) {
+  const size_t kBytes = 4 << 20;
+  auto peer = PeerProcess::Start(kBytes, PeerArgs());
+  ASSERT_TRUE(peer);
+  Local l = MakeLocal(kBytes);
+  ASSERT_TRUE(l.engine->AddPeer(peer->engine).ok());
+  auto s = l.engine->OpenSession(l.desc, peer->memory);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  const int kRounds = 200;
+  for (int i = 0; i < kRounds; ++i) {
+    TransferOptions options;
+    if (i % 3 == 0) options.notification = "b" + std::to_string(i);
+    uint64_t off = (i % 16) * (kBytes / 16);
+    ASSERT_TRUE(s->Write(off, off, kBytes / 16, options).Wait().ok());
+    ASSERT_TRUE(l.engine->Notify(peer->engine.key, "n" + std::to_string(i)).ok());
+  }
+  // The peer reports the count and the last message: the last one sent, once all arrived.
+  auto until = Clock::now() + std::chrono::seconds(10);
+  const std::string want = "NOTES " + std::to_string(kRounds + (kRounds + 2) / 3) + " n" + std::to_string(kRounds - 1);
+  std::string notes;
+  while ((notes = peer->Command("notes")) != want && Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(notes, want);
+  EXPECT_EQ(peer->Command("hash 0 " + std::to_string(kBytes)), "HASH " + std::to_string(Fnv(l.buf.data(), kBytes)));
+}
+
 INSTANTIATE_TEST_SUITE_P(Rma, UcxProcess,
-                         ::testing::Values(UcxOptions::Rma::kAlways, UcxOptions::Rma::kNever),
-                         [](const auto& info) { return std::string(RmaArg(info.param)); });
+                         ::testing::Combine(::testing::Values(UcxOptions::Rma::kAlways, UcxOptions::Rma::kNever),
+                                            ::testing::Values(1, 2)),
+                         [](const auto& info) {
+                           return std::string(RmaArg(std::get<0>(info.param))) + "_w" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
 
 // A raw UCX client that speaks ferry's active-message framing, to send what no ferry engine
 // would.

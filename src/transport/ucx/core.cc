@@ -18,7 +18,7 @@ struct SendCtx {
   uint8_t header[kAmHeaderBytes];
   std::string payload;
   std::shared_ptr<void> hold;  // source region of a read response, or a bounce buffer
-  uint64_t* in_flight = nullptr;    // Core::sends_in_flight_
+  uint64_t* in_flight = nullptr;    // Shard::sends_in_flight
 };
 
 void OnSendDone(void* request, ucs_status_t status, void* user_data) {
@@ -57,6 +57,7 @@ std::string ReadUcxTls() {
 Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx, std::unique_ptr<StageCopier> copier) {
   const UcxOptions& o = ctx.options->ucx;
   if (o.lanes < 1 || o.lanes > 64) return Status(Code::kInvalidArgument, "ucx.lanes must be in 1..64");
+  if (o.workers < 1 || o.workers > 16) return Status(Code::kInvalidArgument, "ucx.workers must be in 1..16");
   if (o.post_batch < 1) return Status(Code::kInvalidArgument, "ucx.post_batch must be positive");
   if (o.max_am_bytes < 4096) return Status(Code::kInvalidArgument, "ucx.max_am_bytes must be >= 4096");
   std::shared_ptr<Core> core(new Core());
@@ -72,36 +73,46 @@ Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx, std::uni
   if (st != UCS_OK) return FromUcs(st, "ucp_init");
 
   core->rma_ = DecideRma(AvailableUctTransports(), ReadUcxTls());
-  FERRY_ASSIGN_OR_RETURN(core->worker_, Worker::Create(core->context_, o.progress));
-
-  ucp_am_handler_param_t am = {};
-  am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                  UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
-  am.id = kAmId;
-  am.cb = &Core::OnMessage;
-  am.arg = core.get();
-  am.flags = UCP_AM_FLAG_WHOLE_MSG;
-  st = ucp_worker_set_am_recv_handler(core->worker_->handle(), &am);
-  if (st != UCS_OK) return FromUcs(st, "ucp_worker_set_am_recv_handler");
+  for (int i = 0; i < o.workers; ++i) {
+    auto shard = std::make_unique<Shard>();
+    shard->core = core.get();
+    shard->index = static_cast<size_t>(i);
+    FERRY_ASSIGN_OR_RETURN(shard->worker, Worker::Create(core->context_, o.progress));
+    ucp_am_handler_param_t am = {};
+    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    am.id = kAmId;
+    am.cb = &Core::OnMessage;
+    am.arg = shard.get();
+    am.flags = UCP_AM_FLAG_WHOLE_MSG;
+    st = ucp_worker_set_am_recv_handler(shard->worker->handle(), &am);
+    if (st != UCS_OK) return FromUcs(st, "ucp_worker_set_am_recv_handler");
+    core->shards_.push_back(std::move(shard));
+  }
   FERRY_RETURN_IF_ERROR(core->Listen());
   core->stager_ = std::make_unique<Stager>(core.get(), std::move(copier));
 
-  Core* raw = core.get();
-  core->worker_->Start([raw] {
-    // Forget operations whose transfer already ended (deadline, failure), completing their
-    // part so the transfer lets go of its regions: a late answer for them is dropped, and a
-    // message still being sent holds its own region (see Send).
-    for (auto it = raw->pending_.begin(); it != raw->pending_.end();) {
-      if (!it->second.state->finished()) {
-        ++it;
-        continue;
-      }
-      auto state = std::move(it->second.state);
-      it = raw->pending_.erase(it);
-      state->PartDone(Status(Code::kDeadlineExceeded, "no answer before the deadline"));
-    }
-  }, [raw] { return !raw->pending_.empty() || raw->sends_in_flight_ > 0; });
+  for (auto& shard : core->shards_) {
+    Shard* raw = shard.get();
+    raw->worker->Start([raw] { Forget(*raw); },
+                       [raw] { return !raw->pending.empty() || raw->sends_in_flight > 0; });
+  }
   return core;
+}
+
+// Forgets operations whose transfer already ended (deadline, failure), completing their part so
+// the transfer lets go of its regions: a late answer for them is dropped, and a message still
+// being sent holds its own region (see Send).
+void Core::Forget(Shard& s) {
+  for (auto it = s.pending.begin(); it != s.pending.end();) {
+    if (!it->second.state->finished()) {
+      ++it;
+      continue;
+    }
+    auto state = std::move(it->second.state);
+    it = s.pending.erase(it);
+    state->PartDone(Status(Code::kDeadlineExceeded, "no answer before the deadline"));
+  }
 }
 
 Status Core::Listen() {
@@ -116,7 +127,7 @@ Status Core::Listen() {
   params.sockaddr.addrlen = sizeof(addr);
   params.conn_handler.cb = &Core::OnConnRequest;
   params.conn_handler.arg = this;
-  ucs_status_t st = ucp_listener_create(worker_->handle(), &params, &listener_);
+  ucs_status_t st = ucp_listener_create(shards_[0]->worker->handle(), &params, &listener_);
   if (st != UCS_OK)
     return FromUcs(st, "listening on " + options_.listen_host + ":" + std::to_string(options_.listen_port));
   ucp_listener_attr_t attr = {};
@@ -153,26 +164,28 @@ Core::~Core() {
   for (auto& [id, r] : regions_)
     if (r.memh != nullptr) ucp_mem_unmap(context_, r.memh);
   regions_.clear();
-  worker_.reset();
+  shards_.clear();
   if (context_ != nullptr) ucp_cleanup(context_);
 }
 
 void Core::Shutdown() {
-  if (shut_down_ || !worker_) return;
+  if (shut_down_ || shards_.empty()) return;
   shut_down_ = true;
-  worker_->Stop([this] {
-    Status aborted(Code::kAborted, "the ucx transport was shut down");
-    for (auto& [token, p] : pending_) p.state->PartDone(aborted);
-    pending_.clear();
-    for (const auto& conn : conns_) conn->Close();
-    conns_.clear();
-    for (ucp_ep_h ep : accepted_) {
-      CloseEndpoint(ep);
-    }
-    accepted_.clear();
-    if (listener_ != nullptr) ucp_listener_destroy(listener_);
-    listener_ = nullptr;
-  });
+  // Shard 0 last: it holds the listener and the endpoints that peers opened.
+  for (size_t i = shards_.size(); i-- > 0;) {
+    Shard* s = shards_[i].get();
+    s->worker->Stop([this, s] {
+      Status aborted(Code::kAborted, "the ucx transport was shut down");
+      for (auto& [token, p] : s->pending) p.state->PartDone(aborted);
+      s->pending.clear();
+      for (const auto& conn : s->conns) conn->Close();
+      s->conns.clear();
+      for (ucp_ep_h ep : s->accepted) CloseEndpoint(ep);
+      s->accepted.clear();
+      if (s->index == 0 && listener_ != nullptr) ucp_listener_destroy(listener_);
+      if (s->index == 0) listener_ = nullptr;
+    });
+  }
 }
 
 Result<TransportData> Core::Register(const std::shared_ptr<Region>& region) {
@@ -217,14 +230,15 @@ void Core::Deregister(const Region& region) {
   // memory is unmapped. A peer that does not answer in time is dead or hung; go on without it.
   auto state = std::make_shared<TransferState>(TransferId{}, 0, TransferPath{"ucx", false},
                                                Deadline::After(std::chrono::seconds(5)));
-  bool submitted = worker_->Submit([this, state, id = static_cast<uint64_t>(region.id)] {
-    for (ucp_ep_h ep : accepted_) {
+  Shard* s0 = shards_[0].get();
+  bool submitted = s0->worker->Submit([s0, state, id = static_cast<uint64_t>(region.id)] {
+    for (ucp_ep_h ep : s0->accepted) {
       state->AddParts(1);
       AmHeader h;
       h.type = MsgType::kRevoke;
       h.region = id;
-      h.token = AddPending(Pending{state, nullptr, ep});
-      Send(ep, h, nullptr, {});
+      h.token = s0->AddPending(Pending{state, nullptr, ep});
+      s0->Send(ep, h, nullptr, {});
     }
     state->PartDone(Status::Ok());
   });
@@ -241,10 +255,11 @@ void Core::Deregister(const Region& region) {
 Status Core::Call(const std::shared_ptr<Conn>& conn, AmHeader h, std::string payload, Deadline deadline) {
   auto state = std::make_shared<TransferState>(TransferId{}, 0, TransferPath{"ucx", false}, deadline);
   state->AddParts(1);
-  bool ok = worker_->Submit([this, conn, state, h, payload = std::move(payload)]() mutable {
+  Shard& s = conn->shard();
+  bool ok = s.worker->Submit([&s, conn, state, h, payload = std::move(payload)]() mutable {
     if (conn->failed()) return state->PartDone(conn->failure());
-    h.token = AddPending(Pending{state, conn.get(), nullptr});
-    Send(conn->ep(0), h, nullptr, std::move(payload), /*eager=*/true);
+    h.token = s.AddPending(Pending{state, conn.get(), nullptr});
+    s.Send(conn->ep(0), h, nullptr, std::move(payload), /*eager=*/true);
   });
   if (!ok) return Status(Code::kAborted, "the ucx transport was shut down");
   state->PartDone(Status::Ok());
@@ -270,18 +285,18 @@ bool Core::UseRma(const Conn& conn) const {
   return rma_.network_native;
 }
 
-uint64_t Core::AddPending(Pending p) {
-  uint64_t token = next_token_++;
-  pending_.emplace(token, std::move(p));
+uint64_t Shard::AddPending(Pending p) {
+  uint64_t token = next_token++;
+  pending.emplace(token, std::move(p));
   return token;
 }
 
-void Core::FailPending(const Conn* conn, ucp_ep_h accepted, const Status& why) {
-  for (auto it = pending_.begin(); it != pending_.end();) {
+void Shard::FailPending(const Conn* conn, ucp_ep_h accepted_ep, const Status& why) {
+  for (auto it = pending.begin(); it != pending.end();) {
     if ((conn != nullptr && it->second.conn == conn) ||
-        (accepted != nullptr && it->second.accepted == accepted)) {
+        (accepted_ep != nullptr && it->second.accepted == accepted_ep)) {
       it->second.state->PartDone(why);
-      it = pending_.erase(it);
+      it = pending.erase(it);
     } else {
       ++it;
     }
@@ -294,8 +309,8 @@ void Core::Reject(const char* why) {
   if (n <= 8 || n % 1000 == 0) FERRY_LOG_WARN("ucx: rejected message #{}: {}", n, why);
 }
 
-void Core::Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string payload, bool eager,
-                std::shared_ptr<void> hold) {
+void Shard::Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string payload, bool eager,
+                 std::shared_ptr<void> hold) {
   auto* ctx = new SendCtx();
   EncodeHeader(h, ctx->header);
   ctx->payload = std::move(payload);
@@ -307,14 +322,14 @@ void Core::Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string pa
   p.cb.send = &OnSendDone;
   p.user_data = ctx;
   p.flags = UCP_AM_SEND_FLAG_REPLY | (eager ? UCP_AM_SEND_FLAG_EAGER : 0);
-  ctx->in_flight = &sends_in_flight_;
+  ctx->in_flight = &sends_in_flight;
   FERRY_TSAN_WIRE_RELEASE();
   void* req = ucp_am_send_nbx(ep, kAmId, ctx->header, kAmHeaderBytes, buffer, size, &p);
-  if (UCS_PTR_IS_PTR(req)) ++sends_in_flight_;
+  if (UCS_PTR_IS_PTR(req)) ++sends_in_flight;
   else delete ctx;  // done at once, or failed (the peer's error handler reports it)
 }
 
-void Core::SendAck(ucp_ep_h ep, uint64_t token, Code code) {
+void Shard::SendAck(ucp_ep_h ep, uint64_t token, Code code) {
   AmHeader h;
   h.type = MsgType::kAck;
   h.token = token;
@@ -332,19 +347,20 @@ void Core::OnConnRequest(ucp_conn_request_h request, void* arg) {
   params.err_handler.cb = &Core::OnAcceptedError;
   params.err_handler.arg = core;
   ucp_ep_h ep = nullptr;
-  ucs_status_t st = ucp_ep_create(core->worker_->handle(), &params, &ep);
+  ucs_status_t st = ucp_ep_create(core->shards_[0]->worker->handle(), &params, &ep);
   if (st != UCS_OK) {
     FERRY_LOG_WARN("ucx: cannot accept a connection: {}", ucs_status_string(st));
     return;
   }
-  core->accepted_.insert(ep);
+  core->shards_[0]->accepted.insert(ep);
 }
 
 void Core::OnAcceptedError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   auto* core = static_cast<Core*>(arg);
   FERRY_LOG_DEBUG("ucx: a peer's connection closed: {}", ucs_status_string(status));
-  if (core->accepted_.erase(ep) == 0) return;
-  core->FailPending(nullptr, ep, Status(Code::kUnavailable, "a peer's connection closed"));
+  Shard& s0 = *core->shards_[0];
+  if (s0.accepted.erase(ep) == 0) return;
+  s0.FailPending(nullptr, ep, Status(Code::kUnavailable, "a peer's connection closed"));
   CloseEndpoint(ep);
 }
 

@@ -1,9 +1,15 @@
-// The state of one engine's `ucx` transport: UCX context, worker and listener, registered
-// regions, connections to peers and the table of operations waiting for an answer.
+// The state of one engine's `ucx` transport: UCX context, workers and listener, registered
+// regions, connections to peers and the tables of operations waiting for an answer.
 //
-// Threads: Core's UCX objects, conns_, accepted_ and pending_ belong to the worker's progress
-// thread (see worker.h); regions_ is guarded by regions_mu_ because registration happens on
-// user threads. Conn::failed_ and Core::rejected_ are atomics read from any thread.
+// Workers: UcxOptions::workers shards, each one UCX worker with its own progress thread (see
+// worker.h) and the state that thread owns: its connections, their endpoints and the
+// operations sent on them. An answer comes back on the endpoint its request left from, so
+// each shard's tables are complete on their own. The listener and the endpoints that peers'
+// connections make here belong to shard 0.
+//
+// Threads: a Shard's UCX objects and tables belong to its progress thread; regions_ is guarded
+// by regions_mu_ because registration happens on user threads. Conn::failed_ and
+// Core::rejected_ are atomics read from any thread.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -26,20 +32,27 @@
 namespace ferry::internal::ucx {
 
 class Core;
+struct Shard;
 
-// A connection to one peer: `lanes` UCX endpoints, and the remote keys unpacked on them.
+// A connection to one peer on one shard: `lanes` UCX endpoints, and the remote keys unpacked
+// on them.
 class Conn : public std::enable_shared_from_this<Conn> {
  public:
-  Conn(std::shared_ptr<Core> core, EngineDesc peer, std::string address, bool same_host)
-      : core_(std::move(core)), peer_(std::move(peer)), address_(std::move(address)),
+  Conn(std::shared_ptr<Core> core, Shard* shard, EngineDesc peer, std::string address, bool same_host)
+      : core_(std::move(core)), shard_(shard), peer_(std::move(peer)), address_(std::move(address)),
         same_host_(same_host) {}
 
   const EngineDesc& peer() const { return peer_; }
+  Shard& shard() const { return *shard_; }
   bool same_host() const { return same_host_; }
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   Status failure() const;
+  // Whether the peer has answered anything sent on this connection (it is up, not merely
+  // being dialled).
+  bool answered() const { return answered_.load(std::memory_order_acquire); }
+  void MarkAnswered() const { answered_.store(true, std::memory_order_release); }
 
-  // Progress thread only.
+  // Progress thread of shard() only.
   Status Open(int lanes);
   void Fail(Status why);
   void Close();
@@ -55,10 +68,12 @@ class Conn : public std::enable_shared_from_this<Conn> {
   static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status);
 
   std::shared_ptr<Core> core_;
+  Shard* const shard_;
   const EngineDesc peer_;
   const std::string address_;
   const bool same_host_;
   std::atomic<bool> failed_{false};
+  mutable std::atomic<bool> answered_{false};
   mutable std::mutex failure_mu_;
   Status failure_;  // GUARDED_BY(failure_mu_)
   std::vector<ucp_ep_h> eps_;
@@ -76,20 +91,45 @@ struct Pending {
   std::function<void(Status)> on_data = nullptr;  // staged reads: runs instead of completing the part
 };
 
+// One UCX worker, its progress thread and what that thread owns. Everything but `worker`'s
+// Submit() is for the progress thread only.
+struct Shard {
+  Core* core = nullptr;
+  size_t index = 0;
+  std::unique_ptr<Worker> worker;
+  std::set<std::shared_ptr<Conn>> conns;
+  std::set<ucp_ep_h> accepted;                     // shard 0: endpoints peers connected
+  std::unordered_map<ucp_ep_h, Conn*> conn_by_ep;  // our endpoints, for messages they carry
+  std::unordered_map<uint64_t, Pending> pending;
+  uint64_t next_token = 1;
+  uint64_t sends_in_flight = 0;
+
+  uint64_t AddPending(Pending p);
+  void FailPending(const Conn* conn, ucp_ep_h accepted_ep, const Status& why);
+  // Sends an active message whose payload is `data` (h.size bytes; must stay valid until the
+  // send completes, e.g. registered memory) or, when `data` is null, `payload`.
+  void Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string payload,
+            bool eager = false, std::shared_ptr<void> hold = nullptr);
+  void SendAck(ucp_ep_h ep, uint64_t token, Code code);
+};
+
 class Core : public std::enable_shared_from_this<Core> {
  public:
   // `copier`: how GPU memory is staged; null = the CUDA one (staged.h).
   static Result<std::shared_ptr<Core>> Create(const TransportContext& ctx,
                                               std::unique_ptr<StageCopier> copier = nullptr);
   ~Core();
-  void Shutdown();  // stops the worker; idempotent
+  void Shutdown();  // stops the workers; idempotent
 
   const UcxOptions& options() const { return options_; }
   const std::string& engine_key() const { return engine_key_; }
   const RmaPolicy& rma() const { return rma_; }
   const std::vector<std::string>& addresses() const { return addresses_; }
   ucp_context_h context() const { return context_; }
-  Worker& worker() { return *worker_; }
+  size_t shards() const { return shards_.size(); }
+  Shard& shard(size_t i) { return *shards_[i % shards_.size()]; }
+  // The shard a new connection starts on: round robin.
+  size_t NextShard() { return next_shard_.fetch_add(1, std::memory_order_relaxed) % shards_.size(); }
   uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
   // GPU memory staged through bounce buffers (staged.h).
   Stager& stager() { return *stager_; }
@@ -101,15 +141,6 @@ class Core : public std::enable_shared_from_this<Core> {
   // waits for the peer's ack until `deadline`.
   Status Call(const std::shared_ptr<Conn>& conn, AmHeader h, std::string payload, Deadline deadline);
 
-  // Progress thread only.
-  uint64_t AddPending(Pending p);
-  // Sends an active message whose payload is `data` (h.size bytes; must stay valid until the
-  // send completes, e.g. registered memory) or, when `data` is null, `payload`.
-  void Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string payload,
-            bool eager = false, std::shared_ptr<void> hold = nullptr);
-  void FailPending(const Conn* conn, ucp_ep_h accepted, const Status& why);
-  void Track(const std::shared_ptr<Conn>& conn) { conns_.insert(conn); }
-  void Untrack(const std::shared_ptr<Conn>& conn) { conns_.erase(conn); }
   bool UseRma(const Conn& conn) const;
 
  private:
@@ -121,27 +152,28 @@ class Core : public std::enable_shared_from_this<Core> {
   Status Listen();
   std::shared_ptr<Region> FindRegion(uint64_t id);
   void Reject(const char* why);
-  void SendAck(ucp_ep_h ep, uint64_t token, Code code);
+  static void Forget(Shard& s);
 
   static void OnConnRequest(ucp_conn_request_h request, void* arg);
   static void OnAcceptedError(void* arg, ucp_ep_h ep, ucs_status_t status);
   static ucs_status_t OnMessage(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param);
-  void HandleWrite(const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep);
-  void HandleReadReq(const AmHeader& h, ucp_ep_h reply);
-  void HandleReadResp(const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep);
-  void HandleAck(const AmHeader& h);
-  void HandleNotify(const AmHeader& h, const void* data, size_t length, ucp_ep_h reply);
-  void HandleCheck(const AmHeader& h, ucp_ep_h reply);
-  void HandleRevoke(const AmHeader& h, ucp_ep_h reply);
+  void HandleWrite(Shard& s, const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep);
+  void HandleReadReq(Shard& s, const AmHeader& h, ucp_ep_h reply);
+  void HandleReadResp(Shard& s, const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep);
+  void HandleAck(Shard& s, const AmHeader& h);
+  void HandleNotify(Shard& s, const AmHeader& h, const void* data, size_t length, ucp_ep_h reply);
+  void HandleCheck(Shard& s, const AmHeader& h, ucp_ep_h reply);
+  void HandleRevoke(Shard& s, const AmHeader& h, ucp_ep_h reply);
 
   std::string engine_key_;
   UcxOptions options_;
   std::shared_ptr<Inbox> inbox_;
   RmaPolicy rma_;
   ucp_context_h context_ = nullptr;
-  std::unique_ptr<Worker> worker_;
-  ucp_listener_h listener_ = nullptr;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  std::atomic<size_t> next_shard_{0};
+  ucp_listener_h listener_ = nullptr;  // shard 0's progress thread
   std::vector<std::string> addresses_;
   std::atomic<uint64_t> rejected_{0};
   bool shut_down_ = false;
@@ -149,13 +181,6 @@ class Core : public std::enable_shared_from_this<Core> {
   std::mutex regions_mu_;
   std::unordered_map<uint64_t, Registered> regions_;  // GUARDED_BY(regions_mu_)
 
-  // Progress thread only.
-  std::set<std::shared_ptr<Conn>> conns_;
-  std::set<ucp_ep_h> accepted_;
-  std::unordered_map<ucp_ep_h, Conn*> conn_by_ep_;  // our endpoints, for messages they carry
-  std::unordered_map<uint64_t, Pending> pending_;
-  uint64_t next_token_ = 1;
-  uint64_t sends_in_flight_ = 0;
   std::unique_ptr<Stager> stager_;
 
   friend class Conn;

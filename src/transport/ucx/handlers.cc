@@ -8,34 +8,34 @@
 
 namespace ferry::internal::ucx {
 
-void Core::HandleCheck(const AmHeader& h, ucp_ep_h reply) {
+void Core::HandleCheck(Shard& s, const AmHeader& h, ucp_ep_h reply) {
   auto region = FindRegion(h.region);
   Code code = Code::kOk;
   if (!region || !region->live()) code = Code::kFailedPrecondition;
   else if (reinterpret_cast<uint64_t>(region->base) != h.offset || region->size != h.size)
     code = Code::kInvalidArgument;
-  SendAck(reply, h.token, code);
+  s.SendAck(reply, h.token, code);
 }
 
 namespace {
 struct RevokeCtx {
-  Core* core;
+  Shard* shard;
   ucp_ep_h reply;
   uint64_t token;
   int left;
 };
 }  // namespace
 
-void Core::HandleRevoke(const AmHeader& h, ucp_ep_h reply) {
-  auto it = conn_by_ep_.find(reply);
-  if (it == conn_by_ep_.end()) return SendAck(reply, h.token, Code::kOk);
+void Core::HandleRevoke(Shard& s, const AmHeader& h, ucp_ep_h reply) {
+  auto it = s.conn_by_ep.find(reply);
+  if (it == s.conn_by_ep.end()) return s.SendAck(reply, h.token, Code::kOk);
   Conn* conn = it->second;
   conn->Revoke(h.region);
   // Ack once every lane's RMA has completed at the target.
-  auto* ctx = new RevokeCtx{this, reply, h.token, static_cast<int>(conn->lanes()) + 1};
+  auto* ctx = new RevokeCtx{&s, reply, h.token, static_cast<int>(conn->lanes()) + 1};
   auto finish = [](RevokeCtx* c) {
     if (--c->left == 0) {
-      if (c->core->conn_by_ep_.count(c->reply) != 0) c->core->SendAck(c->reply, c->token, Code::kOk);
+      if (c->shard->conn_by_ep.count(c->reply) != 0) c->shard->SendAck(c->reply, c->token, Code::kOk);
       delete c;
     }
   };
@@ -45,7 +45,7 @@ void Core::HandleRevoke(const AmHeader& h, ucp_ep_h reply) {
     p.cb.send = [](void* request, ucs_status_t, void* user_data) {
       auto* c = static_cast<RevokeCtx*>(user_data);
       if (--c->left == 0) {
-        if (c->core->conn_by_ep_.count(c->reply) != 0) c->core->SendAck(c->reply, c->token, Code::kOk);
+        if (c->shard->conn_by_ep.count(c->reply) != 0) c->shard->SendAck(c->reply, c->token, Code::kOk);
         delete c;
       }
       ucp_request_free(request);
@@ -59,7 +59,8 @@ void Core::HandleRevoke(const AmHeader& h, ucp_ep_h reply) {
 
 ucs_status_t Core::OnMessage(void* arg, const void* header, size_t header_length, void* data,
                              size_t length, const ucp_am_recv_param_t* param) {
-  auto* core = static_cast<Core*>(arg);
+  auto* shard = static_cast<Shard*>(arg);
+  Core* core = shard->core;
   FERRY_TSAN_WIRE_ACQUIRE();
   auto decoded = DecodeHeader(header, header_length, length);
   if (!decoded.ok()) {
@@ -75,47 +76,47 @@ ucs_status_t Core::OnMessage(void* arg, const void* header, size_t header_length
         core->Reject("write without a reply endpoint");
         return UCS_OK;
       }
-      core->HandleWrite(h, data, param, &keep);
+      core->HandleWrite(*shard, h, data, param, &keep);
       break;
     case MsgType::kReadReq:
       if (reply == nullptr) {
         core->Reject("read request without a reply endpoint");
         return UCS_OK;
       }
-      core->HandleReadReq(h, reply);
+      core->HandleReadReq(*shard, h, reply);
       break;
     case MsgType::kReadResp:
-      core->HandleReadResp(h, data, param, &keep);
+      core->HandleReadResp(*shard, h, data, param, &keep);
       break;
     case MsgType::kAck:
-      core->HandleAck(h);
+      core->HandleAck(*shard, h);
       break;
     case MsgType::kNotify:
       if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
         core->Reject("notification sent by rendezvous");
         return UCS_OK;
       }
-      core->HandleNotify(h, data, length, reply);
+      core->HandleNotify(*shard, h, data, length, reply);
       break;
     case MsgType::kCheck:
-      if (reply != nullptr) core->HandleCheck(h, reply);
+      if (reply != nullptr) core->HandleCheck(*shard, h, reply);
       break;
     case MsgType::kRevoke:
-      if (reply != nullptr) core->HandleRevoke(h, reply);
+      if (reply != nullptr) core->HandleRevoke(*shard, h, reply);
       break;
     case MsgType::kStagedWrite:
       if (reply == nullptr) {
         core->Reject("staged write without a reply endpoint");
         return UCS_OK;
       }
-      core->stager_->HandleWrite(h, data, length, param, &keep);
+      core->stager_->HandleWrite(*shard, h, data, length, param, &keep);
       break;
     case MsgType::kStagedReadReq:
       if (reply == nullptr) {
         core->Reject("staged read request without a reply endpoint");
         return UCS_OK;
       }
-      core->stager_->HandleReadReq(h, data, length, param);
+      core->stager_->HandleReadReq(*shard, h, data, length, param);
       break;
     case MsgType::kHello:
       break;
@@ -127,7 +128,7 @@ namespace {
 
 // A payload being received straight into registered memory.
 struct RecvCtx {
-  Core* core;
+  Shard* shard;
   std::shared_ptr<RegionUse> hold;
   ucp_ep_h reply = nullptr;   // writes: where the ack goes
   uint64_t token = 0;
@@ -170,27 +171,27 @@ bool Receive(ucp_worker_h worker, void* data, const ucp_am_recv_param_t* param, 
 
 }  // namespace
 
-void Core::HandleWrite(const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep) {
+void Core::HandleWrite(Shard& s, const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep) {
   ucp_ep_h reply = param->reply_ep;
   auto region = FindRegion(h.region);
   if (!region) {
     Reject("write to an unknown region");
-    return SendAck(reply, h.token, Code::kFailedPrecondition);
+    return s.SendAck(reply, h.token, Code::kFailedPrecondition);
   }
   if (!InBounds(h.offset, h.size, region->size)) {
     Reject("write out of a region's bounds");
-    return SendAck(reply, h.token, Code::kOutOfRange);
+    return s.SendAck(reply, h.token, Code::kOutOfRange);
   }
   auto hold = RegionUse::Make(region);
-  if (!hold) return SendAck(reply, h.token, Code::kFailedPrecondition);
-  auto* ctx = new RecvCtx{this, hold, reply, h.token, nullptr, nullptr};
-  ctx->done = [this, reply, token = h.token](Status s) {
-    if (accepted_.count(reply) != 0) SendAck(reply, token, s.code());
+  if (!hold) return s.SendAck(reply, h.token, Code::kFailedPrecondition);
+  auto* ctx = new RecvCtx{&s, hold, reply, h.token, nullptr, nullptr};
+  ctx->done = [shard = &s, reply, token = h.token](Status st) {
+    if (shard->accepted.count(reply) != 0) shard->SendAck(reply, token, st.code());
   };
-  *keep = Receive(worker_->handle(), data, param, region->base + h.offset, h.size, ctx);
+  *keep = Receive(s.worker->handle(), data, param, region->base + h.offset, h.size, ctx);
 }
 
-void Core::HandleReadReq(const AmHeader& h, ucp_ep_h reply) {
+void Core::HandleReadReq(Shard& s, const AmHeader& h, ucp_ep_h reply) {
   auto region = FindRegion(h.region);
   Code code = Code::kOk;
   if (!region) code = Code::kFailedPrecondition;
@@ -199,49 +200,53 @@ void Core::HandleReadReq(const AmHeader& h, ucp_ep_h reply) {
   if (code == Code::kOk && !hold) code = Code::kFailedPrecondition;
   if (code != Code::kOk) {
     Reject("read outside the registered regions");
-    return SendAck(reply, h.token, code);
+    return s.SendAck(reply, h.token, code);
   }
   AmHeader resp;
   resp.type = MsgType::kReadResp;
   resp.token = h.token;
   resp.size = h.size;
   // The payload is sent from the region itself, held until the send completes.
-  Send(reply, resp, region->base + h.offset, {}, /*eager=*/false, std::move(hold));
+  s.Send(reply, resp, region->base + h.offset, {}, /*eager=*/false, std::move(hold));
 }
 
-void Core::HandleReadResp(const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep) {
-  auto it = pending_.find(h.token);
-  if (it == pending_.end()) return;  // its transfer already ended; drop the late answer
+void Core::HandleReadResp(Shard& s, const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep) {
+  auto it = s.pending.find(h.token);
+  if (it == s.pending.end()) return;  // its transfer already ended; drop the late answer
   Pending p = std::move(it->second);
-  pending_.erase(it);
+  s.pending.erase(it);
   if (h.size != p.size) {
     Reject("read response of the wrong size");
     p.state->PartDone(Status(Code::kDataLoss, "read response of the wrong size"));
     return;
   }
-  auto* ctx = new RecvCtx{this, nullptr, nullptr, h.token, p.state, nullptr};
+  auto* ctx = new RecvCtx{&s, nullptr, nullptr, h.token, p.state, nullptr};
   if (p.on_data) ctx->done = std::move(p.on_data);  // a staged read scatters the chunk first
-  else ctx->done = [state = p.state](Status s) { state->PartDone(s); };
-  *keep = Receive(worker_->handle(), data, param, p.dst, p.size, ctx);
+  else ctx->done = [state = p.state](Status st) { state->PartDone(st); };
+  *keep = Receive(s.worker->handle(), data, param, p.dst, p.size, ctx);
 }
 
-void Core::HandleAck(const AmHeader& h) {
-  auto it = pending_.find(h.token);
-  if (it == pending_.end()) return;
-  Status s;
+void Core::HandleAck(Shard& s, const AmHeader& h) {
+  auto it = s.pending.find(h.token);
+  if (it == s.pending.end()) return;
+  if (it->second.conn != nullptr) it->second.conn->MarkAnswered();
+  Status st;
   switch (static_cast<Code>(h.code)) {
     case Code::kOk: break;
-    case Code::kOutOfRange: s = Status(Code::kOutOfRange, "the target rejected an out-of-range access"); break;
-    case Code::kFailedPrecondition: s = Status(Code::kFailedPrecondition, "the target region is not registered"); break;
-    case Code::kResourceExhausted: s = Status(Code::kResourceExhausted, "the receiver's notification backlog is full"); break;
-    case Code::kInvalidArgument: s = Status(Code::kInvalidArgument, "the receiver rejected the notification"); break;
-    default: s = Status(static_cast<Code>(h.code), "the target failed the operation"); break;
+    case Code::kOutOfRange: st = Status(Code::kOutOfRange, "the target rejected an out-of-range access"); break;
+    case Code::kFailedPrecondition: st = Status(Code::kFailedPrecondition, "the target region is not registered"); break;
+    case Code::kResourceExhausted: st = Status(Code::kResourceExhausted, "the receiver's notification backlog is full"); break;
+    case Code::kInvalidArgument: st = Status(Code::kInvalidArgument, "the receiver rejected the notification"); break;
+    default: st = Status(static_cast<Code>(h.code), "the target failed the operation"); break;
   }
-  it->second.state->PartDone(s);
-  pending_.erase(it);
+  it->second.state->PartDone(st);
+  s.pending.erase(it);
 }
 
-void Core::HandleNotify(const AmHeader& h, const void* data, size_t length, ucp_ep_h reply) {
+// A notification with a token (one carried by a write batch) is acked, so that the batch
+// completes once the receiver holds it; one without (Endpoint::Notify) is one-way: a refusal
+// is counted by the inbox and logged here.
+void Core::HandleNotify(Shard& s, const AmHeader& h, const void* data, size_t length, ucp_ep_h reply) {
   // Payload: [u16 key length][key][message]
   const auto* p = static_cast<const uint8_t*>(data);
   if (length < 2) return Reject("truncated notification");
@@ -250,9 +255,14 @@ void Core::HandleNotify(const AmHeader& h, const void* data, size_t length, ucp_
   Notification n;
   n.from.assign(reinterpret_cast<const char*>(p + 2), key_len);
   n.message.assign(reinterpret_cast<const char*>(p + 2 + key_len), length - 2 - key_len);
-  Status s = inbox_->Push(std::move(n));
-  if (h.token != 0 && reply != nullptr) SendAck(reply, h.token, s.code());
-  else if (!s.ok()) FERRY_LOG_WARN("ucx: dropped a notification: {}", s.ToString());
+  Status st = inbox_->Push(std::move(n));
+  if (h.token != 0 && reply != nullptr) return s.SendAck(reply, h.token, st.code());
+  if (!st.ok()) {
+    // A sender that floods a full inbox must not flood the log: the first few, then every 1000th.
+    uint64_t dropped = inbox_->dropped();
+    if (dropped <= 8 || dropped % 1000 == 0)
+      FERRY_LOG_WARN("ucx: dropped notification #{} from a peer: {}", dropped, st.ToString());
+  }
 }
 
 }  // namespace ferry::internal::ucx

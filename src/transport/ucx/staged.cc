@@ -94,13 +94,13 @@ namespace {
 
 constexpr size_t kBounceBytes = ((kStageChunkBytes + (4 + 16 * kStageMaxPieces)) + 4095) / 4096 * 4096;
 
-// Runs work on the progress thread while the transport lives.
+// Runs work on a shard's progress thread while the transport lives.
 struct Dispatcher {
   std::mutex mu;
   Core* core = nullptr;  // GUARDED_BY(mu); null once the transport is gone
-  bool Run(std::function<void()> fn) {
+  bool Run(size_t shard, std::function<void()> fn) {
     std::lock_guard<std::mutex> lock(mu);
-    return core != nullptr && core->worker().Submit(std::move(fn));
+    return core != nullptr && core->shard(shard).worker->Submit(std::move(fn));
   }
 };
 
@@ -128,12 +128,12 @@ class BouncePool : public std::enable_shared_from_this<BouncePool> {
     for (auto& [data, pinned] : free_) FreeBuffer(data, pinned);
   }
   // A buffer, or null when all kStageBuffers are in use; then `retry` runs on the progress
-  // thread once one comes back (registered under the same lock as the check, so that a
+  // thread of `shard` once one comes back (registered under the same lock as the check, so that a
   // buffer returned meanwhile on another thread is not missed).
-  std::shared_ptr<Bounce> AcquireOrWait(std::function<void()> retry) {
+  std::shared_ptr<Bounce> AcquireOrWait(size_t shard, std::function<void()> retry) {
     std::lock_guard<std::mutex> lock(mu_);
     auto b = TryAcquireLocked();
-    if (!b && retry) waiters_.push_back(std::move(retry));
+    if (!b && retry) waiters_.emplace_back(shard, std::move(retry));
     return b;
   }
   std::shared_ptr<Bounce> TryAcquire() {
@@ -155,7 +155,7 @@ class BouncePool : public std::enable_shared_from_this<BouncePool> {
     return std::make_shared<Bounce>(weak_from_this(), data, pinned);
   }
   void Return(std::byte* data, bool pinned) {
-    std::function<void()> next;
+    std::pair<size_t, std::function<void()>> next;
     {
       std::lock_guard<std::mutex> lock(mu_);
       free_.emplace_back(data, pinned);
@@ -164,10 +164,10 @@ class BouncePool : public std::enable_shared_from_this<BouncePool> {
         waiters_.pop_front();
       }
     }
-    if (next) (void)dispatch_->Run(std::move(next));
+    if (next.second) (void)dispatch_->Run(next.first, std::move(next.second));
   }
   void DropWaiters() {
-    std::deque<std::function<void()>> w;
+    std::deque<std::pair<size_t, std::function<void()>>> w;
     std::lock_guard<std::mutex> lock(mu_);
     w.swap(waiters_);
   }
@@ -185,7 +185,7 @@ class BouncePool : public std::enable_shared_from_this<BouncePool> {
   const bool pin_;
   std::mutex mu_;
   std::vector<std::pair<std::byte*, bool>> free_;  // GUARDED_BY(mu_)
-  std::deque<std::function<void()>> waiters_;      // GUARDED_BY(mu_)
+  std::deque<std::pair<size_t, std::function<void()>>> waiters_;  // GUARDED_BY(mu_): shard, retry
   size_t allocated_ = 0;                           // GUARDED_BY(mu_)
 };
 
@@ -277,15 +277,18 @@ struct Stager::Impl : std::enable_shared_from_this<Stager::Impl> {
     return copier->Copy(device, copies, pinned, std::move(done));
   }
 
-  void SendAckIfOpen(ucp_ep_h reply, uint64_t token, Code code) {
-    if (core->accepted_.count(reply) != 0) core->SendAck(reply, token, code);
+  // Progress thread of `s`, which received the request on `reply` (one of its accepted
+  // endpoints, unless the peer closed it meanwhile).
+  void SendAckIfOpen(Shard& s, ucp_ep_h reply, uint64_t token, Code code) {
+    if (s.accepted.count(reply) != 0) s.SendAck(reply, token, code);
   }
 
-  // Target side: scatters a received chunk (in `buf`, `length` bytes) into `region`, then acks.
-  void Scatter(const std::shared_ptr<RegionUse>& hold, std::shared_ptr<Bounce> buf, size_t length,
+  // Target side, progress thread of `s`: scatters a received chunk (in `buf`, `length` bytes)
+  // into `region`, then acks.
+  void Scatter(Shard& s, const std::shared_ptr<RegionUse>& hold, std::shared_ptr<Bounce> buf, size_t length,
                ucp_ep_h reply, uint64_t token);
-  // Target side: gathers `pieces` of `region` and answers `token` with them.
-  void Gather(const std::shared_ptr<RegionUse>& hold, std::vector<StagedPiece> pieces, uint64_t total,
+  // Target side, progress thread of `s`: gathers `pieces` of `region` and answers `token` with them.
+  void Gather(Shard& s, const std::shared_ptr<RegionUse>& hold, std::vector<StagedPiece> pieces, uint64_t total,
               ucp_ep_h reply, uint64_t token);
 };
 
@@ -311,7 +314,7 @@ struct WriteJob : std::enable_shared_from_this<WriteJob> {
     while (next < chunks.size()) {
       if (conn->failed()) return FailRest(conn->failure());
       if (state->finished()) return FailRest(Status(Code::kAborted, "transfer ended"));
-      auto buf = stager->send_pool->AcquireOrWait([self = shared_from_this()] { self->Pump(); });
+      auto buf = stager->send_pool->AcquireOrWait(conn->shard().index, [self = shared_from_this()] { self->Pump(); });
       if (!buf) return;  // Pump runs again when a buffer comes back
       Stage(next++, std::move(buf));
     }
@@ -341,7 +344,7 @@ struct WriteJob : std::enable_shared_from_this<WriteJob> {
         if (!st.ok()) return self->state->PartDone(st);
         self->Send(i, buf);
       };
-      if (!self->stager->dispatch->Run(send)) self->state->PartDone(Status(Code::kAborted, "the ucx transport was shut down"));
+      if (!self->stager->dispatch->Run(self->conn->shard().index, send)) self->state->PartDone(Status(Code::kAborted, "the ucx transport was shut down"));
     });
     if (!s.ok()) state->PartDone(s);
   }
@@ -351,11 +354,11 @@ struct WriteJob : std::enable_shared_from_this<WriteJob> {
     const StageChunk& c = chunks[i];
     AmHeader h;
     h.type = MsgType::kStagedWrite;
-    h.token = stager->core->AddPending(Pending{state, conn.get(), nullptr});
+    h.token = conn->shard().AddPending(Pending{state, conn.get(), nullptr});
     h.region = remote_region;
     h.size = PieceTableBytes(c.remote.size()) + c.bytes;
     // The buffer goes back to the pool once UCX has sent it.
-    stager->core->Send(conn->ep(i), h, buf->data, {}, /*eager=*/false, buf);
+    conn->shard().Send(conn->ep(i), h, buf->data, {}, /*eager=*/false, buf);
   }
 };
 
@@ -376,7 +379,7 @@ struct ReadJob : std::enable_shared_from_this<ReadJob> {
     while (next < chunks.size()) {
       if (conn->failed()) return FailRest(conn->failure());
       if (state->finished()) return FailRest(Status(Code::kAborted, "transfer ended"));
-      auto buf = stager->recv_pool->AcquireOrWait([self = shared_from_this()] { self->Pump(); });
+      auto buf = stager->recv_pool->AcquireOrWait(conn->shard().index, [self = shared_from_this()] { self->Pump(); });
       if (!buf) return;  // Pump runs again when a buffer comes back
       Request(next++, std::move(buf));
     }
@@ -390,11 +393,11 @@ struct ReadJob : std::enable_shared_from_this<ReadJob> {
     p.on_data = [self = shared_from_this(), i, buf](Status s) { self->Landed(i, buf, std::move(s)); };
     AmHeader h;
     h.type = MsgType::kStagedReadReq;
-    h.token = stager->core->AddPending(std::move(p));
+    h.token = conn->shard().AddPending(std::move(p));
     h.region = remote_region;
     h.offset = c.bytes;
     h.size = table.size();
-    stager->core->Send(conn->ep(i), h, nullptr, std::move(table), /*eager=*/true);
+    conn->shard().Send(conn->ep(i), h, nullptr, std::move(table), /*eager=*/true);
   }
 
   // Progress thread: chunk `i` arrived in `buf`; scatter it into the local region.
@@ -482,6 +485,7 @@ void Stager::PostRead(const std::shared_ptr<Conn>& conn, const std::shared_ptr<R
 namespace {
 struct StagedRecv {
   std::shared_ptr<Stager::Impl> stager;
+  Shard* shard;
   std::shared_ptr<RegionUse> hold;
   std::shared_ptr<Bounce> buf;
   size_t length;
@@ -492,51 +496,52 @@ struct StagedRecv {
 void OnStagedRecv(void* request, ucs_status_t status, size_t, void* user_data) {
   auto* ctx = static_cast<StagedRecv*>(user_data);
   FERRY_TSAN_WIRE_ACQUIRE();
-  if (status != UCS_OK) ctx->stager->SendAckIfOpen(ctx->reply, ctx->token, FromUcs(status, "receive").code());
-  else ctx->stager->Scatter(ctx->hold, ctx->buf, ctx->length, ctx->reply, ctx->token);
+  if (status != UCS_OK) ctx->stager->SendAckIfOpen(*ctx->shard, ctx->reply, ctx->token, FromUcs(status, "receive").code());
+  else ctx->stager->Scatter(*ctx->shard, ctx->hold, ctx->buf, ctx->length, ctx->reply, ctx->token);
   delete ctx;
   ucp_request_free(request);
 }
 }  // namespace
 
-void Stager::HandleWrite(const AmHeader& h, void* data, size_t length, const ucp_am_recv_param_t* param, bool* keep) {
+void Stager::HandleWrite(Shard& s, const AmHeader& h, void* data, size_t length, const ucp_am_recv_param_t* param,
+                         bool* keep) {
   Core& core = *impl_->core;
   ucp_ep_h reply = param->reply_ep;
   auto region = core.FindRegion(h.region);
   auto hold = region ? RegionUse::Make(region) : nullptr;
   if (!hold) {
     core.Reject("staged write to an unknown region");
-    return core.SendAck(reply, h.token, Code::kFailedPrecondition);
+    return s.SendAck(reply, h.token, Code::kFailedPrecondition);
   }
   if (length > kBounceBytes) {
     core.Reject("staged chunk larger than a bounce buffer");
-    return core.SendAck(reply, h.token, Code::kInvalidArgument);
+    return s.SendAck(reply, h.token, Code::kInvalidArgument);
   }
-  if (region->kind == MemoryKind::kCuda && !impl_->gpu()) return core.SendAck(reply, h.token, Code::kUnsupported);
+  if (region->kind == MemoryKind::kCuda && !impl_->gpu()) return s.SendAck(reply, h.token, Code::kUnsupported);
   auto buf = AnyBuffer(region->kind == MemoryKind::kCuda ? impl_->recv_pool.get() : nullptr);
-  if (!buf) return core.SendAck(reply, h.token, Code::kResourceExhausted);
+  if (!buf) return s.SendAck(reply, h.token, Code::kResourceExhausted);
   if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
     std::memcpy(buf->data, data, length);
-    return impl_->Scatter(hold, std::move(buf), length, reply, h.token);
+    return impl_->Scatter(s, hold, std::move(buf), length, reply, h.token);
   }
-  auto* ctx = new StagedRecv{impl_, hold, buf, length, reply, h.token};
+  auto* ctx = new StagedRecv{impl_, &s, hold, buf, length, reply, h.token};
   ucp_request_param_t p = {};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.cb.recv_am = &OnStagedRecv;
   p.user_data = ctx;
-  void* req = ucp_am_recv_data_nbx(core.worker().handle(), data, buf->data, length, &p);
+  void* req = ucp_am_recv_data_nbx(s.worker->handle(), data, buf->data, length, &p);
   *keep = true;
   if (UCS_PTR_IS_ERR(req)) {
-    impl_->SendAckIfOpen(reply, h.token, FromUcs(UCS_PTR_STATUS(req), "ucp_am_recv_data_nbx").code());
+    impl_->SendAckIfOpen(s, reply, h.token, FromUcs(UCS_PTR_STATUS(req), "ucp_am_recv_data_nbx").code());
     delete ctx;
   } else if (req == nullptr) {
-    impl_->Scatter(hold, buf, length, reply, h.token);
+    impl_->Scatter(s, hold, buf, length, reply, h.token);
     delete ctx;
   }
 }
 
-void Stager::Impl::Scatter(const std::shared_ptr<RegionUse>& hold, std::shared_ptr<Bounce> buf, size_t length,
-                           ucp_ep_h reply, uint64_t token) {
+void Stager::Impl::Scatter(Shard& s, const std::shared_ptr<RegionUse>& hold, std::shared_ptr<Bounce> buf,
+                           size_t length, ucp_ep_h reply, uint64_t token) {
   Region& region = hold->region();
   size_t table = 0;
   uint64_t total = 0;
@@ -545,7 +550,7 @@ void Stager::Impl::Scatter(const std::shared_ptr<RegionUse>& hold, std::shared_p
     pieces = Status(Code::kInvalidArgument, "staged chunk size does not match its piece table");
   if (!pieces.ok()) {
     core->Reject(std::string(pieces.status().message()).c_str());
-    return SendAckIfOpen(reply, token, pieces.status().code());
+    return SendAckIfOpen(s, reply, token, pieces.status().code());
   }
   const std::byte* at = buf->data + table;
   if (region.kind == MemoryKind::kHost) {
@@ -553,7 +558,7 @@ void Stager::Impl::Scatter(const std::shared_ptr<RegionUse>& hold, std::shared_p
       std::memcpy(region.base + p.offset, at, p.size);
       at += p.size;
     }
-    return SendAckIfOpen(reply, token, Code::kOk);
+    return SendAckIfOpen(s, reply, token, Code::kOk);
   }
   std::vector<GpuCopy> copies;
   copies.reserve(pieces->size());
@@ -563,24 +568,28 @@ void Stager::Impl::Scatter(const std::shared_ptr<RegionUse>& hold, std::shared_p
   }
   // The ack leaves once the bytes are in GPU memory.
   auto self = shared_from_this();
-  Status s = Copy(region.device, copies, buf->pinned, [self, hold, buf, reply, token](const Status& st) {
-    (void)self->dispatch->Run([self, reply, token, code = st.code()] { self->SendAckIfOpen(reply, token, code); });
+  const size_t shard = s.index;
+  Status posted = Copy(region.device, copies, buf->pinned, [self, hold, buf, reply, token, shard](const Status& st) {
+    (void)self->dispatch->Run(shard, [self, reply, token, shard, code = st.code()] {
+      self->SendAckIfOpen(self->core->shard(shard), reply, token, code);
+    });
   });
-  if (!s.ok()) SendAckIfOpen(reply, token, s.code());
+  if (!posted.ok()) SendAckIfOpen(s, reply, token, posted.code());
 }
 
-void Stager::HandleReadReq(const AmHeader& h, const void* data, size_t length, const ucp_am_recv_param_t* param) {
+void Stager::HandleReadReq(Shard& s, const AmHeader& h, const void* data, size_t length,
+                           const ucp_am_recv_param_t* param) {
   Core& core = *impl_->core;
   ucp_ep_h reply = param->reply_ep;
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
     core.Reject("staged read request sent by rendezvous");
-    return core.SendAck(reply, h.token, Code::kInvalidArgument);
+    return s.SendAck(reply, h.token, Code::kInvalidArgument);
   }
   auto region = core.FindRegion(h.region);
   auto hold = region ? RegionUse::Make(region) : nullptr;
   if (!hold) {
     core.Reject("staged read of an unknown region");
-    return core.SendAck(reply, h.token, Code::kFailedPrecondition);
+    return s.SendAck(reply, h.token, Code::kFailedPrecondition);
   }
   size_t table = 0;
   uint64_t total = 0;
@@ -589,14 +598,14 @@ void Stager::HandleReadReq(const AmHeader& h, const void* data, size_t length, c
     pieces = Status(Code::kInvalidArgument, "staged read request does not match its piece table");
   if (!pieces.ok()) {
     core.Reject(std::string(pieces.status().message()).c_str());
-    return core.SendAck(reply, h.token, pieces.status().code());
+    return s.SendAck(reply, h.token, pieces.status().code());
   }
-  if (region->kind == MemoryKind::kCuda && !impl_->gpu()) return core.SendAck(reply, h.token, Code::kUnsupported);
-  impl_->Gather(hold, std::move(pieces).value(), total, reply, h.token);
+  if (region->kind == MemoryKind::kCuda && !impl_->gpu()) return s.SendAck(reply, h.token, Code::kUnsupported);
+  impl_->Gather(s, hold, std::move(pieces).value(), total, reply, h.token);
 }
 
-void Stager::Impl::Gather(const std::shared_ptr<RegionUse>& hold, std::vector<StagedPiece> pieces, uint64_t total,
-                          ucp_ep_h reply, uint64_t token) {
+void Stager::Impl::Gather(Shard& s, const std::shared_ptr<RegionUse>& hold, std::vector<StagedPiece> pieces,
+                          uint64_t total, ucp_ep_h reply, uint64_t token) {
   Region& region = hold->region();
   AmHeader resp;
   resp.type = MsgType::kReadResp;
@@ -606,10 +615,10 @@ void Stager::Impl::Gather(const std::shared_ptr<RegionUse>& hold, std::vector<St
     std::string payload;
     payload.reserve(total);
     for (const StagedPiece& p : pieces) payload.append(reinterpret_cast<const char*>(region.base + p.offset), p.size);
-    return core->Send(reply, resp, nullptr, std::move(payload));
+    return s.Send(reply, resp, nullptr, std::move(payload));
   }
   auto buf = AnyBuffer(send_pool.get());
-  if (!buf) return SendAckIfOpen(reply, token, Code::kResourceExhausted);
+  if (!buf) return SendAckIfOpen(s, reply, token, Code::kResourceExhausted);
   std::vector<GpuCopy> copies;
   copies.reserve(pieces.size());
   std::byte* at = buf->data;
@@ -618,13 +627,15 @@ void Stager::Impl::Gather(const std::shared_ptr<RegionUse>& hold, std::vector<St
     at += p.size;
   }
   auto self = shared_from_this();
-  Status s = Copy(region.device, copies, buf->pinned, [self, hold, buf, reply, token, resp](const Status& st) {
-    (void)self->dispatch->Run([self, buf, reply, token, resp, st] {
-      if (!st.ok()) return self->SendAckIfOpen(reply, token, st.code());
-      if (self->core->accepted_.count(reply) != 0) self->core->Send(reply, resp, buf->data, {}, false, buf);
+  const size_t shard = s.index;
+  Status posted = Copy(region.device, copies, buf->pinned, [self, hold, buf, reply, token, resp, shard](const Status& st) {
+    (void)self->dispatch->Run(shard, [self, buf, reply, token, resp, st, shard] {
+      Shard& sh = self->core->shard(shard);
+      if (!st.ok()) return self->SendAckIfOpen(sh, reply, token, st.code());
+      if (sh.accepted.count(reply) != 0) sh.Send(reply, resp, buf->data, {}, false, buf);
     });
   });
-  if (!s.ok()) SendAckIfOpen(reply, token, s.code());
+  if (!posted.ok()) SendAckIfOpen(s, reply, token, posted.code());
 }
 
 }  // namespace ferry::internal::ucx

@@ -37,6 +37,7 @@ namespace ferry::internal::ucx {
 
 class Core;
 class Conn;
+struct Shard;
 
 inline constexpr uint64_t kStageChunkBytes = 4 << 20;
 inline constexpr size_t kStageMaxPieces = 4096;  // per chunk: bounds the piece table
@@ -104,8 +105,10 @@ class Stager {
                 std::span<const TransferOp> ops, const std::shared_ptr<TransferState>& state);
 
   // Target, progress thread (from Core::OnMessage).
-  void HandleWrite(const AmHeader& h, void* data, size_t length, const ucp_am_recv_param_t* param, bool* keep);
-  void HandleReadReq(const AmHeader& h, const void* data, size_t length, const ucp_am_recv_param_t* param);
+  // `s`: the shard whose progress thread received the request (its answers leave from there).
+  void HandleWrite(Shard& s, const AmHeader& h, void* data, size_t length, const ucp_am_recv_param_t* param,
+                   bool* keep);
+  void HandleReadReq(Shard& s, const AmHeader& h, const void* data, size_t length, const ucp_am_recv_param_t* param);
 
   struct Impl;
 

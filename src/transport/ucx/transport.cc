@@ -43,10 +43,10 @@ Status Conn::Open(int lanes) {
     params.err_handler.cb = &Conn::OnError;
     params.err_handler.arg = this;
     ucp_ep_h ep = nullptr;
-    ucs_status_t st = ucp_ep_create(core_->worker().handle(), &params, &ep);
+    ucs_status_t st = ucp_ep_create(shard_->worker->handle(), &params, &ep);
     if (st != UCS_OK) return FromUcs(st, "connecting to " + peer_.key + " at " + address_);
     eps_.push_back(ep);
-    core_->conn_by_ep_[ep] = this;
+    shard_->conn_by_ep[ep] = this;
   }
   return Status::Ok();
 }
@@ -64,7 +64,7 @@ void Conn::Fail(Status why) {
     failure_ = why;
   }
   FERRY_LOG_INFO("ucx: {}", why.ToString());
-  core_->FailPending(this, nullptr, why);
+  shard_->FailPending(this, nullptr, why);
   Close();
 }
 
@@ -74,7 +74,7 @@ void Conn::Close() {
       if (k != nullptr) ucp_rkey_destroy(k);
   rkeys_.clear();
   for (ucp_ep_h ep : eps_) {
-    core_->conn_by_ep_.erase(ep);
+    shard_->conn_by_ep.erase(ep);
     CloseEndpoint(ep);
   }
   eps_.clear();
@@ -133,38 +133,47 @@ void OnFlushDone(void* request, ucs_status_t status, void* user_data) {
 
 class UcxChannel final : public Channel {
  public:
-  UcxChannel(std::shared_ptr<Core> core, std::shared_ptr<Conn> conn, std::shared_ptr<Region> local,
-             MemoryDesc remote)
-      : core_(std::move(core)), conn_(std::move(conn)), local_(std::move(local)),
+  // `conns`: the peer's connections, one per shard it was spread over (see UcxEndpoint).
+  UcxChannel(std::shared_ptr<Core> core, std::vector<std::shared_ptr<Conn>> conns,
+             std::shared_ptr<Region> local, MemoryDesc remote)
+      : core_(std::move(core)), conns_(std::move(conns)), local_(std::move(local)),
         remote_(std::move(remote)) {}
 
   Status Post(Op op, std::span<const TransferOp> ops, uint64_t total_bytes,
               const std::shared_ptr<TransferState>& state) override {
-    if (conn_->failed()) return conn_->failure();
+    for (const auto& conn : conns_)
+      if (conn->failed()) return conn->failure();
     auto hold = RegionUse::Make(local_);
     if (!hold)
       return Status(Code::kFailedPrecondition, "local region " +
                                                    std::to_string(static_cast<uint64_t>(local_->id)) +
                                                    " was deregistered");
     state->Hold(hold);
-    state->AddParts(1);  // the posting task's own part
-    auto batch = std::make_shared<std::vector<TransferOp>>(ops.begin(), ops.end());
-    bool submitted = core_->worker().Submit([this_core = core_, conn = conn_, local = local_,
-                                             remote = remote_, op, batch, state, hold,
-                                             staged = staged()] {
-      if (staged) {
-        // GPU memory on either side: through bounce buffers (staged.h).
-        if (conn->failed()) return state->PartDone(conn->failure());
-        if (!state->finished()) {
-          if (op == Op::kWrite) this_core->stager().PostWrite(conn, local, remote, *batch, state);
-          else this_core->stager().PostRead(conn, local, remote, *batch, state);
+    // GPU memory on either side goes through bounce buffers (staged.h), on one connection;
+    // host memory is spread over the connections.
+    auto shares = staged() ? std::vector<std::shared_ptr<std::vector<TransferOp>>>{
+                                 std::make_shared<std::vector<TransferOp>>(ops.begin(), ops.end())}
+                           : Spread(ops);
+    size_t tasks = 0;
+    for (const auto& share : shares) tasks += !share->empty();
+    state->AddParts(tasks);  // each posting task's own part, before any can finish
+    for (size_t k = 0; k < shares.size(); ++k) {
+      if (shares[k]->empty()) continue;
+      const auto& conn = conns_[k];
+      bool submitted = conn->shard().worker->Submit([this_core = core_, conn, local = local_,
+                                                     remote = remote_, op, batch = std::move(shares[k]),
+                                                     state, hold, staged = staged()] {
+        if (staged) {
+          if (conn->failed()) return state->PartDone(conn->failure());
+          if (!state->finished()) {
+            if (op == Op::kWrite) this_core->stager().PostWrite(conn, local, remote, *batch, state);
+            else this_core->stager().PostRead(conn, local, remote, *batch, state);
+          }
+          return state->PartDone(Status::Ok());
         }
-        return state->PartDone(Status::Ok());
-      }
-      Run(*this_core, *conn, *local, remote, op, *batch, state, hold);
-    });
-    if (!submitted) {
-      state->PartDone(Status(Code::kAborted, "the ucx transport was shut down"));
+        Run(*this_core, *conn, *local, remote, op, *batch, state, hold);
+      });
+      if (!submitted) state->PartDone(Status(Code::kAborted, "the ucx transport was shut down"));
     }
     return Status::Ok();
   }
@@ -173,6 +182,27 @@ class UcxChannel final : public Channel {
 
  private:
   bool staged() const { return local_->kind == MemoryKind::kCuda || remote_.kind == MemoryKind::kCuda; }
+  // The batch's share for each connection: all of it with one connection; otherwise pieces of
+  // at most max_am_bytes dealt round robin, so that every shard's thread posts (and, for active
+  // messages, copies) its part.
+  std::vector<std::shared_ptr<std::vector<TransferOp>>> Spread(std::span<const TransferOp> ops) const {
+    std::vector<std::shared_ptr<std::vector<TransferOp>>> shares;
+    if (conns_.size() == 1) {
+      shares.push_back(std::make_shared<std::vector<TransferOp>>(ops.begin(), ops.end()));
+      return shares;
+    }
+    for (size_t k = 0; k < conns_.size(); ++k) shares.push_back(std::make_shared<std::vector<TransferOp>>());
+    const uint64_t max_piece = core_->options().max_am_bytes;
+    size_t next = 0;
+    for (const TransferOp& o : ops) {
+      for (uint64_t done = 0; done < o.size; done += max_piece) {
+        uint64_t size = std::min(max_piece, o.size - done);
+        shares[next++ % shares.size()]->push_back({o.local_offset + done, o.remote_offset + done, size});
+      }
+    }
+    return shares;
+  }
+
   // On the progress thread: posts every op, then finishes the task's part.
   static void Run(Core& core, Conn& conn, Region& local, const MemoryDesc& remote, Op op,
                   const std::vector<TransferOp>& ops, const std::shared_ptr<TransferState>& state,
@@ -209,7 +239,7 @@ class UcxChannel final : public Channel {
       if (req != nullptr) ucp_request_free(req);  // completes internally; the flush reports it
       used[lane] = true;
       if (++posted % core.options().post_batch == 0) {
-        ucp_worker_progress(core.worker().handle());
+        ucp_worker_progress(conn.shard().worker->handle());
         if (conn.failed()) return conn.failure();  // its error handler ran during progress
       }
     }
@@ -253,17 +283,17 @@ class UcxChannel final : public Channel {
         state->AddParts(1);
         AmHeader h;
         h.type = op == Op::kWrite ? MsgType::kWrite : MsgType::kReadReq;
-        h.token = core.AddPending(std::move(pending));
+        h.token = conn.shard().AddPending(std::move(pending));
         h.region = static_cast<uint64_t>(remote.region);
         h.offset = o.remote_offset + done;
         h.size = size;
         ucp_ep_h ep = conn.ep(lane++ % lanes);
         // Pieces up to kEagerBytes go eagerly: no rendezvous round trips per piece.
         if (op == Op::kWrite)
-          core.Send(ep, h, local.base + o.local_offset + done, {}, size <= kEagerBytes, hold);
-        else core.Send(ep, h, nullptr, {});
+          conn.shard().Send(ep, h, local.base + o.local_offset + done, {}, size <= kEagerBytes, hold);
+        else conn.shard().Send(ep, h, nullptr, {});
         if (++posted % core.options().post_batch == 0) {
-          ucp_worker_progress(core.worker().handle());
+          ucp_worker_progress(conn.shard().worker->handle());
           if (conn.failed()) return conn.failure();  // its error handler ran during progress
         }
       }
@@ -272,28 +302,33 @@ class UcxChannel final : public Channel {
   }
 
   std::shared_ptr<Core> core_;
-  std::shared_ptr<Conn> conn_;
+  std::vector<std::shared_ptr<Conn>> conns_;
   std::shared_ptr<Region> local_;
   MemoryDesc remote_;
 };
 
 // ---- Endpoint --------------------------------------------------------------------------------
 
+// A peer's connections: min(lanes, workers) of them, on consecutive shards, the lanes dealt
+// among them. Checks and notifications go on the first.
 class UcxEndpoint final : public Endpoint {
  public:
-  UcxEndpoint(std::shared_ptr<Core> core, std::shared_ptr<Conn> conn)
-      : core_(std::move(core)), conn_(std::move(conn)) {}
+  UcxEndpoint(std::shared_ptr<Core> core, std::vector<std::shared_ptr<Conn>> conns)
+      : core_(std::move(core)), conns_(std::move(conns)) {}
   ~UcxEndpoint() override {
-    // Sessions hold their endpoint: once none does, the connection closes.
-    core_->worker().Submit([core = core_, conn = conn_] {
-      conn->Close();
-      core->Untrack(conn);
-    });
+    // Sessions hold their endpoint: once none does, the connections close.
+    for (const auto& conn : conns_) {
+      conn->shard().worker->Submit([conn] {
+        conn->Close();
+        conn->shard().conns.erase(conn);
+      });
+    }
   }
 
   Result<std::unique_ptr<Channel>> OpenChannel(const std::shared_ptr<Region>& local,
                                                const MemoryDesc& remote) override {
-    if (conn_->failed()) return conn_->failure();
+    for (const auto& conn : conns_)
+      if (conn->failed()) return conn->failure();
     if (local->kind == MemoryKind::kCuda && !core_->stager().gpu())
       return Status(Code::kUnsupported, "no CUDA device to stage GPU memory through");
     if (remote.FindAccess("ucx") == nullptr)
@@ -304,7 +339,7 @@ class UcxEndpoint final : public Endpoint {
     check.region = static_cast<uint64_t>(remote.region);
     check.offset = remote.address;
     check.size = remote.size;
-    Status s = core_->Call(conn_, check, {}, Deadline::After(kCallTimeout));
+    Status s = core_->Call(conns_[0], check, {}, Deadline::After(kCallTimeout));
     if (s.code() == Code::kInvalidArgument)
       return Status(Code::kInvalidArgument, "remote descriptor does not match the registered region");
     if (s.code() == Code::kFailedPrecondition)
@@ -312,7 +347,7 @@ class UcxEndpoint final : public Endpoint {
                                                    std::to_string(static_cast<uint64_t>(remote.region)) +
                                                    " is not registered");
     FERRY_RETURN_IF_ERROR(s);
-    return std::unique_ptr<Channel>(new UcxChannel(core_, conn_, local, remote));
+    return std::unique_ptr<Channel>(new UcxChannel(core_, conns_, local, remote));
   }
 
   // [u16 sender key length][sender key][message]
@@ -326,36 +361,63 @@ class UcxEndpoint final : public Endpoint {
     return payload;
   }
 
+  // One-way once the peer has answered on this connection: handed to the progress thread,
+  // which sends it eagerly without a token, so the receiver does not answer. The first
+  // notification on a connection nobody has answered yet is a round trip, so that a peer that
+  // is gone fails this call (kUnavailable) rather than every later one vanishing.
   Status Notify(std::string_view message) override {
-    if (conn_->failed()) return conn_->failure();
-    std::string payload = Payload(message);
-    // From a user thread: wait for the receiver's answer, so a full inbox is reported.
+    const auto& conn = conns_[0];
+    if (conn->failed()) return conn->failure();
     AmHeader h;
     h.type = MsgType::kNotify;
+    std::string payload = Payload(message);
     h.size = payload.size();
-    return core_->Call(conn_, h, std::move(payload), Deadline::After(kCallTimeout));
+    if (!conn->answered()) {
+      Status s = core_->Call(conn, h, std::move(payload), Deadline::After(core_->options().connect_timeout));
+      if (s.code() == Code::kDeadlineExceeded)
+        return Status(Code::kUnavailable, "peer " + conn->peer().key + " did not answer in time");
+      return s;
+    }
+    Shard& shard = conn->shard();
+    auto send = [&shard, conn, h, payload = std::move(payload)]() mutable {
+      if (conn->failed()) return;  // the next call reports the failure
+      shard.Send(conn->ep(0), h, nullptr, std::move(payload), /*eager=*/true);
+    };
+    if (shard.worker->OnThread()) {
+      send();
+      return Status::Ok();
+    }
+    if (!shard.worker->Submit(std::move(send))) return Status(Code::kAborted, "the ucx transport was shut down");
+    return Status::Ok();
   }
 
+  // Acked: the batch that carries it completes once the receiver holds it.
   void NotifyPart(std::string message, const std::shared_ptr<TransferState>& state) override {
     state->AddParts(1);
-    auto send = [core = core_, conn = conn_, state, payload = Payload(message)]() mutable {
+    const auto& conn = conns_[0];
+    Shard& shard = conn->shard();
+    auto send = [&shard, conn, state, payload = Payload(message)]() mutable {
       if (conn->failed()) return state->PartDone(conn->failure());
       AmHeader h;
       h.type = MsgType::kNotify;
       h.size = payload.size();
-      h.token = core->AddPending(Pending{state, conn.get(), nullptr});
-      core->Send(conn->ep(0), h, nullptr, std::move(payload), /*eager=*/true);
+      h.token = shard.AddPending(Pending{state, conn.get(), nullptr});
+      shard.Send(conn->ep(0), h, nullptr, std::move(payload), /*eager=*/true);
     };
-    if (core_->worker().OnThread()) return send();
-    if (!core_->worker().Submit(std::move(send)))
+    if (shard.worker->OnThread()) return send();
+    if (!shard.worker->Submit(std::move(send)))
       state->PartDone(Status(Code::kAborted, "the ucx transport was shut down"));
   }
 
-  bool healthy() const override { return !conn_->failed(); }
+  bool healthy() const override {
+    for (const auto& conn : conns_)
+      if (conn->failed()) return false;
+    return true;
+  }
 
  private:
   std::shared_ptr<Core> core_;
-  std::shared_ptr<Conn> conn_;
+  std::vector<std::shared_ptr<Conn>> conns_;
 };
 
 // ---- Transport -------------------------------------------------------------------------------
@@ -413,15 +475,24 @@ class UcxTransport final : public Transport {
         break;
       }
     }
-    auto conn = std::make_shared<Conn>(core_, peer, address, same_host);
-    int lanes = core_->options().lanes;
-    bool ok = core_->worker().Submit([core = core_, conn, lanes] {
-      Status s = conn->Open(lanes);
-      if (!s.ok()) return conn->Fail(s);
-      core->Track(conn);
-    });
-    if (!ok) return Status(Code::kAborted, "the ucx transport was shut down");
-    return std::shared_ptr<Endpoint>(std::make_shared<UcxEndpoint>(core_, std::move(conn)));
+    // The lanes dealt over min(lanes, workers) connections on consecutive shards.
+    const int lanes = core_->options().lanes;
+    const size_t n = std::min<size_t>(static_cast<size_t>(lanes), core_->shards());
+    const size_t first = core_->NextShard();
+    std::vector<std::shared_ptr<Conn>> conns;
+    for (size_t k = 0; k < n; ++k) {
+      Shard& shard = core_->shard(first + k);
+      int share = lanes / static_cast<int>(n) + (k < static_cast<size_t>(lanes) % n ? 1 : 0);
+      auto conn = std::make_shared<Conn>(core_, &shard, peer, address, same_host);
+      bool ok = shard.worker->Submit([conn, share] {
+        Status s = conn->Open(share);
+        if (!s.ok()) return conn->Fail(s);
+        conn->shard().conns.insert(conn);
+      });
+      if (!ok) return Status(Code::kAborted, "the ucx transport was shut down");
+      conns.push_back(std::move(conn));
+    }
+    return std::shared_ptr<Endpoint>(std::make_shared<UcxEndpoint>(core_, std::move(conns)));
   }
 
  private:

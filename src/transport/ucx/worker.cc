@@ -1,6 +1,7 @@
 #include "transport/ucx/worker.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <pthread.h>
 
 #include <chrono>
@@ -80,8 +81,10 @@ bool Worker::Submit(std::function<void()> fn) {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return false;
     queue_.push_back(std::move(fn));
+    queued_.store(true, std::memory_order_seq_cst);
   }
-  if (sleeping_.load(std::memory_order_acquire)) ucp_worker_signal(worker_);
+  // A syscall only when the thread sleeps (or is about to): a spinning thread sees queued_.
+  if (sleeping_.load(std::memory_order_seq_cst)) ucp_worker_signal(worker_);
   return true;
 }
 
@@ -102,10 +105,12 @@ void Worker::Stop(std::function<void()> last) {
 }
 
 bool Worker::RunQueued() {
+  if (!queued_.load(std::memory_order_acquire)) return false;  // no lock while idle
   std::vector<std::function<void()>> batch;
   {
     std::lock_guard<std::mutex> lock(mu_);
     batch.swap(queue_);
+    queued_.store(false, std::memory_order_relaxed);
   }
   for (auto& fn : batch) fn();
   return !batch.empty();
@@ -127,20 +132,21 @@ void Worker::Loop(std::function<void()> tick, std::function<bool()> outstanding)
       idle_since = now;
       continue;
     }
-    if (mode_ == UcxOptions::Progress::kPolling || now - idle_since < std::chrono::microseconds(100))
+    // Idle: poll on for kSpin (the answer to what was just sent often comes in that time),
+    // yielding the core between polls, so that a thread woken on this core (the application's,
+    // the peer's on a machine with few cores) runs now rather than after this one's time slice.
+    if (mode_ == UcxOptions::Progress::kPolling || now - idle_since < kSpin) {
+      sched_yield();
       continue;
-    // Idle for a while: sleep on the event fd until UCX or Submit() wakes us, or the next tick.
-    sleeping_.store(true, std::memory_order_release);
-    bool queued;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queued = !queue_.empty();
     }
-    if (!queued && !stop_.load(std::memory_order_acquire) && ucp_worker_arm(worker_) == UCS_OK) {
+    // Idle for a while: sleep on the event fd until UCX or Submit() wakes us, or the next tick.
+    sleeping_.store(true, std::memory_order_seq_cst);
+    if (!queued_.load(std::memory_order_seq_cst) && !stop_.load(std::memory_order_acquire) &&
+        ucp_worker_arm(worker_) == UCS_OK) {
       pollfd pfd{efd_, POLLIN, 0};
       poll(&pfd, 1, outstanding && outstanding() ? 1 : 20);
     }
-    sleeping_.store(false, std::memory_order_release);
+    sleeping_.store(false, std::memory_order_relaxed);
     idle_since = Clock::now();
   }
   // Drain: run what was submitted before Stop(), then the last callback, progressing UCX so

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# ferry's `shm` transport between two processes of this machine (buffers from
+# AllocateSharedHost, `--alloc shared`) against ucx_perftest's ucp_put_bw over UCX's shared
+# memory (Debian's ucx-utils), side by side in one run. The ucx transport's own tables, with
+# the notification latency, are bench/ucx_two_process.sh.
+# Usage: bench/shm_two_process.sh [ferry binary]   (prints markdown tables)
+#        SECTIONS="ucx shm" also prints this script's older ucx table (default: shm only).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+F=${1:-build/release/tools/ferry}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"; kill $(jobs -p) 2>/dev/null || true' EXIT
+
+perftest() {  # perftest TLS TEST SIZE ITERS -> the "Final:" line's overall MB/s, or latency (us)
+  local tls=$1 test=$2 size=$3 iters=$4 port=$((20000 + RANDOM % 20000))
+  env UCX_TLS="$tls" ucx_perftest -p "$port" >/dev/null 2>&1 &
+  local server=$!
+  sleep 0.5
+  local line
+  line=$(env UCX_TLS="$tls" ucx_perftest 127.0.0.1 -p "$port" -t "$test" -s "$size" -n "$iters" 2>/dev/null | grep '^Final:')
+  wait "$server" 2>/dev/null || true
+  if [ "$test" = ucp_am_lat ]; then awk '{print $4}' <<<"$line"; else awk '{print $7}' <<<"$line"; fi
+}
+
+ferry_bw() {  # ferry_bw TLS SIZE BATCH [ALLOC TRANSPORT...] -> GB/s of write batches of BATCH pieces of SIZE
+  local tls=$1 size=$2 batch=$3 alloc=${4:-heap}
+  shift 3; shift || true
+  local transports=("$@")
+  [ ${#transports[@]} -eq 0 ] && transports=(ucx)
+  local targs=()
+  for t in "${transports[@]}"; do targs+=(--transport "$t"); done
+  local bytes=$((size * batch))
+  env UCX_TLS="$tls" "$F" bench --listen 127.0.0.1:0 --max-bytes "$bytes" --alloc "$alloc" "${targs[@]}" >"$tmp/listen" 2>&1 &
+  local server=$! address=""
+  for _ in $(seq 100); do
+    address=$(grep -o 'side channel on [0-9.:]*' "$tmp/listen" | awk '{print $4}' || true)
+    [ -n "$address" ] && break
+    sleep 0.1
+  done
+  # shellcheck disable=SC2086  # FERRY_EXTRA: more `ferry bench` flags for the measuring side
+  env UCX_TLS="$tls" "$F" bench --peer "$address" --alloc "$alloc" "${targs[@]}" ${FERRY_EXTRA:-} --sizes "$size" --batches "$batch" \
+    --max-bytes "$bytes" --min-time 1 --json "$tmp/out.json" >"$tmp/peer"
+  wait "$server" || true
+  # The path the session took (e.g. "shm (direct)"), on stderr for the record.
+  grep -o 'of [0-9.:]*, .*' "$tmp/peer" | head -1 | sed 's/^of [0-9.:]*, /  path: /' >&2 || true
+  python3 -c "import json,sys; print('%.2f' % json.load(open(sys.argv[1]))['points'][0]['gbps'])" "$tmp/out.json"
+}
+
+mb_to_gb() { python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) * 1048576 / 1e9))" "$1"; }
+ratio() { python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$1" "$2"; }
+
+SECTIONS=${SECTIONS:-shm}
+if [[ " $SECTIONS " == *" ucx "* ]]; then
+# ucx_perftest keeps a window of messages in flight; ferry's side posts batches of 16 pieces of
+# 1 MiB (and of 4 pieces of 64 MiB), so that both have several messages in flight.
+echo "| link | piece | ferry write GB/s | ucp_put_bw GB/s | tag_bw GB/s | ferry / put_bw | ferry / tag_bw |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
+for tls in "all" "tcp"; do
+  for size in 1048576 67108864; do
+    iters=$([ "$size" -gt 1048576 ] && echo 20 || echo 200)
+    put=$(mb_to_gb "$(perftest "$tls" ucp_put_bw "$size" "$iters")")
+    tag=$(mb_to_gb "$(perftest "$tls" tag_bw "$size" "$iters")")
+    fw=$(ferry_bw "$tls" "$size" "$([ "$size" -gt 1048576 ] && echo 4 || echo 16)")
+    echo "| UCX_TLS=$tls | $((size >> 20)) MiB | $fw | $put | $tag | $(ratio "$fw" "$put") | $(ratio "$fw" "$tag") |"
+  done
+done
+echo
+echo "| link | ucp_am_lat one-way us |"
+echo "| --- | ---: |"
+for tls in "all" "tcp"; do
+  echo "| UCX_TLS=$tls | $(perftest "$tls" ucp_am_lat 8 10000) |"
+done
+echo
+fi
+if [[ " $SECTIONS " == *" shm "* ]]; then
+# The shm transport: both buffers shared (--alloc shared), engines with shm and ucx (shm wins by
+# cost). Batches of one piece move the same bytes between the same two buffers each time, as
+# ucp_put_bw does; batches of 16 (1 MiB) and 4 (64 MiB) scatter pieces over larger buffers.
+# ucp_put_bw runs twice, with the ucx table's iterations (200 / 20) and for about a second
+# (10000 / 50); the ratio is taken against the faster of the two. The measuring side copies
+# with the engine's default parallel_copy_bytes (4 MiB; `ferry bench` defaults to 1M): on two
+# cores, splitting a 1 MiB copy over two threads costs more than it gains.
+echo "| piece | batch | ferry shm write GB/s | ucp_put_bw GB/s, short / 1 s run | ferry shm / best put_bw |"
+echo "| --- | ---: | ---: | ---: | ---: |"
+for size in 1048576 67108864; do
+  short=$([ "$size" -gt 1048576 ] && echo 20 || echo 200)
+  long=$([ "$size" -gt 1048576 ] && echo 50 || echo 10000)
+  put_s=$(mb_to_gb "$(perftest all ucp_put_bw "$size" "$short")")
+  put_l=$(mb_to_gb "$(perftest all ucp_put_bw "$size" "$long")")
+  put=$(python3 -c "import sys; print(max(float(sys.argv[1]), float(sys.argv[2])))" "$put_s" "$put_l")
+  for batch in 1 $([ "$size" -gt 1048576 ] && echo 4 || echo 16); do
+    fw=$(FERRY_EXTRA="--parallel-bytes 4M" ferry_bw all "$size" "$batch" shared shm ucx)
+    echo "| $((size >> 20)) MiB | $batch | $fw | $put_s / $put_l | $(ratio "$fw" "$put") |"
+  done
+done
+fi
