@@ -287,6 +287,23 @@ void CpuGatherCopy(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * tokens);
 }
 
+// The baseline of the UVA gather: one copy of a step's bytes from page-locked host memory to the
+// device buffer (what the link gives those bytes when nothing has to be gathered).
+void PinnedCopy(benchmark::State& state) {
+  const int tokens = static_cast<int>(state.range(0));
+  const uint64_t step_bytes = uint64_t{16} * tokens * BenchTable().row_bytes();
+  std::vector<uint8_t> host(step_bytes, 1);
+  if (!ferry::cuda::HostRegister(host.data(), host.size()).ok()) return state.SkipWithError("pin");
+  auto dst = ferry::cuda::Malloc(0, step_bytes);
+  if (!dst.ok()) return state.SkipWithError("cudaMalloc");
+  for (auto _ : state) {
+    if (!ferry::cuda::CopySync(*dst, host.data(), host.size()).ok()) return state.SkipWithError("copy");
+  }
+  (void)ferry::cuda::Free(*dst);
+  (void)ferry::cuda::HostUnregister(host.data());
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(step_bytes));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -296,6 +313,9 @@ int main(int argc, char** argv) {
     for (auto [tokens, reqs] : {std::pair{8192, 8}, std::pair{256, 256}}) {
       const std::string shape =
           "/tokens:" + std::to_string(tokens) + "/reqs:" + std::to_string(reqs);
+      benchmark::RegisterBenchmark(("pinned_copy" + shape).c_str(), PinnedCopy)
+          ->Args({tokens, reqs})
+          ->UseRealTime();
       benchmark::RegisterBenchmark(("uva_gather" + shape).c_str(), UvaGather)
           ->Args({tokens, reqs})
           ->UseRealTime();

@@ -80,10 +80,12 @@ PYBIND11_MODULE(_ferry, m) {
   BindTransfer(m);
   BindSession(m);
   BindEngine(m);
-  BindEmbed(m);
-  BindEmbedService(m);
   m.attr("__name__") = module_name;
   BindShared(m);
+  // Submodules after the name is restored: def_submodule enters "<name>.embed" in sys.modules,
+  // which as "ferry.embed" would shadow the package's own python/ferry/embed*.py.
+  BindEmbed(m);
+  BindEmbedService(m);
 
   m.def(
       "version", [] { return std::string(Version()); }, "ferry's version, \"MAJOR.MINOR.PATCH\".");

@@ -355,3 +355,10 @@ def test_cuda_outputs_from_torch_tensors(service):
     for c, _, flags in ranks:
         assert all(int(f.item()) == embed_service.FLAG_RESET for f in flags)
         c.close()
+
+
+def test_package_modules_are_the_python_files():
+    # The extension's submodules must not shadow the package's Python files in sys.modules.
+    assert embed_service.__file__.endswith("embed_service.py")
+    assert callable(embed_service.cuda_client)
+    assert ferry.embed.__file__.endswith("embed.py")
