@@ -54,7 +54,9 @@ struct UcxOptions {
   int lanes = 1;
   // UCX workers, each with its own progress thread (1..16). Connections to peers, and their
   // lanes, are spread over them; connections that peers open to this engine are served by
-  // the first.
+  // the first. Known problem: with more than one worker, a peer killed mid-transfer once
+  // aborted the process inside UCX 1.13's async event handling (an assertion in async.c during
+  // ucp_worker_progress); keep 1 where peers may fail until that is resolved.
   int workers = 1;
   // Ops posted to UCX before the progress thread lets the worker make progress.
   int post_batch = 256;
