@@ -10,11 +10,15 @@
 //    ferry_test_peer child's GPU memory on the same GPU, through cuda_ipc; baseline
 //    d2d_1GiB/cudaMemcpy: one 1 GiB copy inside one GPU.
 // GB/s is bytes moved per second (counter bytes_per_second), never read + written.
-// Run: build/<preset>/bench/ferry_bench_cuda [--benchmark_filter=...]
+// Run: build/<preset>/bench/ferry_bench_cuda [--benchmark_filter=...]; FERRY_BENCH_HOST_MEM=thp
+// puts the pinned host buffers on transparent huge pages (cudaHostRegister) instead of cudaHostAlloc.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
+#include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -55,15 +59,38 @@ struct DeviceBuffer {
   uint64_t size;
 };
 
+// Page-locked host memory: cudaHostAlloc, or with FERRY_BENCH_HOST_MEM=thp anonymous memory on
+// transparent huge pages registered with cudaHostRegister (how bench/copy_sweep.cu allocates).
 struct PinnedBuffer {
   explicit PinnedBuffer(uint64_t bytes) : size(bytes) {
+    const char* kind = std::getenv("FERRY_BENCH_HOST_MEM");
+    if (kind != nullptr && std::string(kind) == "thp") {
+      void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) return;
+      (void)madvise(p, bytes, MADV_HUGEPAGE);
+      std::memset(p, 0, bytes);
+      if (cudaHostRegister(p, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped) != cudaSuccess) {
+        munmap(p, bytes);
+        return;
+      }
+      ptr = p;
+      mapped = true;
+      return;
+    }
     if (cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable | cudaHostAllocMapped) != cudaSuccess) ptr = nullptr;
   }
   ~PinnedBuffer() {
-    if (ptr != nullptr) cudaFreeHost(ptr);
+    if (ptr == nullptr) return;
+    if (mapped) {
+      cudaHostUnregister(ptr);
+      munmap(ptr, size);
+    } else {
+      cudaFreeHost(ptr);
+    }
   }
   void* ptr = nullptr;
   uint64_t size;
+  bool mapped = false;
 };
 
 // Everything one case needs, made on first use; one at a time (buffers reach 10 GiB).

@@ -53,6 +53,10 @@ echo "benchmarks -> $out/gpu_bench.log, $out/gpu_bench.json"
 uptime > "$out/gpu_bench.log"
 "$build/bench/ferry_bench_cuda" --benchmark_out="$out/gpu_bench.json" --benchmark_out_format=json \
   >> "$out/gpu_bench.log" 2>&1 || status=1
+# The KV batches to pinned host again, with the host buffers on transparent huge pages
+# (cudaHostRegister) instead of cudaHostAlloc; each against its own 1 GiB copy.
+FERRY_BENCH_HOST_MEM=thp "$build/bench/ferry_bench_cuda" --benchmark_filter='pinned_1GiB|kv_gpu_to_host' \
+  --benchmark_out="$out/gpu_bench_thp.json" --benchmark_out_format=json >> "$out/gpu_bench.log" 2>&1 || status=1
 cat "$out/gpu_bench.log"
 echo "embedding benchmarks -> $out/gpu_embed_bench.log"
 FERRY_EMBED_TABLE_GB="${FERRY_EMBED_TABLE_GB:-32}" "$build/bench/ferry_bench_embed" --benchmark_min_time=0.3 \
