@@ -11,6 +11,7 @@
 
 #include "cuda/copy_kernels.h"
 #include "cuda/cuda_status.h"
+#include "cuda/runtime.h"
 
 namespace ferry::cuda {
 namespace {
@@ -492,6 +493,19 @@ bool IsMappedHost(const void* ptr, int device) {
     return false;
   }
   return attr.type == cudaMemoryTypeHost && attr.devicePointer == ptr;
+}
+
+CopyEngines::CopyEngines() : engines_(static_cast<size_t>(std::max(0, DeviceCount()))) {}
+
+Result<CopyEngine*> CopyEngines::For(int device) {
+  if (device < 0 || device >= static_cast<int>(engines_.size()))
+    return Status(Code::kInvalidArgument, "no CUDA device " + std::to_string(device));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& slot = engines_[device];
+  if (!slot) {
+    FERRY_ASSIGN_OR_RETURN(slot, CopyEngine::Create(device));
+  }
+  return slot.get();
 }
 
 }  // namespace ferry::cuda

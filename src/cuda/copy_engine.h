@@ -19,6 +19,7 @@
 #include <mutex>
 #include <span>
 #include <thread>
+#include <vector>
 
 #include "base/deadline.h"
 #include "ferry/status.h"
@@ -93,6 +94,19 @@ class Completion {
   std::atomic<bool> done_{false};
   mutable std::mutex mu_;
   Status status_;  // GUARDED_BY(mu_); valid once done_
+};
+
+// One CopyEngine per device of this process, each made on first use (a stream on a device
+// initialises its context: time and memory). Thread-safe; engines live as long as the set.
+class CopyEngines {
+ public:
+  CopyEngines();  // sized by cuda::DeviceCount()
+  // kInvalidArgument for a device that does not exist; CopyEngine::Create's errors.
+  Result<CopyEngine*> For(int device);
+
+ private:
+  std::mutex mu_;
+  std::vector<std::unique_ptr<CopyEngine>> engines_;  // GUARDED_BY(mu_); by ordinal
 };
 
 // Lets kernels on `device` address memory of `peer` (once per pair; cached). kUnsupported

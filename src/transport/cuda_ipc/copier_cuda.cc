@@ -1,4 +1,4 @@
-// The CUDA copier: one cuda::CopyEngine per device, made on first use.
+// The CUDA copier: the cuda::CopyEngine of each device, made on first use.
 #include <mutex>
 #include <vector>
 
@@ -10,11 +10,10 @@ namespace {
 
 class CudaCopier final : public Copier {
  public:
-  explicit CudaCopier(int devices) : engines_(devices) {}
 
   Status Post(int device, std::span<const cuda::Copy> copies, bool kernel_ok, Deadline deadline,
               std::function<void(const Status&)> on_done) override {
-    FERRY_ASSIGN_OR_RETURN(cuda::CopyEngine * engine, EngineFor(device));
+    FERRY_ASSIGN_OR_RETURN(cuda::CopyEngine * engine, engines_.For(device));
     cuda::PostOptions options;
     options.kernel_ok = kernel_ok;
     options.deadline = deadline;
@@ -24,7 +23,7 @@ class CudaCopier final : public Copier {
   }
 
   std::function<void()> Poller(int device) override {
-    auto engine = EngineFor(device);
+    auto engine = engines_.For(device);
     return engine.ok() ? (*engine)->Poller() : std::function<void()>();
   }
 
@@ -37,26 +36,14 @@ class CudaCopier final : public Copier {
   }
 
  private:
-  Result<cuda::CopyEngine*> EngineFor(int device) {
-    if (device < 0 || device >= static_cast<int>(engines_.size()))
-      return Status(Code::kInvalidArgument, "no CUDA device " + std::to_string(device));
-    std::lock_guard<std::mutex> lock(mu_);
-    auto& slot = engines_[device];
-    if (!slot) {
-      FERRY_ASSIGN_OR_RETURN(slot, cuda::CopyEngine::Create(device));
-    }
-    return slot.get();
-  }
-
-  std::mutex mu_;
-  std::vector<std::unique_ptr<cuda::CopyEngine>> engines_;  // GUARDED_BY(mu_); by ordinal
+  cuda::CopyEngines engines_;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<Copier>> MakeCudaCopier() {
   if (!cuda::Available()) return Status(Code::kUnsupported, "no CUDA device: " + cuda::UnavailableReason());
-  return std::unique_ptr<Copier>(new CudaCopier(cuda::DeviceCount()));
+  return std::unique_ptr<Copier>(new CudaCopier());
 }
 
 }  // namespace ferry::internal::cuda_ipc

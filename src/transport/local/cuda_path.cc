@@ -14,7 +14,6 @@ namespace {
 
 class CudaPathImpl final : public CudaPath {
  public:
-  explicit CudaPathImpl(int devices) : engines_(devices) {}
 
   Status Post(Op op, const Region& local, const Region& remote, std::span<const TransferOp> ops,
               uint64_t total_bytes, const std::shared_ptr<TransferState>& state) override {
@@ -22,7 +21,7 @@ class CudaPathImpl final : public CudaPath {
     const Region& src = write ? local : remote;
     const Region& dst = write ? remote : local;
     const int device = src.kind == MemoryKind::kCuda ? src.device : dst.device;
-    FERRY_ASSIGN_OR_RETURN(cuda::CopyEngine * engine, EngineFor(device));
+    FERRY_ASSIGN_OR_RETURN(cuda::CopyEngine * engine, engines_.For(device));
 
     std::vector<cuda::Copy> copies;
     copies.reserve(ops.size());
@@ -54,18 +53,6 @@ class CudaPathImpl final : public CudaPath {
   }
 
  private:
-  Result<cuda::CopyEngine*> EngineFor(int device) {
-    if (device < 0 || device >= static_cast<int>(engines_.size()))
-      return Status(Code::kInvalidArgument, "no CUDA device " + std::to_string(device));
-    std::lock_guard<std::mutex> lock(mu_);
-    auto& slot = engines_[device];
-    if (!slot) {
-      // Made on first use: a stream on a device initialises its context (time and memory).
-      FERRY_ASSIGN_OR_RETURN(slot, cuda::CopyEngine::Create(device));
-    }
-    return slot.get();
-  }
-
   // Whether a kernel on `device` can address `r`: its own memory, a peer's with peer access
   // on, or page-locked host memory mapped into the device's address space. Pageable host
   // memory only the DMA engines reach.
@@ -74,15 +61,14 @@ class CudaPathImpl final : public CudaPath {
     return cuda::IsMappedHost(r.base, device);
   }
 
-  std::mutex mu_;
-  std::vector<std::unique_ptr<cuda::CopyEngine>> engines_;  // GUARDED_BY(mu_); by ordinal
+  cuda::CopyEngines engines_;
 };
 
 }  // namespace
 
 Result<std::unique_ptr<CudaPath>> CudaPath::Create() {
   if (!cuda::Available()) return Status(Code::kUnsupported, "no CUDA device: " + cuda::UnavailableReason());
-  return std::unique_ptr<CudaPath>(new CudaPathImpl(cuda::DeviceCount()));
+  return std::unique_ptr<CudaPath>(new CudaPathImpl());
 }
 
 }  // namespace ferry::internal
