@@ -1,0 +1,162 @@
+// Conn: one control connection of the shm transport (see core.h): framed sends, calls awaiting
+// replies with deadlines, the transfers riding on it, and the peer regions it has mapped.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "transport/shm/core.h"
+
+namespace ferry::internal::shm {
+
+Conn::~Conn() { close(fd_); }
+
+Status Conn::Send(const Header& h, std::string_view payload, std::span<const int> pass_fds) {
+  if (failed()) return failure();
+  std::string bytes = Encode(h, payload);
+  std::lock_guard<std::mutex> lock(send_mu_);
+  Status s = SendMessage(fd_, bytes, pass_fds, Deadline::After(send_timeout_));
+  if (!s.ok() && s.code() != Code::kInvalidArgument) {
+    Fail(s.WithContext("connection to " + peer_key_));
+    return failure();
+  }
+  return s;
+}
+
+Status Conn::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failure_.ok()) return Status(Code::kUnavailable, "connection to peer " + peer_key_ + " is closed");
+  return failure_;
+}
+
+void Conn::Fail(Status why) {
+  if (failed_.exchange(true, std::memory_order_acq_rel)) return;
+  if (why.code() != Code::kAborted) why = Status(Code::kUnavailable, std::string(why.message()));
+  std::unordered_map<uint64_t, Waiting> calls;
+  std::vector<std::weak_ptr<TransferState>> tracked;
+  std::unordered_map<uint64_t, std::shared_ptr<MappingSlot>> slots;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failure_ = why;
+    calls.swap(calls_);
+    tracked.swap(tracked_);
+    slots.swap(slots_);
+  }
+  shutdown(fd_, SHUT_RDWR);  // the I/O thread sees the hang-up and drops the connection
+  for (auto& [token, w] : calls) w.reply(why, Header{}, -1, -1);
+  for (auto& weak : tracked)
+    if (auto s = weak.lock()) s->Finish(why);
+  // Transfers already copying finish into the mapping, which lives until they let go.
+  for (auto& [region, slot] : slots) slot->Revoke(nullptr);
+}
+
+Status Conn::Call(const Header& h, std::string_view payload, Deadline deadline, ReplyFn reply) {
+  Header out = h;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed()) return failure_.ok() ? Status(Code::kUnavailable, "connection closed") : failure_;
+    out.token = next_token_++;
+    calls_[out.token] = Waiting{std::move(reply), deadline};
+  }
+  Status s = Send(out, payload);
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    // A failed send fails the connection, whose Fail() may have answered the call already:
+    // then `reply` ran, and the caller must not complete it a second time.
+    if (calls_.erase(out.token) == 0) return Status::Ok();
+    return s;
+  }
+  return Status::Ok();
+}
+
+bool Conn::Complete(uint64_t token, const Status& s, const Header& h, int region_fd, int table_fd) {
+  Waiting w;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = calls_.find(token);
+    if (it == calls_.end()) return false;
+    w = std::move(it->second);
+    calls_.erase(it);
+  }
+  w.reply(s, h, region_fd, table_fd);
+  return true;
+}
+
+void Conn::ExpireCalls() {
+  std::vector<Waiting> expired;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = calls_.begin(); it != calls_.end();) {
+      if (it->second.deadline.expired()) {
+        expired.push_back(std::move(it->second));
+        it = calls_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    // Forget transfers that finished.
+    if (tracked_.size() > 64) {
+      std::erase_if(tracked_, [](const std::weak_ptr<TransferState>& w) {
+        auto s = w.lock();
+        return !s || s->finished();
+      });
+    }
+  }
+  for (auto& w : expired)
+    w.reply(Status(Code::kDeadlineExceeded, "peer " + peer_key_ + " did not answer in time"), Header{}, -1, -1);
+}
+
+void Conn::Track(const std::shared_ptr<TransferState>& state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed()) {
+    state->Finish(failure_);
+    return;
+  }
+  tracked_.push_back(state);
+}
+
+std::shared_ptr<MappingSlot> Conn::FindSlot(uint64_t region) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = slots_.find(region);
+  return it == slots_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<MappingSlot> Conn::InstallSlot(uint64_t region, std::shared_ptr<MappingSlot> slot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& place = slots_[region];
+  if (place && place->live()) return place;
+  place = std::move(slot);
+  return place;
+}
+
+Result<std::shared_ptr<const RevocationView>> Conn::View(int table_fd) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!view_) {
+    auto v = RevocationView::Map(table_fd);
+    close(table_fd);
+    if (!v.ok()) return v.status();
+    view_ = std::move(v).value();
+  } else {
+    close(table_fd);
+  }
+  return view_;
+}
+
+void Conn::RevokeSlot(uint64_t region) {
+  std::shared_ptr<MappingSlot> slot;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = slots_.find(region);
+    if (it != slots_.end()) {
+      slot = std::move(it->second);
+      slots_.erase(it);
+    }
+  }
+  Header h;
+  h.type = MsgType::kUnmapped;
+  h.region = region;
+  auto tell = [weak = self_, h] {
+    if (auto c = weak.lock()) (void)c->Send(h);
+  };
+  if (!slot || !slot->Revoke(tell)) tell();  // nothing mapped: answer at once
+}
+
+}  // namespace ferry::internal::shm
