@@ -241,9 +241,11 @@ void BindEngine(py::module_& m) {
             auto st = Call(s, [](Engine& e) { return e.stats(); });
             py::dict out;
             out["rejected_messages"] = st.rejected_messages;
+            out["dropped_notifications"] = st.dropped_notifications;
             return out;
           },
-          "Counters: {'rejected_messages': malformed or out-of-bounds messages from peers}.")
+          "Counters: {'rejected_messages': malformed or out-of-bounds messages from peers,\n"
+          "'dropped_notifications': notifications refused here (backlog full, too big)}.")
       .def("close", &PyEngine::Close,
            "Shuts the engine down (its sessions' transfers then fail with ABORTED) and releases\n"
            "the buffers it holds. Later calls on the engine raise ferry.Error (ABORTED).")

@@ -1,6 +1,7 @@
 """Engine: options, registration and the buffers it holds, peers, notifications, shutdown."""
 
 import gc
+import time
 import weakref
 
 import numpy as np
@@ -269,6 +270,27 @@ def test_notify_and_pop(transport):
         assert error_code(a.notify, b.key, too_big) == "INVALID_ARGUMENT"
 
 
+@pytest.mark.parametrize("transport", NOTIFYING)
+def test_full_backlog_drops_and_counts(transport):
+    with ferry.Engine(key=fresh_key("full"), transports=[transport], max_pending_notifications=2) as b, \
+            ferry.Engine(key=fresh_key("sender"), transports=[transport]) as a:
+        a.add_peer(b.describe())
+        refused_at_sender = 0
+        for i in range(5):
+            try:
+                a.notify(b.key, b"n%d" % i)
+            except ferry.Error as e:  # a receiver in this process reports the full backlog
+                assert e.code == "RESOURCE_EXHAUSTED"
+                refused_at_sender += 1
+        deadline = time.monotonic() + 10
+        while b.stats()["dropped_notifications"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert b.stats()["dropped_notifications"] == 3
+        assert refused_at_sender in (0, 3)
+        assert b.pop_notifications() == [(a.key, b"n0"), (a.key, b"n1")]
+        assert a.stats()["dropped_notifications"] == 0
+
+
 def test_max_notification_bytes_option():
     with ferry.Engine(key=fresh_key("small"), max_notification_bytes=8) as e:
         e.notify(e.key, b"12345678")
@@ -296,7 +318,7 @@ def test_closed_engine_raises_aborted():
 
 def test_stats_start_at_zero_and_count_nothing_for_good_traffic(transport):
     with ferry.Engine(key=fresh_key("s"), transports=[transport]) as e:
-        assert e.stats() == {"rejected_messages": 0}
+        assert e.stats() == {"rejected_messages": 0, "dropped_notifications": 0}
         buf, d = register_host(e, 4096)
         e.open_session(d, d).write(0, 2048, 1024).wait()
         assert e.stats()["rejected_messages"] == 0
