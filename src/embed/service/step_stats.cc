@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdio>
 
 namespace ferry::embed::service {
 
@@ -23,6 +24,33 @@ std::string_view PhaseName(Phase p) {
 }
 
 uint64_t TokenBucket(uint64_t tokens) { return tokens == 0 ? 0 : std::bit_floor(tokens); }
+
+std::string FormatStats(const ServerStats& s) {
+  std::string out = "| bucket (tokens >=) | cpu steps | uva steps |";
+  std::string rule = "| --- | --- | --- |";
+  for (size_t i = 0; i < kPhaseCount; ++i) {
+    out += " " + std::string(PhaseName(static_cast<Phase>(i))) + " us |";
+    rule += " --- |";
+  }
+  out += "\n" + rule + "\n";
+  char buf[64];
+  for (const BucketStats& b : s.buckets) {
+    std::snprintf(buf, sizeof(buf), "| %llu | %llu | %llu |", (unsigned long long)b.bucket,
+                  (unsigned long long)b.cpu_steps, (unsigned long long)b.uva_steps);
+    out += buf;
+    for (const PhaseSummary& p : b.phases) {
+      if (p.count == 0) {
+        out += " - |";
+        continue;
+      }
+      std::snprintf(buf, sizeof(buf), " %.1f (%.1f) |", p.median_ns / 1e3,
+                    static_cast<double>(p.sum_ns) / p.count / 1e3);
+      out += buf;
+    }
+    out += "\n";
+  }
+  return out;
+}
 
 void StepStatsRecorder::Commit(const LayerTiming& t) {
   std::lock_guard<std::mutex> lock(mu_);

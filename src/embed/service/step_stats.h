@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -75,6 +76,10 @@ struct LayerTiming {
   LayerTiming() { ns.fill(-1); }
   void Set(Phase p, int64_t value) { ns[static_cast<size_t>(p)] = value < 0 ? 0 : value; }
 };
+
+// A markdown table of the buckets: steps per path, then each phase's median (and mean) in
+// microseconds. For `ferry embed-serve` and `ferry bench-embed`.
+std::string FormatStats(const ServerStats& s);
 
 class StepStatsRecorder {
  public:
