@@ -19,19 +19,26 @@ using internal::UvaState;
 
 constexpr uint64_t kUvaCheckEvery = 256;
 
-UvaState::~UvaState() {
-  if (device >= 0) (void)gpu::SetDevice(device);
-  gatherers.clear();
-  if (dev_inputs != nullptr) (void)gpu::Free(dev_inputs);
-  if (host_inputs != nullptr) (void)gpu::HostFree(host_inputs);
-  if (event != nullptr) (void)gpu::EventDestroy(event);
-}
-
 namespace {
 
+// Frees everything (on its device); the state can be set up again.
+void Release(UvaState& u) {
+  if (u.device >= 0) (void)gpu::SetDevice(u.device);
+  u.gatherers.clear();
+  if (u.dev_inputs != nullptr) (void)gpu::Free(u.dev_inputs);
+  if (u.host_inputs != nullptr) (void)gpu::HostFree(u.host_inputs);
+  if (u.event != nullptr) (void)gpu::EventDestroy(u.event);
+  u.dev_inputs = u.host_inputs = nullptr;
+  u.event = nullptr;
+  u.capacity = 0;
+  u.uploaded_for = 0;
+  u.device = -1;
+}
+
+// Buffers for rank 0's registered capacity on its device (a re-registered rank 0 may have
+// another device or capacity).
 Status SetUp(UvaState& u, const Register& reg, int device) {
-  if (u.device != device && u.device >= 0)
-    return Status(Code::kFailedPrecondition, "rank 0 moved to another device");
+  if (u.device != device) Release(u);
   u.device = device;
   FERRY_RETURN_IF_ERROR(gpu::SetDevice(device));
   const size_t want = reg.max_tokens + reg.max_reqs + 1 + reg.max_reqs * reg.context_len;
@@ -55,6 +62,8 @@ Status SetUp(UvaState& u, const Register& reg, int device) {
 
 }  // namespace
 
+UvaState::~UvaState() { Release(*this); }
+
 bool Server::Impl::UvaReady(Group& g, const std::vector<std::shared_ptr<Member>>& members,
                             size_t slot) {
   UvaState& u = g.uva;
@@ -64,11 +73,8 @@ bool Server::Impl::UvaReady(Group& g, const std::vector<std::shared_ptr<Member>>
   const size_t index = members[0]->served[slot];
   const ServedLayer& layer = layers[index];
   if (!layer.table->pinned() || layer.table->data() == nullptr) return false;
-  if (u.gatherers.count(index) != 0 && u.device == members[0]->sink->device() &&
-      u.capacity > 0)
-    return true;
   Status s = SetUp(u, members[0]->reg, members[0]->sink->device());
-  if (s.ok()) {
+  if (s.ok() && u.gatherers.count(index) == 0) {
     Result<std::unique_ptr<UvaGatherer>> k =
         UvaGatherer::Create(layer.layout, *layer.table, u.device);
     if (k.ok())
