@@ -56,7 +56,7 @@ class CudaSink final : public OutputSink {
   bool wants_pinned_source() const override { return true; }
 
   Status Write(size_t slot, uint64_t offset, const uint8_t* src, uint64_t bytes) override {
-    FERRY_RETURN_IF_ERROR(gpu::SetDevice(device_));  // gather threads call this
+    FERRY_RETURN_IF_ERROR(gpu::SetDevice(device_));  // the copy pump's thread calls this
     return gpu::MemcpyAsync(outputs_[slot] + offset, src, bytes, copy_stream_);
   }
   Status Finish(size_t slot, uint32_t value) override {

@@ -6,8 +6,8 @@
 // in order, on the group's own thread, so several data-parallel ranks are served concurrently
 // (their gathers share one Gatherer's threads). Per step and layer: wait until every rank of
 // the group released the layer's previous output (flag back to kFlagReset), compute the row
-// ids and gather the rows into staging in chunks, copy each chunk to every rank's buffer as
-// soon as it is gathered, then set every rank's flag to kFlagDone. A step that fails
+// ids and gather the rows into staging in chunks, copy finished chunks to every rank's buffer
+// while later ones are gathered, then set every rank's flag to kFlagDone. A step that fails
 // (bad request, a wait past its deadline, a rank gone) sets kFlagFailed on the layers it did
 // not finish, for every rank, and its Reply carries the error.
 //
