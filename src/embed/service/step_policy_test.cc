@@ -172,5 +172,32 @@ TEST(StatsMessageTest, MalformedBucketsAreRejected) {
   EXPECT_EQ(Decode(bytes.substr(0, bytes.size() - 1)).status().code(), Code::kInvalidArgument);
 }
 
+TEST(StatsMessageTest, EveryPrefixAndByteFlipIsHandled) {
+  Stats m;
+  m.stats.steps_ok = 7;
+  for (uint64_t b : {uint64_t{0}, uint64_t{1}, uint64_t{256}, uint64_t{8192}}) {
+    BucketStats x;
+    x.bucket = b;
+    x.cpu_steps = b + 1;
+    x.phases[static_cast<size_t>(Phase::kGather)] = {3, 300000, 100000};
+    m.stats.buckets.push_back(x);
+  }
+  const std::string bytes = Encode(m);
+  ASSERT_TRUE(Decode(bytes).ok());
+  for (size_t n = 0; n < bytes.size(); ++n)
+    EXPECT_EQ(Decode(bytes.substr(0, n)).status().code(), Code::kInvalidArgument) << n;
+  // Flipped bytes decode to an error or to some stats that pass the checks; never more buckets
+  // than the limit or out of order.
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    std::string bad = bytes;
+    bad[i] = static_cast<char>(bad[i] ^ 0x5a);
+    Result<AnyMessage> d = Decode(bad);
+    if (!d.ok() || !std::holds_alternative<Stats>(*d)) continue;
+    const auto& buckets = std::get<Stats>(*d).stats.buckets;
+    EXPECT_LE(buckets.size(), kMaxStatBuckets);
+    for (size_t k = 1; k < buckets.size(); ++k) EXPECT_LT(buckets[k - 1].bucket, buckets[k].bucket);
+  }
+}
+
 }  // namespace
 }  // namespace ferry::embed::service
