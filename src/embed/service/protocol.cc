@@ -90,7 +90,7 @@ Result<AnyMessage> DecodeRegister(codec::ArrayReader& r) {
   return AnyMessage(std::move(m));
 }
 
-constexpr uint32_t kBucketFields = 3 + 3 * kPhaseCount;
+constexpr uint32_t kBucketFields = 4 + 3 * kPhaseCount;
 
 Result<AnyMessage> DecodeStats(codec::ArrayReader& r) {
   Stats m;
@@ -110,6 +110,7 @@ Result<AnyMessage> DecodeStats(codec::ArrayReader& r) {
       return Bad("stats buckets out of order");
     FERRY_ASSIGN_OR_RETURN(out.cpu_steps, b.UInt("bucket.cpu_steps"));
     FERRY_ASSIGN_OR_RETURN(out.uva_steps, b.UInt("bucket.uva_steps"));
+    FERRY_ASSIGN_OR_RETURN(out.copies, b.UInt("bucket.copies"));
     for (PhaseSummary& p : out.phases) {
       FERRY_ASSIGN_OR_RETURN(p.count, b.UInt("phase.count"));
       FERRY_ASSIGN_OR_RETURN(p.sum_ns, b.UInt("phase.sum_ns"));
@@ -198,6 +199,7 @@ std::string Encode(const Stats& m) {
     w.UInt(b.bucket);
     w.UInt(b.cpu_steps);
     w.UInt(b.uva_steps);
+    w.UInt(b.copies);
     for (const PhaseSummary& p : b.phases) {
       w.UInt(p.count);
       w.UInt(p.sum_ns);

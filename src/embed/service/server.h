@@ -58,6 +58,9 @@ struct ServerOptions {
   // CUDA outputs: the copy pump issues a copy once this many bytes of finished chunks are
   // contiguous past the last copy (or the layer is gathered).
   uint64_t min_copy_bytes = 1 << 20;
+  // Copies to host outputs (other tensor-parallel ranks) through the copy pump too, as for CUDA
+  // outputs: slower (one thread copies), for tests of the pump path on machines without a GPU.
+  bool pump_host_copies = false;
   // CPU gather or UVA kernel per layer step (step_policy.h); UVA needs pinned tables.
   StepPolicyOptions policy;
 };

@@ -156,12 +156,13 @@ struct Server::Impl {
   // The CPU path of a layer: ids and rows gathered by the Gatherer, copied to every rank.
   Status GatherLayer(Group& g, const std::vector<std::shared_ptr<Member>>& members, size_t slot,
                      const StepInput& in, Clock::time_point* gathered,
-                     Clock::time_point* last_copy);
+                     Clock::time_point* last_copy, uint64_t* copies);
   // The UVA path (server_uva.cc): true when the layer step can run the kernel (CUDA outputs, a
   // pinned table of one segment, setup done); sets up what is missing.
   bool UvaReady(Group& g, const std::vector<std::shared_ptr<Member>>& members, size_t slot);
   Status UvaLayer(Group& g, const std::vector<std::shared_ptr<Member>>& members, size_t slot,
-                  const StepInput& in, Clock::time_point* gathered, Clock::time_point* last_copy);
+                  const StepInput& in, Clock::time_point* gathered, Clock::time_point* last_copy,
+                  uint64_t* copies);
   Status UvaCheck(Group& g);
   Status WaitReleased(const std::vector<std::shared_ptr<Member>>& members, size_t slot,
                       Deadline deadline);

@@ -160,9 +160,9 @@ Status Server::Impl::RunLayer(Group& g, const std::vector<std::shared_ptr<Member
   t.path = g.policy->Choose(tokens, uva);
   Clock::time_point gathered, last_copy;
   if (t.path == StepPath::kUva)
-    FERRY_RETURN_IF_ERROR(UvaLayer(g, members, slot, in, &gathered, &last_copy));
+    FERRY_RETURN_IF_ERROR(UvaLayer(g, members, slot, in, &gathered, &last_copy, &t.copies));
   else
-    FERRY_RETURN_IF_ERROR(GatherLayer(g, members, slot, in, &gathered, &last_copy));
+    FERRY_RETURN_IF_ERROR(GatherLayer(g, members, slot, in, &gathered, &last_copy, &t.copies));
   for (const auto& m : members) FERRY_RETURN_IF_ERROR(m->sink->Finish(slot, kFlagDone));
   const Clock::time_point t3 = Clock::now();
   for (const auto& m : members)
@@ -182,7 +182,7 @@ Status Server::Impl::RunLayer(Group& g, const std::vector<std::shared_ptr<Member
 
 Status Server::Impl::GatherLayer(Group& g, const std::vector<std::shared_ptr<Member>>& members,
                                  size_t slot, const StepInput& in, Clock::time_point* gathered,
-                                 Clock::time_point* last_copy) {
+                                 Clock::time_point* last_copy, uint64_t* copies) {
   const Register& reg = members[0]->reg;
   const ServedLayer& layer = layers[members[0]->served[slot]];
   const uint64_t tb = reg.token_bytes;
@@ -202,7 +202,8 @@ Status Server::Impl::GatherLayer(Group& g, const std::vector<std::shared_ptr<Mem
     return first_error;
   };
   bool pump = false;  // copies to GPUs: issued by the pump, behind the gather
-  for (size_t i = first; i < members.size(); ++i) pump |= members[i]->sink->wants_pinned_source();
+  for (size_t i = first; i < members.size(); ++i)
+    pump |= members[i]->sink->wants_pinned_source() || options.pump_host_copies;
   if (in.num_tokens() == 0) {
     *gathered = *last_copy = Clock::now();
     return Status::Ok();
@@ -212,7 +213,9 @@ Status Server::Impl::GatherLayer(Group& g, const std::vector<std::shared_ptr<Mem
     // Host copies: each gather thread copies its own chunk (a memcpy, no shared queue).
     std::mutex err_mu;
     Status copy_error;
+    std::atomic<uint64_t> chunks{0};
     auto on_chunk = [&](int64_t begin, int64_t end) {
+      chunks.fetch_add(members.size() - first, std::memory_order_relaxed);
       Status s = write_all(begin, end);
       if (!s.ok()) {
         std::lock_guard<std::mutex> lock(err_mu);
@@ -223,16 +226,19 @@ Status Server::Impl::GatherLayer(Group& g, const std::vector<std::shared_ptr<Mem
     if (first < members.size()) cb = on_chunk;
     FERRY_RETURN_IF_ERROR(gatherer->GatherStep(layer.layout, *layer.table, in, dst, cb));
     *gathered = *last_copy = Clock::now();
+    *copies = chunks.load();
     return copy_error;
   }
   if (g.pump == nullptr) g.pump = std::make_unique<CopyPump>();
   const int64_t min_tokens = std::max<int64_t>(1, static_cast<int64_t>(options.min_copy_bytes / tb));
   g.pump->Begin(in.num_tokens(), gatherer->options().chunk_tokens, min_tokens, write_all);
   CopyPump* p = g.pump.get();
+  const uint64_t copies_before = p->copies();
   Status gs = gatherer->GatherStep(layer.layout, *layer.table, in, dst,
                                    [p](int64_t b, int64_t e) { p->ChunkDone(b, e); });
   *gathered = *last_copy = Clock::now();
   Status ps = p->End(gs.ok(), Deadline::After(options.wait_timeout), last_copy);
+  *copies = (p->copies() - copies_before) * (members.size() - first);
   FERRY_RETURN_IF_ERROR(gs);
   return ps;
 }

@@ -93,7 +93,7 @@ bool Server::Impl::UvaReady(Group& g, const std::vector<std::shared_ptr<Member>>
 
 Status Server::Impl::UvaLayer(Group& g, const std::vector<std::shared_ptr<Member>>& members,
                               size_t slot, const StepInput& in, Clock::time_point* gathered,
-                              Clock::time_point* last_copy) {
+                              Clock::time_point* last_copy, uint64_t* copies) {
   UvaState& u = g.uva;
   OutputSink& s0 = *members[0]->sink;
   FERRY_RETURN_IF_ERROR(gpu::SetDevice(u.device));
@@ -124,6 +124,7 @@ Status Server::Impl::UvaLayer(Group& g, const std::vector<std::shared_ptr<Member
     for (size_t i = 1; i < members.size(); ++i)
       FERRY_RETURN_IF_ERROR(
           gpu::MemcpyAsync(members[i]->sink->device_output(slot), out, bytes, s0.stream()));
+    *copies = members.size() - 1;
     FERRY_RETURN_IF_ERROR(gpu::EventRecord(u.event, s0.stream()));
     for (size_t i = 1; i < members.size(); ++i)
       FERRY_RETURN_IF_ERROR(members[i]->sink->WaitEvent(u.event));

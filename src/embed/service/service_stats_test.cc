@@ -1,8 +1,9 @@
 // The service's phase timings in host mode: counted per token bucket and layer, read in-process
 // (Server::stats) and over the socket (QueryStats), reset on request; a stats connection may
-// not send step requests, and a StatsRequest after a registration is refused.
+// not send step requests; and the copy pump's path driven with host outputs.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <thread>
 
 #include "embed/service/protocol.h"
@@ -58,6 +59,7 @@ TEST_F(EmbedServiceStatsTest, PhasesPerBucketAndLayer) {
   // One sample per layer step: 3 layers, host outputs run the CPU path.
   EXPECT_EQ(big.cpu_steps, 12u);
   EXPECT_EQ(big.uva_steps, 0u);
+  EXPECT_EQ(big.copies, 0u);  // one rank: rows gathered into its buffer, nothing copied
   EXPECT_EQ(small.cpu_steps, 3u);
   EXPECT_EQ(Of(big, Phase::kLayer).count, 12u);
   EXPECT_EQ(Of(big, Phase::kGather).count, 12u);
@@ -98,6 +100,56 @@ TEST_F(EmbedServiceStatsTest, NoServiceIsUnavailable) {
   Result<ServerStats> q =
       QueryStats(path_ + ".none", false, Deadline::After(std::chrono::milliseconds(50)));
   EXPECT_EQ(q.status().code(), Code::kUnavailable) << q.status().ToString();
+}
+
+// The copy pump's path (CUDA outputs' copies), driven with host outputs: rank 1's rows are
+// copied from rank 0's buffer by the pump in runs of >= 128 tokens (but the last), behind the
+// gather; the gather's chunks are 16 tokens.
+TEST(EmbedServicePumpTest, PumpedCopiesReachTheOtherRank) {
+  const std::string path = TempSocketPath("pump");
+  ServerOptions o = SmallServerOptions(path);
+  o.pump_host_copies = true;
+  o.min_copy_bytes = 128 * kTokenBytes;
+  auto server = Server::Create(o, SmallLayers());
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto r0 = Client::Create(SmallClientOptions(path, 0, 0, 2));
+  auto r1 = Client::Create(SmallClientOptions(path, 0, 1, 2));
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  StepData padded = MakeStep(3, 200, 5);
+  padded.qsl.back() = 150;  // tokens 150.. are padding: zero rows on both ranks
+  std::vector<StepData> steps = {MakeStep(4, 512, 1), MakeStep(64, 64, 2), MakeStep(1, 1, 3),
+                                 padded, MakeStep(7, 333, 4)};
+  for (const StepData& s : steps) {
+    // Rank 1's previous rows are overwritten, so stale bytes would show.
+    std::memset((*r1)->output(0).data(), 0xab, (*r1)->output(0).size());
+    WriteInputs(**r0, s);
+    ASSERT_TRUE((*r0)->PrepareForward(s.qsl.size() - 1, s.tokens.size(), false).ok());
+    ASSERT_TRUE((*r1)->PrepareForward(s.qsl.size() - 1, s.tokens.size(), false).ok());
+    for (Client* c : {r0->get(), r1->get()}) {
+      for (size_t slot = 0; slot < c->slots(); ++slot) {
+        Status w = c->Wait(slot);
+        ASSERT_TRUE(w.ok()) << w.ToString();
+        ExpectRows(*c, slot, s);
+      }
+    }
+    for (Client* c : {r0->get(), r1->get()}) ASSERT_TRUE(c->ReleaseOutputs().ok());
+  }
+  for (int i = 0; i < 500 && (*server)->stats().steps_ok < steps.size(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_EQ((*server)->stats().steps_ok, steps.size());
+  EXPECT_EQ((*server)->stats().steps_failed, 0u);
+  // The 512-token step: at most 5 copies per layer (4 runs of >= 128 tokens and a last one),
+  // not one per 16-token chunk (32).
+  ServerStats st = (*server)->stats();
+  bool found = false;
+  for (const BucketStats& b : st.buckets) {
+    if (b.bucket != 512) continue;
+    found = true;
+    EXPECT_EQ(b.cpu_steps, 3u);
+    EXPECT_GE(b.copies, 3u);
+    EXPECT_LE(b.copies, 15u);
+  }
+  EXPECT_TRUE(found);
 }
 
 }  // namespace

@@ -142,6 +142,7 @@ TEST(StatsMessageTest, RoundTrip) {
   b.bucket = 256;
   b.cpu_steps = 4;
   b.uva_steps = 6;
+  b.copies = 17;
   b.phases[static_cast<size_t>(Phase::kLayer)] = {10, 12345, 1200};
   m.stats.buckets = {b};
   Result<AnyMessage> d = Decode(Encode(m));
@@ -151,6 +152,7 @@ TEST(StatsMessageTest, RoundTrip) {
   EXPECT_EQ(s.steps_failed, 1u);
   ASSERT_EQ(s.buckets.size(), 1u);
   EXPECT_EQ(s.buckets[0].uva_steps, 6u);
+  EXPECT_EQ(s.buckets[0].copies, 17u);
   EXPECT_EQ(s.buckets[0].phases[static_cast<size_t>(Phase::kLayer)].sum_ns, 12345u);
   EXPECT_EQ(s.buckets[0].phases[static_cast<size_t>(Phase::kLayer)].median_ns, 1200u);
   Result<AnyMessage> q = Decode(Encode(StatsRequest{true}));

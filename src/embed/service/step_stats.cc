@@ -26,17 +26,23 @@ std::string_view PhaseName(Phase p) {
 uint64_t TokenBucket(uint64_t tokens) { return tokens == 0 ? 0 : std::bit_floor(tokens); }
 
 std::string FormatStats(const ServerStats& s) {
-  std::string out = "| bucket (tokens >=) | cpu steps | uva steps |";
-  std::string rule = "| --- | --- | --- |";
+  std::string out = "| bucket (tokens >=) | cpu steps | uva steps | copies per step |";
+  std::string rule = "| --- | --- | --- | --- |";
   for (size_t i = 0; i < kPhaseCount; ++i) {
-    out += " " + std::string(PhaseName(static_cast<Phase>(i))) + " us |";
-    rule += " --- |";
+    out.append(" ");
+    out.append(PhaseName(static_cast<Phase>(i)));
+    out.append(" us |");
+    rule.append(" --- |");
   }
-  out += "\n" + rule + "\n";
+  out.append("\n");
+  out.append(rule);
+  out.append("\n");
   char buf[64];
   for (const BucketStats& b : s.buckets) {
-    std::snprintf(buf, sizeof(buf), "| %llu | %llu | %llu |", (unsigned long long)b.bucket,
-                  (unsigned long long)b.cpu_steps, (unsigned long long)b.uva_steps);
+    const uint64_t n = b.cpu_steps + b.uva_steps;
+    std::snprintf(buf, sizeof(buf), "| %llu | %llu | %llu | %.1f |", (unsigned long long)b.bucket,
+                  (unsigned long long)b.cpu_steps, (unsigned long long)b.uva_steps,
+                  n == 0 ? 0.0 : static_cast<double>(b.copies) / n);
     out += buf;
     for (const PhaseSummary& p : b.phases) {
       if (p.count == 0) {
@@ -58,6 +64,7 @@ void StepStatsRecorder::Commit(const LayerTiming& t) {
   if (buckets_.size() >= kMaxStatBuckets && buckets_.find(key) == buckets_.end()) return;
   Bucket& b = buckets_[key];
   (t.path == StepPath::kUva ? b.uva : b.cpu)++;
+  b.copies += t.copies;
   for (size_t i = 0; i < kPhaseCount; ++i) {
     if (t.ns[i] < 0) continue;
     Series& s = b.phases[i];
@@ -79,6 +86,7 @@ std::vector<BucketStats> StepStatsRecorder::Snapshot(bool reset) {
     s.bucket = key;
     s.cpu_steps = b.cpu;
     s.uva_steps = b.uva;
+    s.copies = b.copies;
     for (size_t i = 0; i < kPhaseCount; ++i) {
       const Series& x = b.phases[i];
       s.phases[i].count = x.count;

@@ -57,6 +57,7 @@ struct BucketStats {
   uint64_t bucket = 0;  // TokenBucket of the layer steps' token count
   uint64_t cpu_steps = 0;
   uint64_t uva_steps = 0;
+  uint64_t copies = 0;  // copy calls issued to the ranks' outputs, all layer steps together
   std::array<PhaseSummary, kPhaseCount> phases{};
 };
 
@@ -72,6 +73,7 @@ struct ServerStats {
 struct LayerTiming {
   uint64_t tokens = 0;
   StepPath path = StepPath::kCpu;
+  uint64_t copies = 0;
   std::array<int64_t, kPhaseCount> ns;  // -1: not measured
   LayerTiming() { ns.fill(-1); }
   void Set(Phase p, int64_t value) { ns[static_cast<size_t>(p)] = value < 0 ? 0 : value; }
@@ -93,7 +95,7 @@ class StepStatsRecorder {
     std::vector<uint64_t> last;  // ring of kStatSamples
   };
   struct Bucket {
-    uint64_t cpu = 0, uva = 0;
+    uint64_t cpu = 0, uva = 0, copies = 0;
     std::array<Series, kPhaseCount> phases;
   };
   std::mutex mu_;
