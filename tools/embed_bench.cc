@@ -107,8 +107,7 @@ Stats Summarize(std::vector<double> ms) {
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
 // Spawns this binary's embed-serve; returns its pid once it listens.
-Result<pid_t> SpawnService(const BenchFlags& f, const std::string& socket,
-                           const std::string& uva) {
+Result<pid_t> SpawnService(const BenchFlags& f, const std::string& socket, const std::string& uva) {
   std::string ready = socket + ".ready";
   ::unlink(ready.c_str());
   std::vector<std::string> args = {"/proc/self/exe",
@@ -349,8 +348,9 @@ Status Run(const BenchFlags& f) {
     return Status(Code::kInvalidArgument, "--iters and --layers >= 1, --tp in [1, 64]");
   const bool cuda = f.kind == "cuda";
   std::vector<std::string> modes = f.uva;
-  if (modes.empty()) modes = cuda ? std::vector<std::string>{"off", "always", "auto"}
-                                  : std::vector<std::string>{"off"};
+  if (modes.empty())
+    modes =
+        cuda ? std::vector<std::string>{"off", "always", "auto"} : std::vector<std::string>{"off"};
   for (const auto& m : modes) FERRY_RETURN_IF_ERROR(svc::ParseUvaMode(m).status());
 
   // The same layers in this process for the side-by-side gathers.
@@ -383,18 +383,20 @@ Status Run(const BenchFlags& f) {
         if (b.bucket == svc::TokenBucket(s.tokens)) cpu = b.cpu_steps, uva = b.uva_steps;
       double gbps =
           static_cast<double>(s.tokens) * token_bytes * f.layers / (r.step.median_ms * 1e6);
-      fmt::print("| {} x {} | {} | {} | {} | {:.3f} / {:.3f} | {} / {} | {:.3f} | {:.3f} | {} | "
-                 "{:.2f} |\n",
-                 s.tokens, s.reqs, f.layers, f.tp, modes[m], r.step.median_ms, r.step.min_ms, cpu,
-                 uva, base[i].gather_ms, base[i].naive_ms,
-                 cuda ? fmt::format("{:.3f}", base[i].copy_ms) : std::string("-"), gbps);
+      fmt::print(
+          "| {} x {} | {} | {} | {} | {:.3f} / {:.3f} | {} / {} | {:.3f} | {:.3f} | {} | "
+          "{:.2f} |\n",
+          s.tokens, s.reqs, f.layers, f.tp, modes[m], r.step.median_ms, r.step.min_ms, cpu, uva,
+          base[i].gather_ms, base[i].naive_ms,
+          cuda ? fmt::format("{:.3f}", base[i].copy_ms) : std::string("-"), gbps);
     }
   }
   for (size_t i = 0; i < shapes.size(); ++i)
     for (size_t m = 0; m < modes.size(); ++m) {
-      fmt::print("\nservice phases, {} x {}, uva {} (median (mean) us per layer step; "
-                 "the bucket of this step shape):\n",
-                 shapes[i].tokens, shapes[i].reqs, modes[m]);
+      fmt::print(
+          "\nservice phases, {} x {}, uva {} (median (mean) us per layer step; "
+          "the bucket of this step shape):\n",
+          shapes[i].tokens, shapes[i].reqs, modes[m]);
       svc::ServerStats only = runs[m][i].stats;
       std::erase_if(only.buckets, [&](const svc::BucketStats& b) {
         return b.bucket != svc::TokenBucket(shapes[i].tokens);
@@ -434,8 +436,7 @@ void AddEmbedBenchCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--uva", f->uva,
                   "Service UVA modes run side by side (off, always, auto; default: off for "
                   "host, all three for cuda)");
-  cmd->add_option("--copy-min-kib", f->copy_min_kib,
-                  "The service's least KiB per copy to the GPU")
+  cmd->add_option("--copy-min-kib", f->copy_min_kib, "The service's least KiB per copy to the GPU")
       ->capture_default_str();
   cmd->callback([f, exit_code] {
     Status s = Run(*f);

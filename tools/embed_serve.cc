@@ -71,11 +71,9 @@ Status Serve(const ServeFlags& f) {
   Status pinned;
   {
     ThreadPool pool(std::max(1, f.threads), "embed-fill");
-    FERRY_ASSIGN_OR_RETURN(
-        layers, embed::service::MakeServedLayers(c, f.layers, dtype, f.tables, f.synthetic_rows,
-                                                 &pool,
-                                                 uva == embed::service::UvaMode::kOff ? nullptr
-                                                                                      : &pinned));
+    FERRY_ASSIGN_OR_RETURN(layers, embed::service::MakeServedLayers(
+                                       c, f.layers, dtype, f.tables, f.synthetic_rows, &pool,
+                                       uva == embed::service::UvaMode::kOff ? nullptr : &pinned));
   }
   if (!pinned.ok()) {
     if (uva == embed::service::UvaMode::kAlways)
@@ -159,7 +157,8 @@ void AddEmbedServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--copy-min-kib", f->copy_min_kib,
                   "CUDA outputs: least KiB of gathered rows per copy (but the last)")
       ->capture_default_str();
-  cmd->add_option("--uva-probes", f->uva_probes, "auto: steps of each path per bucket before choosing")
+  cmd->add_option("--uva-probes", f->uva_probes,
+                  "auto: steps of each path per bucket before choosing")
       ->capture_default_str();
   cmd->add_option("--uva-reprobe-every", f->uva_reprobe_every,
                   "auto: every n-th choice runs the other path once (0: never)")

@@ -65,9 +65,9 @@ class CopyPump {
   Issue issue_;
   std::unique_ptr<std::atomic<uint8_t>[]> done_;
   size_t done_capacity_ = 0;
-  Status result_;                     // GUARDED_BY(mu_)
-  Clock::time_point last_issue_{};    // GUARDED_BY(mu_)
-  bool issued_any_ = false;           // GUARDED_BY(mu_)
+  Status result_;                   // GUARDED_BY(mu_)
+  Clock::time_point last_issue_{};  // GUARDED_BY(mu_)
+  bool issued_any_ = false;         // GUARDED_BY(mu_)
   std::atomic<uint64_t> copies_{0};
   std::thread thread_;
 };

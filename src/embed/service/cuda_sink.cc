@@ -87,7 +87,8 @@ class CudaSink final : public OutputSink {
     std::lock_guard<std::mutex> lock(flag_mu_);
     FERRY_RETURN_IF_ERROR(gpu::SetDevice(device_));
     *flag_word_ = kFlagFailed;
-    FERRY_RETURN_IF_ERROR(gpu::MemcpyAsync(flag_word_, flags_[slot], sizeof(uint32_t), flag_stream_));
+    FERRY_RETURN_IF_ERROR(
+        gpu::MemcpyAsync(flag_word_, flags_[slot], sizeof(uint32_t), flag_stream_));
     FERRY_RETURN_IF_ERROR(gpu::EventRecord(read_event_, flag_stream_));
     FERRY_RETURN_IF_ERROR(gpu::EventSpin(read_event_, Deadline::After(kFlagTimeout)));
     return LoadFlag(flag_word_);
@@ -107,7 +108,7 @@ class CudaSink final : public OutputSink {
   }
 
   int device_ = 0;
-  void* done_event_ = nullptr;  // recorded after each Finish()'s flag write
+  void* done_event_ = nullptr;     // recorded after each Finish()'s flag write
   void* read_event_ = nullptr;     // used under flag_mu_
   uint32_t* flag_word_ = nullptr;  // page-locked; GUARDED_BY(flag_mu_)
   void* copy_stream_ = nullptr;

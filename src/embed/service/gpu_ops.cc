@@ -173,9 +173,9 @@ Status EventSpin(void* event, Deadline deadline) {
   }
 }
 Status StreamWaitEvent(void* stream, void* event) {
-  return ToStatus(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
-                                      static_cast<cudaEvent_t>(event), 0),
-                  "cudaStreamWaitEvent");
+  return ToStatus(
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0),
+      "cudaStreamWaitEvent");
 }
 Result<void*> HostAlloc(size_t bytes) {
   void* p = nullptr;

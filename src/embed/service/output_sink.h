@@ -6,8 +6,8 @@
 // disjoint ranges of one slot (gather chunks finish on several threads); Finish() makes every
 // earlier Write() of the slot visible before the flag it then sets; Signal() alone (no data)
 // is used for failures; WaitFinished() waits until the flags Finish() set are visible to the
-// client (at once for host memory). REQUIRES of every call: slot < slots(); ranges inside the registered
-// buffer, which the service checks once at registration (max_tokens x token_bytes).
+// client (at once for host memory). REQUIRES of every call: slot < slots(); ranges inside the
+// registered buffer, which the service checks once at registration (max_tokens x token_bytes).
 //
 // Thread safety: as above; distinct slots may be used from distinct threads.
 #pragma once

@@ -155,8 +155,8 @@ struct Server::Impl {
                   const StepInput& in, const Step& step, LayerTiming& t);
   // The CPU path of a layer: ids and rows gathered by the Gatherer, copied to every rank.
   Status GatherLayer(Group& g, const std::vector<std::shared_ptr<Member>>& members, size_t slot,
-                     const StepInput& in, Clock::time_point* gathered,
-                     Clock::time_point* last_copy, uint64_t* copies);
+                     const StepInput& in, Clock::time_point* gathered, Clock::time_point* last_copy,
+                     uint64_t* copies);
   // The UVA path (server_uva.cc): true when the layer step can run the kernel (CUDA outputs, a
   // pinned table of one segment, setup done); sets up what is missing.
   bool UvaReady(Group& g, const std::vector<std::shared_ptr<Member>>& members, size_t slot);

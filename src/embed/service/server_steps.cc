@@ -230,7 +230,8 @@ Status Server::Impl::GatherLayer(Group& g, const std::vector<std::shared_ptr<Mem
     return copy_error;
   }
   if (g.pump == nullptr) g.pump = std::make_unique<CopyPump>();
-  const int64_t min_tokens = std::max<int64_t>(1, static_cast<int64_t>(options.min_copy_bytes / tb));
+  const int64_t min_tokens =
+      std::max<int64_t>(1, static_cast<int64_t>(options.min_copy_bytes / tb));
   g.pump->Begin(in.num_tokens(), gatherer->options().chunk_tokens, min_tokens, write_all);
   CopyPump* p = g.pump.get();
   const uint64_t copies_before = p->copies();

@@ -35,12 +35,36 @@ class EmbedServiceCudaTest : public ::testing::Test {
     // Before the service starts: --uva always makes it refuse to start without a GPU.
     std::string reason;
     if (!gpu::Usable(&reason)) GTEST_SKIP() << "no usable GPU: " << reason;
-    std::vector<std::string> args = {FERRY_BIN, "embed-serve", "--socket", path_, "--ready-file",
-                                     ready, "--vocab", "1000", "--eos", "2", "--heads", "2",
-                                     "--embed-dim", "64", "--base-vocab", "97", "--padding", "8",
-                                     "--layers", "0", "1", "2", "--threads", "2",
-                                     "--chunk-tokens", "16", "--copy-min-kib", "4",
-                                     "--wait-timeout", "5"};
+    std::vector<std::string> args = {FERRY_BIN,
+                                     "embed-serve",
+                                     "--socket",
+                                     path_,
+                                     "--ready-file",
+                                     ready,
+                                     "--vocab",
+                                     "1000",
+                                     "--eos",
+                                     "2",
+                                     "--heads",
+                                     "2",
+                                     "--embed-dim",
+                                     "64",
+                                     "--base-vocab",
+                                     "97",
+                                     "--padding",
+                                     "8",
+                                     "--layers",
+                                     "0",
+                                     "1",
+                                     "2",
+                                     "--threads",
+                                     "2",
+                                     "--chunk-tokens",
+                                     "16",
+                                     "--copy-min-kib",
+                                     "4",
+                                     "--wait-timeout",
+                                     "5"};
     for (const std::string& a : ExtraArgs()) args.push_back(a);
     service_ = ::fork();
     if (service_ == 0) {

@@ -43,7 +43,7 @@ TEST_F(EmbedServiceStatsTest, PhasesPerBucketAndLayer) {
   auto c = Client::Create(SmallClientOptions(path_, 0, 0, 1));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   for (uint32_t i = 0; i < 4; ++i) Forward(**c, MakeStep(4, 300, i));  // bucket 256
-  Forward(**c, MakeStep(8, 64, 9));                                      // bucket 64
+  Forward(**c, MakeStep(8, 64, 9));                                    // bucket 64
   // The reply of the last step may trail its DONE flags: wait for the counters.
   for (int i = 0; i < 500 && server_->stats().steps_ok < 5; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));

@@ -11,7 +11,8 @@ Result<ServerStats> QueryStats(const std::string& socket_path, bool reset, Deadl
   FERRY_ASSIGN_OR_RETURN(Message answer, Receive(fd.get(), deadline));
   FERRY_ASSIGN_OR_RETURN(AnyMessage decoded, Decode(answer.bytes));
   if (!std::holds_alternative<Stats>(decoded))
-    return Status(Code::kInvalidArgument, "the service answered a stats request with another message");
+    return Status(Code::kInvalidArgument,
+                  "the service answered a stats request with another message");
   return std::get<Stats>(decoded).stats;
 }
 

@@ -15,9 +15,12 @@ Result<UvaMode> ParseUvaMode(std::string_view s) {
 
 std::string_view UvaModeName(UvaMode m) {
   switch (m) {
-    case UvaMode::kOff: return "off";
-    case UvaMode::kAlways: return "always";
-    case UvaMode::kAuto: return "auto";
+    case UvaMode::kOff:
+      return "off";
+    case UvaMode::kAlways:
+      return "always";
+    case UvaMode::kAuto:
+      return "auto";
   }
   return "?";
 }
@@ -42,8 +45,7 @@ StepPath StepPolicy::Choose(uint64_t tokens, bool uva_possible) {
   const uint64_t probes = static_cast<uint64_t>(options_.probes);
   const uint64_t cpu = b.samples[0], uva = b.samples[1];
   if (cpu < probes || uva < probes) return uva < cpu ? StepPath::kUva : StepPath::kCpu;
-  const StepPath best =
-      Median(b.times[1]) < Median(b.times[0]) ? StepPath::kUva : StepPath::kCpu;
+  const StepPath best = Median(b.times[1]) < Median(b.times[0]) ? StepPath::kUva : StepPath::kCpu;
   ++b.choices;
   if (options_.reprobe_every > 0 && b.choices % options_.reprobe_every == 0)
     return best == StepPath::kUva ? StepPath::kCpu : StepPath::kUva;

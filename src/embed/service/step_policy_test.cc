@@ -115,7 +115,7 @@ TEST(StepStatsTest, BucketsAndMedians) {
   EXPECT_EQ(g.sum_ns, 1500u);
   EXPECT_EQ(g.median_ns, 300u);
   EXPECT_EQ(s[1].phases[static_cast<size_t>(Phase::kDone)].count, 0u);  // never measured
-  EXPECT_TRUE(r.Snapshot(false).empty());  // reset
+  EXPECT_TRUE(r.Snapshot(false).empty());                               // reset
 }
 
 TEST(StepStatsTest, MedianOfTheLastSamples) {

@@ -8,17 +8,28 @@ namespace ferry::embed::service {
 
 std::string_view PhaseName(Phase p) {
   switch (p) {
-    case Phase::kQueue: return "queue";
-    case Phase::kInputs: return "inputs";
-    case Phase::kReleased: return "released";
-    case Phase::kDrain: return "drain";
-    case Phase::kGather: return "gather";
-    case Phase::kCopyTail: return "copy_tail";
-    case Phase::kFinish: return "finish";
-    case Phase::kDone: return "done";
-    case Phase::kLayer: return "layer";
-    case Phase::kStep: return "step";
-    case Phase::kCount: break;
+    case Phase::kQueue:
+      return "queue";
+    case Phase::kInputs:
+      return "inputs";
+    case Phase::kReleased:
+      return "released";
+    case Phase::kDrain:
+      return "drain";
+    case Phase::kGather:
+      return "gather";
+    case Phase::kCopyTail:
+      return "copy_tail";
+    case Phase::kFinish:
+      return "finish";
+    case Phase::kDone:
+      return "done";
+    case Phase::kLayer:
+      return "layer";
+    case Phase::kStep:
+      return "step";
+    case Phase::kCount:
+      break;
   }
   return "?";
 }

@@ -41,7 +41,7 @@ std::string_view PhaseName(Phase p);
 // Which implementation ran a layer step.
 enum class StepPath : uint8_t { kCpu = 0, kUva = 1 };
 
-inline constexpr size_t kStatSamples = 256;   // per bucket and phase, for the medians
+inline constexpr size_t kStatSamples = 256;    // per bucket and phase, for the medians
 inline constexpr size_t kMaxStatBuckets = 32;  // buckets a snapshot (and the protocol) holds
 
 // The largest power of two <= tokens (0 for 0).
