@@ -9,11 +9,13 @@ Result<ServerStats> QueryStats(const std::string& socket_path, bool reset, Deadl
   FERRY_ASSIGN_OR_RETURN(UniqueFd fd, Connect(socket_path, deadline));
   FERRY_RETURN_IF_ERROR(Send(fd.get(), Encode(StatsRequest{reset})));
   FERRY_ASSIGN_OR_RETURN(Message answer, Receive(fd.get(), deadline));
-  FERRY_ASSIGN_OR_RETURN(AnyMessage decoded, Decode(answer.bytes));
-  if (!std::holds_alternative<Stats>(decoded))
+  Result<AnyMessage> decoded = Decode(answer.bytes);
+  if (!decoded.ok()) return decoded.status();
+  Stats* stats = std::get_if<Stats>(&decoded.value());
+  if (stats == nullptr)
     return Status(Code::kInvalidArgument,
                   "the service answered a stats request with another message");
-  return std::get<Stats>(decoded).stats;
+  return std::move(stats->stats);
 }
 
 }  // namespace ferry::embed::service
