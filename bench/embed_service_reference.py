@@ -43,7 +43,11 @@ def main():
     ap.add_argument("--chunk-tokens", type=int, default=64)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--cuda", action="store_true")
+    ap.add_argument("--uva", choices=["off", "always", "auto"], default=None,
+                    help="the service's UVA mode (default: auto with --cuda, else off)")
+    ap.add_argument("--copy-min-kib", type=int, default=1024)
     args = ap.parse_args()
+    uva = args.uva or ("auto" if args.cuda else "off")
     if args.cuda and (torch is None or not torch.cuda.is_available()):
         raise SystemExit("--cuda needs torch with a GPU")
 
@@ -53,7 +57,8 @@ def main():
         args.ferry, "embed-serve", "--socket", sock, "--ready-file", ready, "--vocab", str(V),
         "--ngram", str(N), "--heads", str(H), "--embed-dim", str(E), "--base-vocab",
         str(args.base_vocab), "--padding", str(P), "--layers", "0", "--threads", str(args.threads),
-        "--chunk-tokens", str(args.chunk_tokens)], stdout=subprocess.DEVNULL)
+        "--chunk-tokens", str(args.chunk_tokens), "--uva", uva, "--copy-min-kib",
+        str(args.copy_min_kib)], stdout=subprocess.PIPE, text=True)
     try:
         while not os.path.exists(ready):
             if proc.poll() is not None:
@@ -62,7 +67,11 @@ def main():
         run(args, sock)
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait()
+        out, _ = proc.communicate()
+        # The service's own phase timings of every step of the run (warm-ups included).
+        report = out[out.find("layer steps by token bucket"):] if out else ""
+        if report:
+            print("\nservice report (uva %s):\n%s" % (uva, report), end="")
 
 
 def torch_row_ids(layout, tokens, qsl, ctx):

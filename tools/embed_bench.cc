@@ -4,7 +4,12 @@
 // same run: the same step gathered in this process by the Gatherer alone (no protocol, no
 // copies: what the service adds is the difference), and a naive single-threaded baseline
 // (ComputeRowIds, then one memcpy per row, no prefetch, then one copy to the output).
-// --kind cuda puts the outputs in GPU memory (CUDA mode).
+// --kind cuda puts the outputs in GPU memory (CUDA mode) and adds a pinned host-to-GPU copy of
+// the step's bytes as a baseline; --uva lists the service's UVA modes to run side by side (one
+// service process each, the same steps): off (CPU gather), always (UVA kernel), auto (per
+// bucket, the faster). After each shape it prints the service's own phase timings for it
+// (StatsRequest: queue, inputs, released wait, drain, gather, copy tail, finish, DONE
+// completion) and how many layer steps each path ran.
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -26,6 +31,9 @@
 #include "embed/service/client.h"
 #include "embed/service/gpu_ops.h"
 #include "embed/service/served_layers.h"
+#include "embed/service/stats_query.h"
+#include "embed/service/step_policy.h"
+#include "embed/service/step_stats.h"
 #include "embed/table.h"
 
 namespace ferry::tools {
@@ -51,6 +59,8 @@ struct BenchFlags {
   int iters = 20;
   std::string kind = "host";
   std::vector<std::string> steps = {"8192x8", "256x256"};
+  std::vector<std::string> uva;  // empty: off for host, off always auto for cuda
+  uint64_t copy_min_kib = 1024;
 };
 
 struct StepShape {
@@ -97,7 +107,7 @@ Stats Summarize(std::vector<double> ms) {
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
 // Spawns this binary's embed-serve; returns its pid once it listens.
-Result<pid_t> SpawnService(const BenchFlags& f, const std::string& socket) {
+Result<pid_t> SpawnService(const BenchFlags& f, const std::string& socket, const std::string& uva) {
   std::string ready = socket + ".ready";
   ::unlink(ready.c_str());
   std::vector<std::string> args = {"/proc/self/exe",
@@ -126,10 +136,15 @@ Result<pid_t> SpawnService(const BenchFlags& f, const std::string& socket) {
                                    std::to_string(f.threads),
                                    "--chunk-tokens",
                                    std::to_string(f.chunk_tokens),
+                                   "--uva",
+                                   uva,
+                                   "--copy-min-kib",
+                                   std::to_string(f.copy_min_kib),
                                    "--layers"};
   for (int l = 0; l < f.layers; ++l) args.push_back(std::to_string(l));
   pid_t pid = ::fork();
   if (pid == 0) {
+    ::dup2(2, 1);  // the service's own report goes to stderr; stdout holds the tables
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -149,30 +164,93 @@ Result<pid_t> SpawnService(const BenchFlags& f, const std::string& socket) {
   return pid;
 }
 
-Status Run(const BenchFlags& f) {
-  embed::Config c;
-  c.vocab_size = f.vocab;
-  c.eos_id = f.eos;
-  c.ngram_size = f.ngram;
-  c.heads_per_ngram = f.heads;
-  c.embed_dim = f.embed_dim;
-  c.base_vocab = f.base_vocab;
-  c.row_padding = f.padding;
-  std::vector<StepShape> shapes;
-  for (const auto& s : f.steps) {
-    FERRY_ASSIGN_OR_RETURN(StepShape shape, ParseStep(s));
-    shapes.push_back(shape);
+struct Baselines {
+  double gather_ms = 0, naive_ms = 0, copy_ms = 0;  // copy: pinned H2D (cuda only)
+};
+
+// The same steps gathered in this process: Gatherer, naive loop, and (cuda) one pinned copy.
+Result<std::vector<Baselines>> RunBaselines(const BenchFlags& f, const embed::Config& c,
+                                            const std::vector<StepShape>& shapes,
+                                            const std::vector<svc::ServedLayer>& layers,
+                                            uint64_t token_bytes, bool cuda) {
+  embed::GatherOptions go;
+  go.threads = f.threads;
+  go.chunk_tokens = f.chunk_tokens;
+  FERRY_ASSIGN_OR_RETURN(auto gatherer, embed::Gatherer::Create(go));
+  uint32_t max_tokens = 0;
+  for (auto& s : shapes) max_tokens = std::max(max_tokens, s.tokens);
+  std::vector<uint8_t> dst(max_tokens * token_bytes), out(max_tokens * token_bytes);
+  const uint64_t row_bytes = layers[0].table->row_bytes();
+  void *pinned = nullptr, *dev = nullptr, *stream = nullptr, *event = nullptr;
+  if (cuda) {
+    FERRY_ASSIGN_OR_RETURN(event, svc::gpu::EventCreate());
+    FERRY_ASSIGN_OR_RETURN(pinned, svc::gpu::HostAlloc(dst.size()));
+    FERRY_ASSIGN_OR_RETURN(dev, svc::gpu::Malloc(dst.size()));
+    FERRY_ASSIGN_OR_RETURN(stream, svc::gpu::StreamCreate());
   }
-  if (f.iters < 1 || f.layers < 1 || f.tp < 1 || f.tp > 64)
-    return Status(Code::kInvalidArgument, "--iters and --layers >= 1, --tp in [1, 64]");
-  const bool cuda = f.kind == "cuda";
+  std::vector<Baselines> result;
+  for (const StepShape& s : shapes) {
+    Inputs in = MakeInputs(s, c, s.tokens);
+    embed::StepInput step{in.tokens, in.qsl, in.ctx};
+    std::vector<double> gather_ms, naive_ms, copy_ms;
+    for (int it = 0; it < f.iters; ++it) {
+      auto t0 = Clock::now();
+      for (const auto& l : layers)
+        FERRY_RETURN_IF_ERROR(gatherer->GatherStep(
+            l.layout, *l.table, step, std::span<uint8_t>(dst.data(), s.tokens * token_bytes)));
+      gather_ms.push_back(Ms(Clock::now() - t0));
+    }
+    std::vector<uint64_t> ids(static_cast<size_t>(s.tokens) * layers[0].layout.num_heads());
+    for (int it = 0; it < std::max(1, f.iters / 4); ++it) {
+      auto t0 = Clock::now();
+      for (const auto& l : layers) {
+        FERRY_RETURN_IF_ERROR(embed::ComputeRowIds(l.layout, step, ids));
+        for (size_t i = 0; i < ids.size(); ++i)
+          std::memcpy(dst.data() + i * row_bytes, l.table->Row(ids[i]), row_bytes);
+        std::memcpy(out.data(), dst.data(), s.tokens * token_bytes);
+      }
+      naive_ms.push_back(Ms(Clock::now() - t0));
+    }
+    for (int it = 0; cuda && it < f.iters + 1; ++it) {
+      auto t0 = Clock::now();
+      for (int l = 0; l < f.layers; ++l)
+        FERRY_RETURN_IF_ERROR(svc::gpu::MemcpyAsync(dev, pinned, s.tokens * token_bytes, stream));
+      FERRY_RETURN_IF_ERROR(svc::gpu::EventRecord(event, stream));
+      FERRY_RETURN_IF_ERROR(svc::gpu::EventSpin(event, Deadline::After(std::chrono::seconds(30))));
+      if (it > 0) copy_ms.push_back(Ms(Clock::now() - t0));
+    }
+    Baselines b;
+    b.gather_ms = Summarize(gather_ms).median_ms;
+    b.naive_ms = Summarize(naive_ms).median_ms;
+    if (cuda) b.copy_ms = Summarize(copy_ms).median_ms;
+    result.push_back(b);
+  }
+  if (event != nullptr) (void)svc::gpu::EventDestroy(event);
+  if (stream != nullptr) (void)svc::gpu::StreamDestroy(stream);
+  if (dev != nullptr) (void)svc::gpu::Free(dev);
+  if (pinned != nullptr) (void)svc::gpu::HostFree(pinned);
+  return result;
+}
+
+struct ServiceRun {
+  Stats step;
+  svc::ServerStats stats;  // the timed steps only
+};
+
+// One service process with --uva `uva`: every shape's steps, timed from the request to DONE
+// visible, and the service's own timings of them.
+Result<std::vector<ServiceRun>> RunService(const BenchFlags& f, const embed::Config& c,
+                                           const std::vector<StepShape>& shapes,
+                                           const std::vector<uint32_t>& layer_ids,
+                                           uint64_t token_bytes, bool cuda,
+                                           const std::string& uva) {
   uint32_t max_tokens = 0, max_reqs = 0;
   for (auto& s : shapes) {
     max_tokens = std::max(max_tokens, s.tokens);
     max_reqs = std::max(max_reqs, s.reqs);
   }
   std::string socket = "/tmp/ferry-bench-embed-" + std::to_string(::getpid()) + ".sock";
-  FERRY_ASSIGN_OR_RETURN(pid_t service, SpawnService(f, socket));
+  FERRY_ASSIGN_OR_RETURN(pid_t service, SpawnService(f, socket, uva));
   struct Reap {
     pid_t pid;
     ~Reap() {
@@ -181,14 +259,6 @@ Status Run(const BenchFlags& f) {
       ::waitpid(pid, &st, 0);
     }
   } reap{service};
-
-  // The same layers in this process for the side-by-side gathers.
-  std::vector<uint32_t> layer_ids;
-  for (int l = 0; l < f.layers; ++l) layer_ids.push_back(static_cast<uint32_t>(l));
-  FERRY_ASSIGN_OR_RETURN(auto layers, svc::MakeServedLayers(c, layer_ids, embed::Dtype::kBf16, {},
-                                                            f.synthetic_rows, nullptr));
-  const uint64_t token_bytes =
-      static_cast<uint64_t>(layers[0].layout.num_heads()) * layers[0].table->row_bytes();
   svc::ClientOptions o;
   o.socket_path = socket;
   o.max_tokens = max_tokens;
@@ -210,23 +280,33 @@ Status Run(const BenchFlags& f) {
   if (cuda) {
     FERRY_ASSIGN_OR_RETURN(stream, svc::gpu::StreamCreate());
   }
-
-  embed::GatherOptions go;
-  go.threads = f.threads;
-  go.chunk_tokens = f.chunk_tokens;
-  FERRY_ASSIGN_OR_RETURN(auto gatherer, embed::Gatherer::Create(go));
-  std::vector<uint8_t> dst(max_tokens * token_bytes), out(max_tokens * token_bytes);
-  const uint64_t row_bytes = layers[0].table->row_bytes();
-
-  fmt::print(
-      "| step (tokens x requests) | layers | service step ms (median / min) | "
-      "in-process Gatherer ms | naive 1-thread ms | service GB/s |\n");
-  fmt::print("| --- | --- | --- | --- | --- | --- |\n");
+  void* event = nullptr;
+  if (cuda) {
+    FERRY_ASSIGN_OR_RETURN(event, svc::gpu::EventCreate());
+  }
+  struct StreamGuard {
+    void *s, *e;
+    ~StreamGuard() {
+      if (e != nullptr) (void)svc::gpu::EventDestroy(e);
+      if (s != nullptr) (void)svc::gpu::StreamDestroy(s);
+    }
+  } guard{stream, event};
+  // The stream's work done, seen within a few microseconds (no sleeping poll).
+  auto sync = [&](Clock::duration d) -> Status {
+    FERRY_RETURN_IF_ERROR(svc::gpu::EventRecord(event, stream));
+    return svc::gpu::EventSpin(event, Deadline::After(d));
+  };
+  const Clock::duration kWait = std::chrono::seconds(30);
+  // auto: its probes (both paths, a few steps each) run before the timed steps.
+  const int warmup = uva == "auto" ? 8 : 1;
+  std::vector<ServiceRun> runs;
   for (const StepShape& s : shapes) {
     Inputs in = MakeInputs(s, c, s.tokens);
-    embed::StepInput step{in.tokens, in.qsl, in.ctx};
-    std::vector<double> service_ms, gather_ms, naive_ms;
-    for (int it = 0; it < f.iters + 1; ++it) {
+    std::vector<double> service_ms;
+    for (int it = 0; it < f.iters + warmup; ++it) {
+      if (it == warmup) {
+        FERRY_RETURN_IF_ERROR(svc::QueryStats(socket, true, Deadline::After(kWait)).status());
+      }
       std::memcpy(client->input_ids().data(), in.tokens.data(), in.tokens.size() * 4);
       std::memcpy(client->query_start_loc().data(), in.qsl.data(), in.qsl.size() * 4);
       std::memcpy(client->ngram_context().data(), in.ctx.data(), in.ctx.size() * 4);
@@ -235,40 +315,94 @@ Status Run(const BenchFlags& f) {
       for (auto& r : ranks)
         for (size_t slot = 0; slot < r->slots(); ++slot)
           FERRY_RETURN_IF_ERROR(r->Wait(slot, stream));
-      if (cuda)
-        FERRY_RETURN_IF_ERROR(
-            svc::gpu::StreamSync(stream, Deadline::After(std::chrono::seconds(30))));
+      if (cuda) FERRY_RETURN_IF_ERROR(sync(kWait));
       auto t1 = Clock::now();
       for (auto& r : ranks) FERRY_RETURN_IF_ERROR(r->ReleaseOutputs(stream));
-      if (cuda)
-        FERRY_RETURN_IF_ERROR(
-            svc::gpu::StreamSync(stream, Deadline::After(std::chrono::seconds(30))));
-      if (it > 0) service_ms.push_back(Ms(t1 - t0));  // the first step warms up
+      if (cuda) FERRY_RETURN_IF_ERROR(sync(kWait));
+      if (it >= warmup) service_ms.push_back(Ms(t1 - t0));
     }
-    for (int it = 0; it < f.iters; ++it) {
-      auto t0 = Clock::now();
-      for (const auto& l : layers)
-        FERRY_RETURN_IF_ERROR(gatherer->GatherStep(
-            l.layout, *l.table, step, std::span<uint8_t>(dst.data(), s.tokens * token_bytes)));
-      gather_ms.push_back(Ms(Clock::now() - t0));
-    }
-    std::vector<uint64_t> ids(static_cast<size_t>(s.tokens) * layers[0].layout.num_heads());
-    for (int it = 0; it < std::max(1, f.iters / 4); ++it) {
-      auto t0 = Clock::now();
-      for (const auto& l : layers) {
-        FERRY_RETURN_IF_ERROR(embed::ComputeRowIds(l.layout, step, ids));
-        for (size_t i = 0; i < ids.size(); ++i)
-          std::memcpy(dst.data() + i * row_bytes, l.table->Row(ids[i]), row_bytes);
-        std::memcpy(out.data(), dst.data(), s.tokens * token_bytes);
-      }
-      naive_ms.push_back(Ms(Clock::now() - t0));
-    }
-    Stats sv = Summarize(service_ms), ga = Summarize(gather_ms), na = Summarize(naive_ms);
-    double gbps = static_cast<double>(s.tokens) * token_bytes * f.layers / (sv.median_ms * 1e6);
-    fmt::print("| {} x {} | {} | {:.3f} / {:.3f} | {:.3f} | {:.3f} | {:.2f} |\n", s.tokens, s.reqs,
-               f.layers, sv.median_ms, sv.min_ms, ga.median_ms, na.median_ms, gbps);
+    ServiceRun run;
+    run.step = Summarize(service_ms);
+    // The reply of the last step may still be on its way: the step counters can lag by one.
+    FERRY_ASSIGN_OR_RETURN(run.stats, svc::QueryStats(socket, false, Deadline::After(kWait)));
+    runs.push_back(std::move(run));
   }
-  if (stream != nullptr) (void)svc::gpu::StreamDestroy(stream);
+  return runs;
+}
+
+Status Run(const BenchFlags& f) {
+  embed::Config c;
+  c.vocab_size = f.vocab;
+  c.eos_id = f.eos;
+  c.ngram_size = f.ngram;
+  c.heads_per_ngram = f.heads;
+  c.embed_dim = f.embed_dim;
+  c.base_vocab = f.base_vocab;
+  c.row_padding = f.padding;
+  std::vector<StepShape> shapes;
+  for (const auto& s : f.steps) {
+    FERRY_ASSIGN_OR_RETURN(StepShape shape, ParseStep(s));
+    shapes.push_back(shape);
+  }
+  if (f.iters < 1 || f.layers < 1 || f.tp < 1 || f.tp > 64)
+    return Status(Code::kInvalidArgument, "--iters and --layers >= 1, --tp in [1, 64]");
+  const bool cuda = f.kind == "cuda";
+  std::vector<std::string> modes = f.uva;
+  if (modes.empty())
+    modes =
+        cuda ? std::vector<std::string>{"off", "always", "auto"} : std::vector<std::string>{"off"};
+  for (const auto& m : modes) FERRY_RETURN_IF_ERROR(svc::ParseUvaMode(m).status());
+
+  // The same layers in this process for the side-by-side gathers.
+  std::vector<uint32_t> layer_ids;
+  for (int l = 0; l < f.layers; ++l) layer_ids.push_back(static_cast<uint32_t>(l));
+  FERRY_ASSIGN_OR_RETURN(auto layers, svc::MakeServedLayers(c, layer_ids, embed::Dtype::kBf16, {},
+                                                            f.synthetic_rows, nullptr));
+  const uint64_t token_bytes =
+      static_cast<uint64_t>(layers[0].layout.num_heads()) * layers[0].table->row_bytes();
+  FERRY_ASSIGN_OR_RETURN(std::vector<Baselines> base,
+                         RunBaselines(f, c, shapes, layers, token_bytes, cuda));
+  layers.clear();  // the service processes hold their own tables
+
+  std::vector<std::vector<ServiceRun>> runs;
+  for (const auto& m : modes) {
+    FERRY_ASSIGN_OR_RETURN(auto r, RunService(f, c, shapes, layer_ids, token_bytes, cuda, m));
+    runs.push_back(std::move(r));
+  }
+  fmt::print(
+      "| step (tokens x requests) | layers | tp | uva | service step ms (median / min) | "
+      "layer steps cpu / uva | in-process Gatherer ms | naive 1-thread ms | pinned H2D copy ms "
+      "| service GB/s |\n");
+  fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const StepShape& s = shapes[i];
+    for (size_t m = 0; m < modes.size(); ++m) {
+      const ServiceRun& r = runs[m][i];
+      uint64_t cpu = 0, uva = 0;
+      for (const auto& b : r.stats.buckets)
+        if (b.bucket == svc::TokenBucket(s.tokens)) cpu = b.cpu_steps, uva = b.uva_steps;
+      double gbps =
+          static_cast<double>(s.tokens) * token_bytes * f.layers / (r.step.median_ms * 1e6);
+      fmt::print(
+          "| {} x {} | {} | {} | {} | {:.3f} / {:.3f} | {} / {} | {:.3f} | {:.3f} | {} | "
+          "{:.2f} |\n",
+          s.tokens, s.reqs, f.layers, f.tp, modes[m], r.step.median_ms, r.step.min_ms, cpu, uva,
+          base[i].gather_ms, base[i].naive_ms,
+          cuda ? fmt::format("{:.3f}", base[i].copy_ms) : std::string("-"), gbps);
+    }
+  }
+  for (size_t i = 0; i < shapes.size(); ++i)
+    for (size_t m = 0; m < modes.size(); ++m) {
+      fmt::print(
+          "\nservice phases, {} x {}, uva {} (median (mean) us per layer step; "
+          "the bucket of this step shape):\n",
+          shapes[i].tokens, shapes[i].reqs, modes[m]);
+      svc::ServerStats only = runs[m][i].stats;
+      std::erase_if(only.buckets, [&](const svc::BucketStats& b) {
+        return b.bucket != svc::TokenBucket(shapes[i].tokens);
+      });
+      fmt::print("{}", svc::FormatStats(only));
+    }
   return Status::Ok();
 }
 
@@ -299,6 +433,11 @@ void AddEmbedBenchCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"host", "cuda"}))
       ->capture_default_str();
   cmd->add_option("--step", f->steps, "Step shapes TOKENSxREQUESTS")->capture_default_str();
+  cmd->add_option("--uva", f->uva,
+                  "Service UVA modes run side by side (off, always, auto; default: off for "
+                  "host, all three for cuda)");
+  cmd->add_option("--copy-min-kib", f->copy_min_kib, "The service's least KiB per copy to the GPU")
+      ->capture_default_str();
   cmd->callback([f, exit_code] {
     Status s = Run(*f);
     *exit_code = s.ok() ? 0 : Fail(kCmd, s);

@@ -19,7 +19,10 @@ class CudaSink final : public OutputSink {
       (void)gpu::StreamSync(copy_stream_, Deadline::After(kFlagTimeout));
       (void)gpu::StreamDestroy(copy_stream_);
     }
+    if (done_event_ != nullptr) (void)gpu::EventDestroy(done_event_);
+    if (flag_word_ != nullptr) (void)gpu::HostFree(flag_word_);
     if (flag_stream_ != nullptr) (void)gpu::StreamDestroy(flag_stream_);
+    if (read_event_ != nullptr) (void)gpu::EventDestroy(read_event_);
     for (auto& [handle, base] : opened_) (void)gpu::IpcClose(base);
   }
 
@@ -28,6 +31,10 @@ class CudaSink final : public OutputSink {
     FERRY_RETURN_IF_ERROR(gpu::SetDevice(device_));
     FERRY_ASSIGN_OR_RETURN(copy_stream_, gpu::StreamCreate());
     FERRY_ASSIGN_OR_RETURN(flag_stream_, gpu::StreamCreate());
+    FERRY_ASSIGN_OR_RETURN(done_event_, gpu::EventCreate());
+    FERRY_ASSIGN_OR_RETURN(read_event_, gpu::EventCreate());
+    FERRY_ASSIGN_OR_RETURN(void* word, gpu::HostAlloc(sizeof(uint32_t)));
+    flag_word_ = static_cast<uint32_t*>(word);
     for (const LayerOutput& l : reg.layers) {
       // Every offset and size is checked against the allocation the driver mapped.
       FERRY_ASSIGN_OR_RETURN(uint8_t * out, Base(l.output_ipc));
@@ -49,12 +56,24 @@ class CudaSink final : public OutputSink {
   bool wants_pinned_source() const override { return true; }
 
   Status Write(size_t slot, uint64_t offset, const uint8_t* src, uint64_t bytes) override {
-    FERRY_RETURN_IF_ERROR(gpu::SetDevice(device_));  // gather threads call this
+    FERRY_RETURN_IF_ERROR(gpu::SetDevice(device_));  // the copy pump's thread calls this
     return gpu::MemcpyAsync(outputs_[slot] + offset, src, bytes, copy_stream_);
   }
   Status Finish(size_t slot, uint32_t value) override {
     FERRY_RETURN_IF_ERROR(gpu::SetDevice(device_));
-    return gpu::StreamWrite(copy_stream_, flags_[slot], value);
+    FERRY_RETURN_IF_ERROR(gpu::StreamWrite(copy_stream_, flags_[slot], value));
+    return gpu::EventRecord(done_event_, copy_stream_);
+  }
+  Status WaitFinished(Deadline deadline) override {
+    FERRY_RETURN_IF_ERROR(gpu::SetDevice(device_));
+    return gpu::EventSpin(done_event_, deadline);
+  }
+  int device() const override { return device_; }
+  void* stream() override { return copy_stream_; }
+  uint8_t* device_output(size_t slot) override { return outputs_[slot]; }
+  Status WaitEvent(void* event) override {
+    FERRY_RETURN_IF_ERROR(gpu::SetDevice(device_));
+    return gpu::StreamWaitEvent(copy_stream_, event);
   }
   Status Signal(size_t slot, uint32_t value) override {
     std::lock_guard<std::mutex> lock(flag_mu_);
@@ -62,13 +81,17 @@ class CudaSink final : public OutputSink {
     FERRY_RETURN_IF_ERROR(gpu::StreamWrite(flag_stream_, flags_[slot], value));
     return gpu::StreamSync(flag_stream_, Deadline::After(kFlagTimeout));
   }
+  // One 4-byte copy into a page-locked word (a true asynchronous copy, no staging through a
+  // driver buffer) and a spinning wait for it: the read is on every layer step's path.
   Result<uint32_t> ReadFlag(size_t slot) override {
     std::lock_guard<std::mutex> lock(flag_mu_);
     FERRY_RETURN_IF_ERROR(gpu::SetDevice(device_));
-    uint32_t word = 0;
-    FERRY_RETURN_IF_ERROR(gpu::MemcpyAsync(&word, flags_[slot], sizeof(word), flag_stream_));
-    FERRY_RETURN_IF_ERROR(gpu::StreamSync(flag_stream_, Deadline::After(kFlagTimeout)));
-    return word;
+    *flag_word_ = kFlagFailed;
+    FERRY_RETURN_IF_ERROR(
+        gpu::MemcpyAsync(flag_word_, flags_[slot], sizeof(uint32_t), flag_stream_));
+    FERRY_RETURN_IF_ERROR(gpu::EventRecord(read_event_, flag_stream_));
+    FERRY_RETURN_IF_ERROR(gpu::EventSpin(read_event_, Deadline::After(kFlagTimeout)));
+    return LoadFlag(flag_word_);
   }
   Status Drain(Deadline deadline) override {
     FERRY_RETURN_IF_ERROR(gpu::SetDevice(device_));
@@ -85,6 +108,9 @@ class CudaSink final : public OutputSink {
   }
 
   int device_ = 0;
+  void* done_event_ = nullptr;     // recorded after each Finish()'s flag write
+  void* read_event_ = nullptr;     // used under flag_mu_
+  uint32_t* flag_word_ = nullptr;  // page-locked; GUARDED_BY(flag_mu_)
   void* copy_stream_ = nullptr;
   void* flag_stream_ = nullptr;
   std::mutex flag_mu_;

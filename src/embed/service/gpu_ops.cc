@@ -162,6 +162,28 @@ Status EventSync(void* event, Deadline deadline) {
                    "event wait");
 }
 
+Status EventSpin(void* event, Deadline deadline) {
+  for (int spin = 0;; ++spin) {
+    cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(event));
+    if (e == cudaSuccess) return Status::Ok();
+    if (e != cudaErrorNotReady) return ToStatus(e, "event wait");
+    if ((spin & 63) == 63 && deadline.expired())
+      return Status(Code::kDeadlineExceeded, "event wait passed its deadline");
+    std::this_thread::yield();
+  }
+}
+Status StreamWaitEvent(void* stream, void* event) {
+  return ToStatus(
+      cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0),
+      "cudaStreamWaitEvent");
+}
+Result<void*> HostAlloc(size_t bytes) {
+  void* p = nullptr;
+  FERRY_RETURN_IF_ERROR(ToStatus(cudaHostAlloc(&p, bytes, cudaHostAllocPortable), "cudaHostAlloc"));
+  return p;
+}
+Status HostFree(void* ptr) { return ToStatus(cudaFreeHost(ptr), "cudaFreeHost"); }
+
 Status MemcpyAsync(void* dst, const void* src, size_t bytes, void* stream) {
   return ToStatus(
       cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),

@@ -45,6 +45,16 @@ Status EventRecord(void* event, void* stream);
 // Waits until the event completed, or kDeadlineExceeded.
 Status EventSync(void* event, Deadline deadline);
 
+// Waits like EventSync but without sleeping: spins and yields until the event completed (for
+// timing a completion to a few microseconds), or kDeadlineExceeded.
+Status EventSpin(void* event, Deadline deadline);
+// Makes `stream` wait for the event's completion (cudaStreamWaitEvent), across devices too.
+Status StreamWaitEvent(void* stream, void* event);
+// Page-locked host memory (cudaHostAlloc, portable): device copies to and from it are
+// asynchronous.
+Result<void*> HostAlloc(size_t bytes);
+Status HostFree(void* ptr);
+
 Status MemcpyAsync(void* dst, const void* src, size_t bytes, void* stream);
 Status MemsetAsync(void* dst, int value, size_t bytes, void* stream);
 

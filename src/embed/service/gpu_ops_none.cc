@@ -24,6 +24,10 @@ Result<void*> EventCreate() { return No(); }
 Status EventDestroy(void*) { return No(); }
 Status EventRecord(void*, void*) { return No(); }
 Status EventSync(void*, Deadline) { return No(); }
+Status EventSpin(void*, Deadline) { return No(); }
+Status StreamWaitEvent(void*, void*) { return No(); }
+Result<void*> HostAlloc(size_t) { return No(); }
+Status HostFree(void*) { return No(); }
 Status MemcpyAsync(void*, const void*, size_t, void*) { return No(); }
 Status MemsetAsync(void*, int, size_t, void*) { return No(); }
 Status StreamWaitGeq(void*, uint32_t*, uint32_t) { return No(); }

@@ -5,8 +5,9 @@
 // Slots are the client's layers in registration order. Write() may be called concurrently for
 // disjoint ranges of one slot (gather chunks finish on several threads); Finish() makes every
 // earlier Write() of the slot visible before the flag it then sets; Signal() alone (no data)
-// is used for failures. REQUIRES of every call: slot < slots(); ranges inside the registered
-// buffer, which the service checks once at registration (max_tokens x token_bytes).
+// is used for failures; WaitFinished() waits until the flags Finish() set are visible to the
+// client (at once for host memory). REQUIRES of every call: slot < slots(); ranges inside the
+// registered buffer, which the service checks once at registration (max_tokens x token_bytes).
 //
 // Thread safety: as above; distinct slots may be used from distinct threads.
 #pragma once
@@ -40,6 +41,18 @@ class OutputSink {
   // The slot's output as host memory the service may gather into directly (saving a copy),
   // or null.
   virtual uint8_t* direct(size_t slot) { return nullptr; }
+  // Waits until every flag write of earlier Finish() calls completed (CUDA: on the stream).
+  virtual Status WaitFinished(Deadline deadline) { return Status::Ok(); }
+
+  // CUDA sinks only (null / -1 otherwise), for work the service enqueues itself (the UVA
+  // kernel): the device, the stream Write() and Finish() use, and the slot's device output.
+  virtual int device() const { return -1; }
+  virtual void* stream() { return nullptr; }
+  virtual uint8_t* device_output(size_t slot) { return nullptr; }
+  // Makes the sink's stream wait for an event (cudaEvent_t) before its later work.
+  virtual Status WaitEvent(void* event) {
+    return Status(Code::kUnsupported, "this output is not CUDA memory");
+  }
 };
 
 class HostSink final : public OutputSink {

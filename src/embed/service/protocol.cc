@@ -1,5 +1,7 @@
 #include "embed/service/protocol.h"
 
+#include <algorithm>
+
 #include "base/codec.h"
 
 namespace ferry::embed::service {
@@ -88,6 +90,37 @@ Result<AnyMessage> DecodeRegister(codec::ArrayReader& r) {
   return AnyMessage(std::move(m));
 }
 
+constexpr uint32_t kBucketFields = 4 + 3 * kPhaseCount;
+
+Result<AnyMessage> DecodeStats(codec::ArrayReader& r) {
+  Stats m;
+  ServerStats& s = m.stats;
+  FERRY_ASSIGN_OR_RETURN(s.registrations, r.UInt("registrations"));
+  FERRY_ASSIGN_OR_RETURN(s.live_clients, r.UInt("live_clients"));
+  FERRY_ASSIGN_OR_RETURN(s.steps_ok, r.UInt("steps_ok"));
+  FERRY_ASSIGN_OR_RETURN(s.steps_failed, r.UInt("steps_failed"));
+  FERRY_ASSIGN_OR_RETURN(codec::ArrayReader buckets, r.Array("buckets", kMaxStatBuckets));
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    FERRY_ASSIGN_OR_RETURN(codec::ArrayReader b, buckets.Array("bucket", kBucketFields));
+    if (b.size() != kBucketFields) return Bad("a stats bucket of the wrong size");
+    BucketStats out;
+    FERRY_ASSIGN_OR_RETURN(out.bucket, Bounded(b, "bucket.tokens", 0, kMaxTokens));
+    if (out.bucket != TokenBucket(out.bucket)) return Bad("a stats bucket not a power of two");
+    if (!s.buckets.empty() && out.bucket <= s.buckets.back().bucket)
+      return Bad("stats buckets out of order");
+    FERRY_ASSIGN_OR_RETURN(out.cpu_steps, b.UInt("bucket.cpu_steps"));
+    FERRY_ASSIGN_OR_RETURN(out.uva_steps, b.UInt("bucket.uva_steps"));
+    FERRY_ASSIGN_OR_RETURN(out.copies, b.UInt("bucket.copies"));
+    for (PhaseSummary& p : out.phases) {
+      FERRY_ASSIGN_OR_RETURN(p.count, b.UInt("phase.count"));
+      FERRY_ASSIGN_OR_RETURN(p.sum_ns, b.UInt("phase.sum_ns"));
+      FERRY_ASSIGN_OR_RETURN(p.median_ns, b.UInt("phase.median_ns"));
+    }
+    s.buckets.push_back(out);
+  }
+  return AnyMessage(std::move(m));
+}
+
 }  // namespace
 
 std::string Encode(const Register& m) {
@@ -143,6 +176,39 @@ std::string Encode(const Reply& m) {
   return w.Take();
 }
 
+std::string Encode(const StatsRequest& m) {
+  codec::Writer w;
+  Header(w, 1, MessageType::kStatsRequest);
+  w.Bool(m.reset);
+  return w.Take();
+}
+
+std::string Encode(const Stats& m) {
+  codec::Writer w;
+  const ServerStats& s = m.stats;
+  Header(w, 5, MessageType::kStats);
+  w.UInt(s.registrations);
+  w.UInt(s.live_clients);
+  w.UInt(s.steps_ok);
+  w.UInt(s.steps_failed);
+  const size_t n = std::min(s.buckets.size(), kMaxStatBuckets);
+  w.Array(static_cast<uint32_t>(n));
+  for (size_t i = 0; i < n; ++i) {
+    const BucketStats& b = s.buckets[i];
+    w.Array(kBucketFields);
+    w.UInt(b.bucket);
+    w.UInt(b.cpu_steps);
+    w.UInt(b.uva_steps);
+    w.UInt(b.copies);
+    for (const PhaseSummary& p : b.phases) {
+      w.UInt(p.count);
+      w.UInt(p.sum_ns);
+      w.UInt(p.median_ns);
+    }
+  }
+  return w.Take();
+}
+
 Result<AnyMessage> Decode(std::string_view bytes) {
   codec::Limits limits;
   limits.max_bytes = 64 * 1024;
@@ -187,6 +253,15 @@ Result<AnyMessage> Decode(std::string_view bytes) {
       out = AnyMessage(std::move(m));
       break;
     }
+    case MessageType::kStatsRequest: {
+      StatsRequest m;
+      FERRY_ASSIGN_OR_RETURN(m.reset, r.Bool("reset"));
+      out = AnyMessage(m);
+      break;
+    }
+    case MessageType::kStats:
+      out = DecodeStats(r);
+      break;
   }
   if (out.ok() && !r.done()) return Bad("trailing fields");
   return out;

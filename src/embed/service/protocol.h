@@ -11,6 +11,9 @@
 //   Registered service -> client: the registration's Status.
 //   Request   tensor-parallel rank 0 -> service: one step {seq, dp_rank, num_tokens, num_reqs}.
 //   Reply     service -> tensor-parallel rank 0: the step's Status, after its last layer.
+//   StatsRequest  any -> service, as the first message of a connection that does not register
+//             (it may send more): asks for the service's counters and phase timings.
+//   Stats     service -> that connection: ServerStats (step_stats.h).
 //
 // Flag words (uint32) hold kFlagReset, kFlagDone or kFlagFailed; a waiter waits for >= kFlagDone,
 // so a failed step never leaves it blocked.
@@ -24,6 +27,7 @@
 #include <variant>
 #include <vector>
 
+#include "embed/service/step_stats.h"
 #include "ferry/status.h"
 
 namespace ferry::embed::service {
@@ -46,7 +50,14 @@ inline constexpr uint64_t kMaxTokenBytes = 1u << 20;
 inline constexpr size_t kMaxStatusMessage = 4096;
 inline constexpr size_t kCudaIpcHandleBytes = 64;
 
-enum class MessageType : uint8_t { kRegister = 1, kRegistered = 2, kRequest = 3, kReply = 4 };
+enum class MessageType : uint8_t {
+  kRegister = 1,
+  kRegistered = 2,
+  kRequest = 3,
+  kReply = 4,
+  kStatsRequest = 5,
+  kStats = 6,
+};
 
 // Where a client's outputs and flags live.
 enum class OutputMode : uint8_t {
@@ -103,12 +114,22 @@ struct Reply {
   Status status;
 };
 
-using AnyMessage = std::variant<Register, Registered, Request, Reply>;
+struct StatsRequest {
+  bool reset = false;  // clear the phase timings after taking them
+};
+
+struct Stats {
+  ServerStats stats;
+};
+
+using AnyMessage = std::variant<Register, Registered, Request, Reply, StatsRequest, Stats>;
 
 std::string Encode(const Register& m);
 std::string Encode(const Registered& m);
 std::string Encode(const Request& m);
 std::string Encode(const Reply& m);
+std::string Encode(const StatsRequest& m);
+std::string Encode(const Stats& m);
 
 // Decodes one message; the errors listed above. Checks ranges that need no other state
 // (tp_rank < tp_size, limits, has_inputs == (tp_rank == 0), alignment, IPC handle sizes).

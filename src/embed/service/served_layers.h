@@ -3,6 +3,9 @@
 // shared by all layers (sized for the largest layer unless `synthetic_rows` says otherwise) or
 // one safetensors file per layer, in the order of `layers`.
 //
+// With `pin` non-null every table is also page-locked (Table::Pin, for the UVA path) before it is
+// shared, and *pin gets the result: a table that cannot be pinned is still served (unpinned).
+//
 // Thread safety: a pure function; `pool` (optional) fills a synthetic table in parallel.
 #pragma once
 
@@ -22,6 +25,7 @@ namespace ferry::embed::service {
 Result<std::vector<ServedLayer>> MakeServedLayers(const Config& base,
                                                   std::span<const uint32_t> layers, Dtype dtype,
                                                   std::span<const std::string> files,
-                                                  uint64_t synthetic_rows, ThreadPool* pool);
+                                                  uint64_t synthetic_rows, ThreadPool* pool,
+                                                  Status* pin = nullptr);
 
 }  // namespace ferry::embed::service

@@ -47,12 +47,15 @@ Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() { Stop(); }
 const std::string& Server::socket_path() const { return impl_->options.socket_path; }
 
-ServerStats Server::stats() const {
+ServerStats Server::stats(bool reset_timings) const { return impl_->Snapshot(reset_timings); }
+
+ServerStats Server::Impl::Snapshot(bool reset_timings) {
   ServerStats s;
-  s.registrations = impl_->registrations.load();
-  s.live_clients = impl_->live.load();
-  s.steps_ok = impl_->steps_ok.load();
-  s.steps_failed = impl_->steps_failed.load();
+  s.buckets = recorder.Snapshot(reset_timings);
+  s.registrations = registrations.load();
+  s.live_clients = live.load();
+  s.steps_ok = steps_ok.load();
+  s.steps_failed = steps_failed.load();
   return s;
 }
 
@@ -127,6 +130,13 @@ void Server::Impl::Serve(std::shared_ptr<Connection> conn) {
     if (!msg.ok() && msg.status().code() == Code::kDeadlineExceeded) continue;
     if (!msg.ok() && msg.status().code() != Code::kInvalidArgument) break;  // closed or stop
     Result<AnyMessage> decoded = msg.ok() ? Decode(msg->bytes) : Result<AnyMessage>(msg.status());
+    if (member == nullptr && decoded.ok() && std::holds_alternative<StatsRequest>(*decoded)) {
+      // A monitoring connection: it registers nothing and may ask again.
+      Stats reply;
+      reply.stats = Snapshot(std::get<StatsRequest>(*decoded).reset);
+      if (!conn->Send(Encode(reply)).ok()) break;
+      continue;
+    }
     if (member == nullptr) {
       // The first message must be a registration.
       Status st = decoded.ok() ? Status::Ok() : decoded.status();
@@ -153,7 +163,7 @@ void Server::Impl::Serve(std::shared_ptr<Connection> conn) {
         check =
             Status(Code::kInvalidArgument, "request for dp rank " + std::to_string(req.dp_rank) +
                                                " on the connection of " + RankName(member->reg));
-      Enqueue(member, Step{req, check});
+      Enqueue(member, Step{req, check, Clock::now(), {}});
       continue;
     }
     Status st =
@@ -164,7 +174,7 @@ void Server::Impl::Serve(std::shared_ptr<Connection> conn) {
     FERRY_LOG_WARN("embed-serve: {}: bad message: {}", RankName(member->reg), st.ToString());
     if (member->reg.tp_rank == 0) {
       // The step it meant to start fails: its flags and its reply say so.
-      Enqueue(member, Step{Request{}, st});
+      Enqueue(member, Step{Request{}, st, Clock::now(), {}});
     } else {
       (void)conn->Send(Encode(Reply{0, st}));
     }
@@ -248,6 +258,7 @@ Status Server::Impl::Enroll(const std::shared_ptr<Member>& m) {
     if (slot == nullptr) {
       slot = std::make_shared<Group>();
       slot->dp_rank = m->reg.dp_rank;
+      slot->policy = std::make_unique<StepPolicy>(options.policy);
       start = true;
     }
     g = slot;

@@ -6,10 +6,17 @@
 // in order, on the group's own thread, so several data-parallel ranks are served concurrently
 // (their gathers share one Gatherer's threads). Per step and layer: wait until every rank of
 // the group released the layer's previous output (flag back to kFlagReset), compute the row
-// ids and gather the rows into staging in chunks, copy each chunk to every rank's buffer as
-// soon as it is gathered, then set every rank's flag to kFlagDone. A step that fails
+// ids and gather the rows into staging in chunks, copy finished chunks to every rank's buffer
+// while later ones are gathered, then set every rank's flag to kFlagDone. A step that fails
 // (bad request, a wait past its deadline, a rank gone) sets kFlagFailed on the layers it did
 // not finish, for every rank, and its Reply carries the error.
+//
+// With CUDA outputs the copies to the GPUs are issued by a copy pump thread per group, behind the
+// gather, in few large copies (copy_pump.h); a layer step may instead run the UVA kernel on rank
+// 0's stream, writing rank 0's output directly, with device-to-device copies to the other
+// ranks, when the table is pinned: StepPolicy (step_policy.h) picks per token-count bucket.
+// Every layer step's phases are timed (step_stats.h) and reported by stats() and the
+// protocol's StatsRequest.
 //
 // A client that disconnects (or dies) loses its registration at once; the group keeps
 // serving once the rank registers again, and other groups are not affected. Registrations are
@@ -29,6 +36,8 @@
 
 #include "embed/config.h"
 #include "embed/gather.h"
+#include "embed/service/step_policy.h"
+#include "embed/service/step_stats.h"
 #include "embed/table.h"
 #include "ferry/status.h"
 
@@ -46,13 +55,14 @@ struct ServerOptions {
   std::chrono::nanoseconds wait_timeout =
       std::chrono::seconds(30);  // released outputs, absent ranks
   size_t max_queued_steps = 16;  // per data-parallel rank; more: kResourceExhausted
-};
-
-struct ServerStats {
-  uint64_t registrations = 0;  // accepted so far
-  uint64_t live_clients = 0;
-  uint64_t steps_ok = 0;
-  uint64_t steps_failed = 0;
+  // CUDA outputs: the copy pump issues a copy once this many bytes of finished chunks are
+  // contiguous past the last copy (or the layer is gathered).
+  uint64_t min_copy_bytes = 1 << 20;
+  // Copies to host outputs (other tensor-parallel ranks) through the copy pump too, as for CUDA
+  // outputs: slower (one thread copies), for tests of the pump path on machines without a GPU.
+  bool pump_host_copies = false;
+  // CPU gather or UVA kernel per layer step (step_policy.h); UVA needs pinned tables.
+  StepPolicyOptions policy;
 };
 
 class Server {
@@ -65,7 +75,8 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   void Stop();
-  ServerStats stats() const;
+  // Counters and per-bucket phase timings (step_stats.h); reset_timings clears the timings.
+  ServerStats stats(bool reset_timings = false) const;
   const std::string& socket_path() const;
 
   struct Impl;

@@ -19,11 +19,15 @@
 #include "cuda/runtime.h"
 #include "embed/gather.h"
 #include "embed/row_ids.h"
+#include "embed/service/copy_pump.h"
 #include "embed/service/output_sink.h"
 #include "embed/service/protocol.h"
 #include "embed/service/server.h"
 #include "embed/service/shared_memory.h"
+#include "embed/service/step_policy.h"
+#include "embed/service/step_stats.h"
 #include "embed/service/unix_socket.h"
+#include "embed/uva.h"
 
 namespace ferry::embed::service {
 namespace internal {
@@ -53,6 +57,27 @@ struct Member {
 struct Step {
   Request request;
   Status error;  // set: the step fails without reading inputs (a malformed request)
+  Clock::time_point received = Clock::now();
+  Clock::time_point started;  // when the group's thread took it
+};
+
+// A group's UVA resources, on its rank 0's device (server_uva.cc): one kernel launcher per
+// served layer, the step's inputs in device memory and their page-locked host mirror, and the
+// event that orders the other ranks' DONE after the copies to them.
+struct UvaState {
+  int device = -1;
+  std::map<size_t, std::unique_ptr<UvaGatherer>> gatherers;  // by index into Impl::layers
+  int32_t* dev_inputs = nullptr;
+  int32_t* host_inputs = nullptr;
+  size_t capacity = 0;  // int32 entries of each
+  void* event = nullptr;
+  uint64_t uploaded_for = 0;  // the step serial whose inputs dev_inputs holds
+  bool ran = false;           // a layer of the current step ran the kernel
+  bool broken = false;        // setup failed once: the group runs the CPU path
+  UvaState() = default;
+  UvaState(const UvaState&) = delete;
+  UvaState& operator=(const UvaState&) = delete;
+  ~UvaState();
 };
 
 // One data-parallel rank: its members and its queue of steps, served by `worker`.
@@ -71,6 +96,10 @@ struct Group {
     if (staging_pinned) (void)cuda::HostUnregister(staging.data());
   }
   std::vector<int32_t> tokens, qsl, context;
+  uint64_t serial = 0;  // steps run
+  std::unique_ptr<StepPolicy> policy;
+  std::unique_ptr<CopyPump> pump;  // CUDA outputs: issues the copies behind the gather
+  UvaState uva;
 };
 
 inline bool SameShape(const Register& a, const Register& b) {
@@ -110,7 +139,9 @@ struct Server::Impl {
   bool stopped = false;                                // GUARDED_BY(mu)
 
   std::atomic<uint64_t> registrations{0}, live{0}, steps_ok{0}, steps_failed{0};
+  StepStatsRecorder recorder;
 
+  ServerStats Snapshot(bool reset_timings);
   void AcceptLoop();
   void Serve(std::shared_ptr<Connection> conn);
   Result<std::shared_ptr<Member>> Admit(const std::shared_ptr<Connection>& conn,
@@ -121,7 +152,18 @@ struct Server::Impl {
   void Work(std::shared_ptr<Group> g);
   Status RunStep(Group& g, const std::vector<std::shared_ptr<Member>>& members, const Step& s);
   Status RunLayer(Group& g, const std::vector<std::shared_ptr<Member>>& members, size_t slot,
-                  const StepInput& in);
+                  const StepInput& in, const Step& step, LayerTiming& t);
+  // The CPU path of a layer: ids and rows gathered by the Gatherer, copied to every rank.
+  Status GatherLayer(Group& g, const std::vector<std::shared_ptr<Member>>& members, size_t slot,
+                     const StepInput& in, Clock::time_point* gathered, Clock::time_point* last_copy,
+                     uint64_t* copies);
+  // The UVA path (server_uva.cc): true when the layer step can run the kernel (CUDA outputs, a
+  // pinned table of one segment, setup done); sets up what is missing.
+  bool UvaReady(Group& g, const std::vector<std::shared_ptr<Member>>& members, size_t slot);
+  Status UvaLayer(Group& g, const std::vector<std::shared_ptr<Member>>& members, size_t slot,
+                  const StepInput& in, Clock::time_point* gathered, Clock::time_point* last_copy,
+                  uint64_t* copies);
+  Status UvaCheck(Group& g);
   Status WaitReleased(const std::vector<std::shared_ptr<Member>>& members, size_t slot,
                       Deadline deadline);
   void FailFrom(const std::vector<std::shared_ptr<Member>>& members, size_t slot);

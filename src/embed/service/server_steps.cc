@@ -1,6 +1,8 @@
-// The step loop of a data-parallel group: wait for every rank's released outputs, gather each
-// layer's rows in chunks, copy each chunk to every rank as soon as it is gathered, set DONE;
-// on any failure set FAILED on the layers not done.
+// The step loop of a data-parallel group: wait for every rank's released outputs, then per layer
+// either gather the rows in chunks and copy them to every rank behind the gather (the CPU
+// path) or run the UVA kernel (server_uva.cc), as the group's StepPolicy picks; set DONE and
+// time every phase; on any failure set FAILED on the layers not done.
+#include <algorithm>
 #include <cstring>
 
 #include "base/log.h"
@@ -36,6 +38,7 @@ void Server::Impl::Work(std::shared_ptr<Group> g) {
       if (g->stopping) return;
       members = g->members;
     }
+    step.started = Clock::now();
     std::shared_ptr<Member> rank0 = members.empty() ? nullptr : members[0];
     if (rank0 == nullptr) continue;  // rank 0 left: nobody asked any more
     Status st = step.error;
@@ -88,6 +91,7 @@ Status Server::Impl::RunStep(Group& g, const std::vector<std::shared_ptr<Member>
   std::memcpy(g.context.data(), base + reg.inputs.ngram_context, g.context.size() * 4);
   StepInput in{g.tokens, g.qsl, g.context};
   st = ValidateStep(layers[r0.served[0]].layout, in);
+  const Clock::time_point inputs_done = Clock::now();
   const size_t staging_bytes = reg.max_tokens * reg.token_bytes;
   bool want_pinned = false;
   for (const auto& m : members) want_pinned |= m->sink->wants_pinned_source();
@@ -101,14 +105,24 @@ Status Server::Impl::RunStep(Group& g, const std::vector<std::shared_ptr<Member>
       g.staging_pinned = pin.ok();
     }
   }
+  ++g.serial;
+  g.uva.ran = false;
   for (size_t slot = 0; st.ok() && slot < r0.served.size(); ++slot) {
     if (!r0.alive) return Status(Code::kAborted, "tp rank 0 left during the step");
-    st = RunLayer(g, members, slot, in);
+    LayerTiming t;
+    t.tokens = req.num_tokens;
+    if (slot == 0) {
+      t.Set(Phase::kQueue, (step.started - step.received).count());
+      t.Set(Phase::kInputs, (inputs_done - step.started).count());
+    }
+    st = RunLayer(g, members, slot, in, step, t);
     if (!st.ok()) {
       FailFrom(members, slot);
       return st.WithContext("layer " + std::to_string(reg.layers[slot].layer));
     }
+    recorder.Commit(t);
   }
+  if (st.ok() && g.uva.ran) st = UvaCheck(g);  // after DONE: off the client's path
   if (!st.ok()) FailFrom(members, 0);
   return st;
 }
@@ -132,39 +146,102 @@ Status Server::Impl::WaitReleased(const std::vector<std::shared_ptr<Member>>& me
 }
 
 Status Server::Impl::RunLayer(Group& g, const std::vector<std::shared_ptr<Member>>& members,
-                              size_t slot, const StepInput& in) {
-  const Register& reg = members[0]->reg;
-  const ServedLayer& layer = layers[members[0]->served[slot]];
+                              size_t slot, const StepInput& in, const Step& step, LayerTiming& t) {
+  const Clock::time_point t0 = Clock::now();
   FERRY_RETURN_IF_ERROR(WaitReleased(members, slot, Deadline::After(options.wait_timeout)));
-  // The previous layer's copies read the staging that this layer's gather overwrites.
+  const Clock::time_point t1 = Clock::now();
+  // The previous layer's copies read the staging that this layer's gather overwrites (and the
+  // UVA inputs' host mirror).
   for (const auto& m : members)
     FERRY_RETURN_IF_ERROR(m->sink->Drain(Deadline::After(options.wait_timeout)));
+  const Clock::time_point t2 = Clock::now();
+  const uint64_t tokens = static_cast<uint64_t>(in.num_tokens());
+  const bool uva = options.policy.mode != UvaMode::kOff && UvaReady(g, members, slot);
+  t.path = g.policy->Choose(tokens, uva);
+  Clock::time_point gathered, last_copy;
+  if (t.path == StepPath::kUva)
+    FERRY_RETURN_IF_ERROR(UvaLayer(g, members, slot, in, &gathered, &last_copy, &t.copies));
+  else
+    FERRY_RETURN_IF_ERROR(GatherLayer(g, members, slot, in, &gathered, &last_copy, &t.copies));
+  for (const auto& m : members) FERRY_RETURN_IF_ERROR(m->sink->Finish(slot, kFlagDone));
+  const Clock::time_point t3 = Clock::now();
+  for (const auto& m : members)
+    FERRY_RETURN_IF_ERROR(m->sink->WaitFinished(Deadline::After(options.wait_timeout)));
+  const Clock::time_point t4 = Clock::now();
+  t.Set(Phase::kReleased, (t1 - t0).count());
+  t.Set(Phase::kDrain, (t2 - t1).count());
+  t.Set(Phase::kGather, (gathered - t2).count());
+  t.Set(Phase::kCopyTail, (last_copy - gathered).count());
+  t.Set(Phase::kFinish, (t3 - last_copy).count());
+  t.Set(Phase::kDone, (t4 - t3).count());
+  t.Set(Phase::kLayer, (t4 - t1).count());
+  t.Set(Phase::kStep, (t4 - step.received).count());
+  g.policy->Report(tokens, t.path, static_cast<uint64_t>((t4 - t1).count()));
+  return Status::Ok();
+}
+
+Status Server::Impl::GatherLayer(Group& g, const std::vector<std::shared_ptr<Member>>& members,
+                                 size_t slot, const StepInput& in, Clock::time_point* gathered,
+                                 Clock::time_point* last_copy, uint64_t* copies) {
+  const Register& reg = members[0]->reg;
+  const ServedLayer& layer = layers[members[0]->served[slot]];
   const uint64_t tb = reg.token_bytes;
   // Rows go to the staging, or straight into the first rank's buffer when it is host memory;
-  // each finished chunk is copied from there to the other ranks at once.
+  // from there to the other ranks.
   uint8_t* direct = members[0]->sink->direct(slot);
-  uint8_t* gathered = direct != nullptr ? direct : g.staging.data();
-  std::mutex err_mu;
-  Status copy_error;
-  auto on_chunk = [&](int64_t begin, int64_t end) {
+  uint8_t* src = direct != nullptr ? direct : g.staging.data();
+  const size_t first = direct != nullptr ? 1 : 0;
+  auto write_all = [&](int64_t begin, int64_t end) -> Status {
     const uint64_t off = static_cast<uint64_t>(begin) * tb;
     const uint64_t bytes = static_cast<uint64_t>(end - begin) * tb;
-    for (size_t i = direct != nullptr ? 1 : 0; i < members.size(); ++i) {
-      const auto& m = members[i];
-      Status s = m->sink->Write(slot, off, gathered + off, bytes);
+    Status first_error;
+    for (size_t i = first; i < members.size(); ++i) {
+      Status s = members[i]->sink->Write(slot, off, src + off, bytes);
+      if (!s.ok() && first_error.ok()) first_error = s;
+    }
+    return first_error;
+  };
+  bool pump = false;  // copies to GPUs: issued by the pump, behind the gather
+  for (size_t i = first; i < members.size(); ++i)
+    pump |= members[i]->sink->wants_pinned_source() || options.pump_host_copies;
+  if (in.num_tokens() == 0) {
+    *gathered = *last_copy = Clock::now();
+    return Status::Ok();
+  }
+  std::span<uint8_t> dst(src, static_cast<size_t>(in.num_tokens()) * tb);
+  if (!pump) {
+    // Host copies: each gather thread copies its own chunk (a memcpy, no shared queue).
+    std::mutex err_mu;
+    Status copy_error;
+    std::atomic<uint64_t> chunks{0};
+    auto on_chunk = [&](int64_t begin, int64_t end) {
+      chunks.fetch_add(members.size() - first, std::memory_order_relaxed);
+      Status s = write_all(begin, end);
       if (!s.ok()) {
         std::lock_guard<std::mutex> lock(err_mu);
         if (copy_error.ok()) copy_error = s;
       }
-    }
-  };
-  if (in.num_tokens() > 0) {
-    std::span<uint8_t> dst(gathered, static_cast<size_t>(in.num_tokens()) * tb);
-    FERRY_RETURN_IF_ERROR(gatherer->GatherStep(layer.layout, *layer.table, in, dst, on_chunk));
+    };
+    ChunkDone cb;
+    if (first < members.size()) cb = on_chunk;
+    FERRY_RETURN_IF_ERROR(gatherer->GatherStep(layer.layout, *layer.table, in, dst, cb));
+    *gathered = *last_copy = Clock::now();
+    *copies = chunks.load();
+    return copy_error;
   }
-  FERRY_RETURN_IF_ERROR(copy_error);
-  for (const auto& m : members) FERRY_RETURN_IF_ERROR(m->sink->Finish(slot, kFlagDone));
-  return Status::Ok();
+  if (g.pump == nullptr) g.pump = std::make_unique<CopyPump>();
+  const int64_t min_tokens =
+      std::max<int64_t>(1, static_cast<int64_t>(options.min_copy_bytes / tb));
+  g.pump->Begin(in.num_tokens(), gatherer->options().chunk_tokens, min_tokens, write_all);
+  CopyPump* p = g.pump.get();
+  const uint64_t copies_before = p->copies();
+  Status gs = gatherer->GatherStep(layer.layout, *layer.table, in, dst,
+                                   [p](int64_t b, int64_t e) { p->ChunkDone(b, e); });
+  *gathered = *last_copy = Clock::now();
+  Status ps = p->End(gs.ok(), Deadline::After(options.wait_timeout), last_copy);
+  *copies = (p->copies() - copies_before) * (members.size() - first);
+  FERRY_RETURN_IF_ERROR(gs);
+  return ps;
 }
 
 void Server::Impl::FailFrom(const std::vector<std::shared_ptr<Member>>& members, size_t slot) {

@@ -2,17 +2,22 @@
 // buffers and flags through CUDA IPC, copies the gathered rows with asynchronous copies and
 // sets DONE with stream memory writes; the clients' waits are stream memory waits. Skips,
 // saying why, without a usable GPU. The service is the `ferry embed-serve` binary (FERRY_BIN)
-// with the tests' small synthetic model (service_test_util.h).
+// with the tests' small synthetic model (service_test_util.h). The UVA tests force the UVA path
+// (--uva always) or let the service choose (--uva auto) and check the same bytes as the CPU
+// path's, and the service's counts of the paths it ran (QueryStats).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "cuda/runtime.h"
 #include "embed/service/gpu_ops.h"
 #include "embed/service/service_test_util.h"
+#include "embed/service/stats_query.h"
 
 namespace ferry::embed::service {
 namespace {
@@ -27,50 +32,58 @@ class EmbedServiceCudaTest : public ::testing::Test {
     // A fresh `ferry embed-serve` process (a fork would inherit this process's CUDA state).
     std::string ready = path_ + ".ready";
     ::unlink(ready.c_str());
+    // Before the service starts: --uva always makes it refuse to start without a GPU.
+    std::string reason;
+    if (!gpu::Usable(&reason)) GTEST_SKIP() << "no usable GPU: " << reason;
+    std::vector<std::string> args = {FERRY_BIN,
+                                     "embed-serve",
+                                     "--socket",
+                                     path_,
+                                     "--ready-file",
+                                     ready,
+                                     "--vocab",
+                                     "1000",
+                                     "--eos",
+                                     "2",
+                                     "--heads",
+                                     "2",
+                                     "--embed-dim",
+                                     "64",
+                                     "--base-vocab",
+                                     "97",
+                                     "--padding",
+                                     "8",
+                                     "--layers",
+                                     "0",
+                                     "1",
+                                     "2",
+                                     "--threads",
+                                     "2",
+                                     "--chunk-tokens",
+                                     "16",
+                                     "--copy-min-kib",
+                                     "4",
+                                     "--wait-timeout",
+                                     "5"};
+    for (const std::string& a : ExtraArgs()) args.push_back(a);
     service_ = ::fork();
     if (service_ == 0) {
-      const char* argv[] = {FERRY_BIN,
-                            "embed-serve",
-                            "--socket",
-                            path_.c_str(),
-                            "--ready-file",
-                            ready.c_str(),
-                            "--vocab",
-                            "1000",
-                            "--eos",
-                            "2",
-                            "--heads",
-                            "2",
-                            "--embed-dim",
-                            "64",
-                            "--base-vocab",
-                            "97",
-                            "--padding",
-                            "8",
-                            "--layers",
-                            "0",
-                            "1",
-                            "2",
-                            "--threads",
-                            "2",
-                            "--chunk-tokens",
-                            "16",
-                            "--wait-timeout",
-                            "5",
-                            nullptr};
-      ::execv(FERRY_BIN, const_cast<char**>(argv));
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(FERRY_BIN, argv.data());
       ::_exit(127);
     }
     for (int i = 0; i < 2000 && ::access(ready.c_str(), F_OK) != 0; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     ASSERT_EQ(::access(ready.c_str(), F_OK), 0) << FERRY_BIN << " embed-serve did not start";
-    std::string reason;
-    if (!gpu::Usable(&reason)) GTEST_SKIP() << "no usable GPU: " << reason;
     ASSERT_TRUE(gpu::SetDevice(0).ok());
     auto s = gpu::StreamCreate();
     ASSERT_TRUE(s.ok());
     stream_ = *s;
   }
+  // More `ferry embed-serve` flags (the default is --uva auto).
+  virtual std::vector<std::string> ExtraArgs() const { return {}; }
   void TearDown() override {
     if (stream_ != nullptr) (void)gpu::StreamDestroy(stream_);
     KillService();
@@ -205,6 +218,79 @@ TEST_F(EmbedServiceCudaTest, KilledServiceReleasesTheStreamWait) {
   EXPECT_EQ(r0->flag(0), kFlagFailed);
   EXPECT_EQ(r0->Wait(1, stream_).code(), Code::kUnavailable);
   EXPECT_EQ(r0->PrepareForward(1, 1, false, stream_).code(), Code::kUnavailable);
+}
+
+// The layer steps each path ran for steps of `tokens` tokens, from the service's stats, once
+// `total` were counted (a layer step is counted after its DONE completed, so just after the
+// client saw it) or after 5 s.
+std::pair<uint64_t, uint64_t> PathCounts(const std::string& socket, uint64_t tokens,
+                                         uint64_t total) {
+  std::pair<uint64_t, uint64_t> out{0, 0};
+  for (int i = 0; i < 500 && out.first + out.second < total; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    Result<ServerStats> st = QueryStats(socket, false, Deadline::After(std::chrono::seconds(5)));
+    EXPECT_TRUE(st.ok()) << st.status().ToString();
+    if (!st.ok()) return out;
+    for (const BucketStats& b : st->buckets)
+      if (b.bucket == TokenBucket(tokens)) out = {b.cpu_steps, b.uva_steps};
+  }
+  return out;
+}
+
+// Steps the CPU path's tests run, and padding tokens past the last request (zero rows).
+std::vector<StepData> UvaSteps() {
+  std::vector<StepData> steps = {MakeStep(4, 512, 11), MakeStep(64, 64, 12), MakeStep(1, 1, 13)};
+  StepData padded = MakeStep(2, 100, 14);
+  padded.qsl.back() = 90;
+  steps.push_back(padded);
+  return steps;
+}
+
+class EmbedServiceUvaAlwaysTest : public EmbedServiceCudaTest {
+ protected:
+  std::vector<std::string> ExtraArgs() const override { return {"--uva", "always"}; }
+};
+
+TEST_F(EmbedServiceUvaAlwaysTest, KernelRowsEqualTheCpuPathsOnEveryRank) {
+  auto r0 = MakeClient(0, 2), r1 = MakeClient(1, 2);
+  ASSERT_TRUE(r0 && r1);
+  for (const StepData& s : UvaSteps()) Forward({r0.get(), r1.get()}, s, nullptr);
+  // Every layer step of the 512-token step ran the kernel (3 layers).
+  auto [cpu, uva] = PathCounts(path_, 512, 3);
+  EXPECT_EQ(cpu, 0u);
+  EXPECT_EQ(uva, 3u);
+}
+
+class EmbedServiceUvaOffTest : public EmbedServiceCudaTest {
+ protected:
+  std::vector<std::string> ExtraArgs() const override { return {"--uva", "off"}; }
+};
+
+TEST_F(EmbedServiceUvaOffTest, CpuPathOnly) {
+  auto r0 = MakeClient(0, 2), r1 = MakeClient(1, 2);
+  ASSERT_TRUE(r0 && r1);
+  for (const StepData& s : UvaSteps()) Forward({r0.get(), r1.get()}, s, nullptr);
+  auto [cpu, uva] = PathCounts(path_, 512, 3);
+  EXPECT_EQ(cpu, 3u);
+  EXPECT_EQ(uva, 0u);
+}
+
+class EmbedServiceUvaAutoTest : public EmbedServiceCudaTest {
+ protected:
+  std::vector<std::string> ExtraArgs() const override {
+    return {"--uva", "auto", "--uva-probes", "2", "--uva-reprobe-every", "4"};
+  }
+};
+
+TEST_F(EmbedServiceUvaAutoTest, BothPathsRunAndEveryStepIsRight) {
+  auto r0 = MakeClient(0, 1);
+  ASSERT_TRUE(r0);
+  for (uint32_t i = 0; i < 12; ++i) Forward({r0.get()}, MakeStep(4, 256, 20 + i), nullptr);
+  // 36 layer steps: 2 probes of each path, then the faster, and every 4th choice the other.
+  auto [cpu, uva] = PathCounts(path_, 256, 36);
+  EXPECT_EQ(cpu + uva, 36u);
+  EXPECT_GE(cpu, 2u);
+  EXPECT_GE(uva, 2u);
 }
 
 }  // namespace
