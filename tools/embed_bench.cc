@@ -56,6 +56,7 @@ struct BenchFlags {
   int tp = 1;
   int threads = 2;
   int64_t chunk_tokens = 64;
+  bool streaming_stores = false;
   int iters = 20;
   std::string kind = "host";
   std::vector<std::string> steps = {"8192x8", "256x256"};
@@ -141,6 +142,7 @@ Result<pid_t> SpawnService(const BenchFlags& f, const std::string& socket, const
                                    "--copy-min-kib",
                                    std::to_string(f.copy_min_kib),
                                    "--layers"};
+  if (f.streaming_stores) args.insert(args.end() - 1, "--streaming-stores");
   for (int l = 0; l < f.layers; ++l) args.push_back(std::to_string(l));
   pid_t pid = ::fork();
   if (pid == 0) {
@@ -176,6 +178,7 @@ Result<std::vector<Baselines>> RunBaselines(const BenchFlags& f, const embed::Co
   embed::GatherOptions go;
   go.threads = f.threads;
   go.chunk_tokens = f.chunk_tokens;
+  go.streaming_stores = f.streaming_stores;
   FERRY_ASSIGN_OR_RETURN(auto gatherer, embed::Gatherer::Create(go));
   uint32_t max_tokens = 0;
   for (auto& s : shapes) max_tokens = std::max(max_tokens, s.tokens);
@@ -428,6 +431,8 @@ void AddEmbedBenchCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--chunk-tokens", f->chunk_tokens, "Tokens per gather/copy chunk")
       ->capture_default_str();
+  cmd->add_flag("--streaming-stores", f->streaming_stores,
+               "Non-temporal stores in the gathers (service and in-process)");
   cmd->add_option("--iters", f->iters, "Timed steps per shape")->capture_default_str();
   cmd->add_option("--kind", f->kind, "Outputs: host (CPU-only mode) or cuda")
       ->check(CLI::IsMember({"host", "cuda"}))

@@ -46,6 +46,7 @@ struct ServeFlags {
   uint64_t synthetic_rows = 0;
   int threads = 4;
   int64_t chunk_tokens = 32;
+  bool streaming_stores = false;
   double wait_timeout_s = 30;
   std::string uva = "auto";
   uint64_t copy_min_kib = 1024;
@@ -84,6 +85,7 @@ Status Serve(const ServeFlags& f) {
   o.socket_path = f.socket;
   o.gather.threads = f.threads;
   o.gather.chunk_tokens = f.chunk_tokens;
+  o.gather.streaming_stores = f.streaming_stores;
   o.min_copy_bytes = std::max<uint64_t>(1, f.copy_min_kib) * 1024;
   o.policy.mode = uva;
   o.policy.probes = f.uva_probes;
@@ -146,6 +148,9 @@ void AddEmbedServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--threads", f->threads, "Gather threads")->capture_default_str();
   cmd->add_option("--chunk-tokens", f->chunk_tokens, "Tokens per gather and copy chunk")
       ->capture_default_str();
+  cmd->add_flag("--streaming-stores", f->streaming_stores,
+               "Write gathered rows with non-temporal stores (no read for ownership of the "
+               "staging lines)");
   cmd->add_option("--wait-timeout", f->wait_timeout_s,
                   "Seconds a step waits for released outputs or absent ranks")
       ->capture_default_str();
