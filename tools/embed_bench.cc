@@ -57,6 +57,7 @@ struct BenchFlags {
   int threads = 2;
   int64_t chunk_tokens = 64;
   bool streaming_stores = false;
+  std::string staging_stores = "streaming";
   int iters = 20;
   std::string kind = "host";
   std::vector<std::string> steps = {"8192x8", "256x256"};
@@ -143,6 +144,7 @@ Result<pid_t> SpawnService(const BenchFlags& f, const std::string& socket, const
                                    std::to_string(f.copy_min_kib),
                                    "--layers"};
   if (f.streaming_stores) args.insert(args.end() - 1, "--streaming-stores");
+  args.insert(args.end() - 1, {"--staging-stores", f.staging_stores});
   for (int l = 0; l < f.layers; ++l) args.push_back(std::to_string(l));
   pid_t pid = ::fork();
   if (pid == 0) {
@@ -432,7 +434,11 @@ void AddEmbedBenchCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--chunk-tokens", f->chunk_tokens, "Tokens per gather/copy chunk")
       ->capture_default_str();
   cmd->add_flag("--streaming-stores", f->streaming_stores,
-               "Non-temporal stores in the gathers (service and in-process)");
+               "Non-temporal stores in the gathers into host memory (service and in-process)");
+  cmd->add_option("--staging-stores", f->staging_stores,
+                  "The service's stores into its pinned staging (CUDA outputs): streaming or normal")
+      ->check(CLI::IsMember({"streaming", "normal"}))
+      ->capture_default_str();
   cmd->add_option("--iters", f->iters, "Timed steps per shape")->capture_default_str();
   cmd->add_option("--kind", f->kind, "Outputs: host (CPU-only mode) or cuda")
       ->check(CLI::IsMember({"host", "cuda"}))

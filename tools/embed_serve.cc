@@ -47,6 +47,7 @@ struct ServeFlags {
   int threads = 4;
   int64_t chunk_tokens = 32;
   bool streaming_stores = false;
+  std::string staging_stores = "streaming";
   double wait_timeout_s = 30;
   std::string uva = "auto";
   uint64_t copy_min_kib = 1024;
@@ -86,6 +87,7 @@ Status Serve(const ServeFlags& f) {
   o.gather.threads = f.threads;
   o.gather.chunk_tokens = f.chunk_tokens;
   o.gather.streaming_stores = f.streaming_stores;
+  o.streaming_staging = f.staging_stores == "streaming";
   o.min_copy_bytes = std::max<uint64_t>(1, f.copy_min_kib) * 1024;
   o.policy.mode = uva;
   o.policy.probes = f.uva_probes;
@@ -149,8 +151,12 @@ void AddEmbedServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--chunk-tokens", f->chunk_tokens, "Tokens per gather and copy chunk")
       ->capture_default_str();
   cmd->add_flag("--streaming-stores", f->streaming_stores,
-               "Write gathered rows with non-temporal stores (no read for ownership of the "
-               "staging lines)");
+               "Write rows gathered into host outputs with non-temporal stores");
+  cmd->add_option("--staging-stores", f->staging_stores,
+                  "CUDA outputs: stores of rows gathered into the pinned staging (streaming: "
+                  "non-temporal, no read for ownership; normal)")
+      ->check(CLI::IsMember({"streaming", "normal"}))
+      ->capture_default_str();
   cmd->add_option("--wait-timeout", f->wait_timeout_s,
                   "Seconds a step waits for released outputs or absent ranks")
       ->capture_default_str();

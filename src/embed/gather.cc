@@ -172,7 +172,7 @@ Status Gatherer::Gather(const Table& table, int heads, std::span<const uint64_t>
 }
 
 Status Gatherer::GatherStep(const Layout& layout, const Table& table, const StepInput& in,
-                            std::span<uint8_t> dst, const ChunkDone& on_chunk) {
+                            std::span<uint8_t> dst, const ChunkDone& on_chunk, Stores stores) {
   const int heads = layout.num_heads();
   const uint64_t token_bytes = heads * table.row_bytes();
   if (dst.size() != in.num_tokens() * token_bytes)
@@ -186,6 +186,8 @@ Status Gatherer::GatherStep(const Layout& layout, const Table& table, const Step
                                               std::to_string(layout_row_bytes) + ")");
   FERRY_RETURN_IF_ERROR(ValidateStep(layout, in));
   const int64_t chunk = options_.chunk_tokens;
+  GatherOptions call = options_;
+  if (stores != Stores::kOptions) call.streaming_stores = stores == Stores::kStreaming;
   // One id buffer per worker, reused across its chunks.
   std::vector<std::vector<uint64_t>> ids(options_.threads);
   ForChunks(
@@ -196,7 +198,7 @@ Status Gatherer::GatherStep(const Layout& layout, const Table& table, const Step
         RowIdsOfRange(layout, in, b, e, buf.data());
         // Ids of a validated step are below used_rows <= rows: no bad row can appear.
         (void)GatherRows(table, buf.data(), (e - b) * heads, dst.data() + b * token_bytes,
-                         options_);
+                         call);
       },
       on_chunk);
   return Status::Ok();

@@ -55,8 +55,12 @@ class Gatherer {
 
   // Row ids and rows of a step in one pass: each chunk computes its tokens' ids, then gathers
   // them. REQUIRES nothing of `in`: it is validated first. dst: num_tokens x E values.
+  // `stores` overrides options().streaming_stores for this call (kStreaming for a destination
+  // that only a device's DMA reads next, such as pinned staging).
+  enum class Stores { kOptions, kStreaming, kNormal };
   Status GatherStep(const Layout& layout, const Table& table, const StepInput& in,
-                    std::span<uint8_t> dst, const ChunkDone& on_chunk = nullptr);
+                    std::span<uint8_t> dst, const ChunkDone& on_chunk = nullptr,
+                    Stores stores = Stores::kOptions);
 
   const GatherOptions& options() const { return options_; }
 

@@ -89,6 +89,14 @@ TEST_P(GatherTest, RowsMatchTableAndPaddingIsZero) {
   std::vector<uint8_t> fused(dst.size(), 0xCD);
   ASSERT_TRUE(gatherer->GatherStep(l, *table, step.input(), fused).ok());
   EXPECT_EQ(fused, dst);
+  // So does each per-call choice of stores (16-byte aligned: the streaming path runs).
+  for (auto stores : {Gatherer::Stores::kStreaming, Gatherer::Stores::kNormal}) {
+    std::vector<uint8_t> other(dst.size() + 16, 0xEF);
+    uint8_t* at = other.data() + (16 - reinterpret_cast<uintptr_t>(other.data()) % 16) % 16;
+    std::span<uint8_t> aligned(at, dst.size());
+    ASSERT_TRUE(gatherer->GatherStep(l, *table, step.input(), aligned, nullptr, stores).ok());
+    EXPECT_TRUE(std::equal(aligned.begin(), aligned.end(), dst.begin()));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, GatherTest, ::testing::Values(1, 2, 4));

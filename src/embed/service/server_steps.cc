@@ -235,8 +235,14 @@ Status Server::Impl::GatherLayer(Group& g, const std::vector<std::shared_ptr<Mem
   g.pump->Begin(in.num_tokens(), gatherer->options().chunk_tokens, min_tokens, write_all);
   CopyPump* p = g.pump.get();
   const uint64_t copies_before = p->copies();
-  Status gs = gatherer->GatherStep(layer.layout, *layer.table, in, dst,
-                                   [p](int64_t b, int64_t e) { p->ChunkDone(b, e); });
+  // With pump_host_copies (tests) the first rank's host output may be the destination: the
+  // staging rule applies only to the staging.
+  const bool staging = src == g.staging.data();
+  const Gatherer::Stores stores = staging && options.streaming_staging ? Gatherer::Stores::kStreaming
+                                                                       : Gatherer::Stores::kOptions;
+  Status gs = gatherer->GatherStep(
+      layer.layout, *layer.table, in, dst, [p](int64_t b, int64_t e) { p->ChunkDone(b, e); },
+      stores);
   *gathered = *last_copy = Clock::now();
   Status ps = p->End(gs.ok(), Deadline::After(options.wait_timeout), last_copy);
   *copies = (p->copies() - copies_before) * (members.size() - first);
