@@ -27,6 +27,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& l : r->layers)
       if (l.flag_offset % 4 != 0 || l.output_offset % 4 != 0) __builtin_trap();
   }
+  if (const auto* s = std::get_if<svc::Stats>(&*m)) {
+    if (s->stats.buckets.size() > svc::kMaxStatBuckets) __builtin_trap();
+  }
   std::string once = std::visit([](const auto& x) { return svc::Encode(x); }, *m);
   auto again = svc::Decode(once);
   if (!again.ok()) __builtin_trap();

@@ -1,5 +1,6 @@
 // Writes seed inputs for embed_protocol_fuzz into the directory given as argv[1]: one message
-// of each type (host and CUDA registrations included) and a truncated one.
+// of each type (host and CUDA registrations, a stats request and reply included) and a
+// truncated one.
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -31,12 +32,26 @@ int main(int argc, char** argv) {
   cuda.has_inputs = false;
   for (auto& l : cuda.layers) l.output_ipc = l.flag_ipc = std::string(64, '\x11');
   std::string reg = svc::Encode(host);
+  svc::Stats stats;
+  stats.stats.registrations = 3;
+  stats.stats.steps_ok = 100;
+  for (uint64_t b : {256, 8192}) {
+    svc::BucketStats bucket;
+    bucket.bucket = b;
+    bucket.cpu_steps = 40;
+    bucket.uva_steps = 3;
+    bucket.copies = 800;
+    for (auto& p : bucket.phases) p = {43, 43000, 900};
+    stats.stats.buckets.push_back(bucket);
+  }
   const std::vector<std::string> seeds = {
       reg,
       svc::Encode(cuda),
       svc::Encode(svc::Registered{ferry::Status::Ok()}),
       svc::Encode(svc::Request{7, 8192, 8, 1}),
       svc::Encode(svc::Reply{7, ferry::Status(ferry::Code::kOutOfRange, "id >= V")}),
+      svc::Encode(svc::StatsRequest{true}),
+      svc::Encode(stats),
       reg.substr(0, reg.size() / 2),
   };
   for (size_t i = 0; i < seeds.size(); ++i) {
