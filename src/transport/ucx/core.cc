@@ -266,6 +266,12 @@ Status Core::Call(const std::shared_ptr<Conn>& conn, AmHeader h, std::string pay
   return state->Wait(Deadline());
 }
 
+bool Core::Poll() {
+  bool any = false;
+  for (auto& s : shards_) any = s->worker->TryProgress() || any;
+  return any;
+}
+
 std::shared_ptr<Region> Core::FindRegion(uint64_t id) {
   std::lock_guard<std::mutex> lock(regions_mu_);
   auto it = regions_.find(id);
