@@ -21,9 +21,12 @@ using namespace std::chrono_literals;
 
 const char* ModeName(UcxOptions::Progress p) {
   switch (p) {
-    case UcxOptions::Progress::kPolling: return "poll";
-    case UcxOptions::Progress::kEvent: return "event";
-    case UcxOptions::Progress::kShared: return "shared";
+    case UcxOptions::Progress::kPolling:
+      return "poll";
+    case UcxOptions::Progress::kEvent:
+      return "event";
+    case UcxOptions::Progress::kShared:
+      return "shared";
   }
   return "?";
 }
@@ -79,7 +82,8 @@ TEST_P(UcxNotify, ConcurrentSendersEachInOrderAfterTheirData) {
   std::atomic<int> bulk_batches{0};
   std::thread bulk([&] {
     std::vector<TransferOp> ops;
-    for (uint64_t off = 0; off < kBulk; off += 64 << 10) ops.push_back({kSenders * kSlot + off, kSenders * kSlot + off, 64 << 10});
+    for (uint64_t off = 0; off < kBulk; off += 64 << 10)
+      ops.push_back({kSenders * kSlot + off, kSenders * kSlot + off, 64 << 10});
     while (!stop_bulk.load()) {
       Status s = session->WriteBatch(ops).Wait();
       EXPECT_TRUE(s.ok()) << s.ToString();
@@ -149,7 +153,8 @@ TEST_P(UcxNotify, DeliveredWithoutAnApplicationThreadPolling) {
   Side b = MakeSide("receiver", 4096, GetParam());
   ASSERT_TRUE(a.engine && b.engine);
   ASSERT_TRUE(a.engine->AddPeer(b.engine->Describe()).ok());
-  for (int i = 0; i < 50; ++i) ASSERT_TRUE(a.engine->Notify("receiver", "n" + std::to_string(i)).ok());
+  for (int i = 0; i < 50; ++i)
+    ASSERT_TRUE(a.engine->Notify("receiver", "n" + std::to_string(i)).ok());
   // Sleep rather than poll: on an empty inbox PopNotifications progresses the worker itself,
   // on a non-empty one it only takes what is there.
   std::this_thread::sleep_for(500ms);
@@ -165,7 +170,8 @@ TEST_P(UcxNotify, DeliveredWithoutAnApplicationThreadPolling) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Progress, UcxNotify,
-                         ::testing::Values(UcxOptions::Progress::kEvent, UcxOptions::Progress::kShared,
+                         ::testing::Values(UcxOptions::Progress::kEvent,
+                                           UcxOptions::Progress::kShared,
                                            UcxOptions::Progress::kPolling),
                          [](const auto& info) { return std::string(ModeName(info.param)); });
 
@@ -204,7 +210,8 @@ TEST(UcxNotifyKill, KilledPeerFailsNotifyAndTransfersWhileTheApplicationPolls) {
   options.deadline = 3s;
   auto t0 = Clock::now();
   Status w = session->Write(0, 0, 4096, options).Wait();
-  EXPECT_TRUE(w.code() == Code::kUnavailable || w.code() == Code::kDeadlineExceeded) << w.ToString();
+  EXPECT_TRUE(w.code() == Code::kUnavailable || w.code() == Code::kDeadlineExceeded)
+      << w.ToString();
   EXPECT_LT(Clock::now() - t0, 5s);
   polling.store(false);
   poller.join();

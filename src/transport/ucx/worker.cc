@@ -1,8 +1,8 @@
 #include "transport/ucx/worker.h"
 
 #include <poll.h>
-#include <sched.h>
 #include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -86,9 +86,14 @@ bool Worker::Submit(std::function<void()> fn) {
   }
   // A syscall only when the thread sleeps (or is about to): a spinning thread sees queued_.
   switch (sleeping_.load(std::memory_order_seq_cst)) {
-    case Sleep::kAwake: break;
-    case Sleep::kOnFd: ucp_worker_signal(worker_); break;
-    case Sleep::kStepBack: wake_.notify_one(); break;
+    case Sleep::kAwake:
+      break;
+    case Sleep::kOnFd:
+      ucp_worker_signal(worker_);
+      break;
+    case Sleep::kStepBack:
+      wake_.notify_one();
+      break;
   }
   return true;
 }
@@ -148,8 +153,9 @@ void Worker::WakeIfOutstanding() {
 bool Worker::Shared(std::chrono::steady_clock::time_point now) const {
   if (mode_ != UcxOptions::Progress::kShared) return false;
   int64_t at = app_progress_at_.load(std::memory_order_relaxed);
-  return at != 0 && now.time_since_epoch().count() - at <
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(kShareWindow).count();
+  return at != 0 &&
+         now.time_since_epoch().count() - at <
+             std::chrono::duration_cast<std::chrono::steady_clock::duration>(kShareWindow).count();
 }
 
 void Worker::StepBack() {
@@ -160,13 +166,16 @@ void Worker::StepBack() {
   std::unique_lock<std::mutex> lock(mu_);
   sleeping_.store(Sleep::kStepBack, std::memory_order_seq_cst);
   auto woken = [this] {
-    return poke_ || queued_.load(std::memory_order_acquire) || stop_.load(std::memory_order_acquire);
+    return poke_ || queued_.load(std::memory_order_acquire) ||
+           stop_.load(std::memory_order_acquire);
   };
   // Without taking the worker while the application keeps polling: a thread woken to take it
   // needs a core that the polling threads hold, and one preempted while holding it would
   // stall them until it runs again.
   for (;;) {
-    auto until = std::min(tick, Clock::time_point(Clock::duration(app_progress_at_.load(std::memory_order_relaxed))) + window);
+    auto until = std::min(
+        tick, Clock::time_point(Clock::duration(app_progress_at_.load(std::memory_order_relaxed))) +
+                  window);
     if (wake_.wait_until(lock, until, woken)) break;
     auto now = Clock::now();
     if (now >= tick || !Shared(now)) break;

@@ -140,7 +140,7 @@ class Worker {
 
   std::atomic<bool> stop_{false};
   std::atomic<Sleep> sleeping_{Sleep::kAwake};
-  std::atomic<bool> queued_{false};  // queue_ is not empty; set under mu_
+  std::atomic<bool> queued_{false};          // queue_ is not empty; set under mu_
   std::atomic<int64_t> app_progress_at_{0};  // steady_clock ns of the last TryProgress
   std::atomic<uint64_t> direct_runs_{0};
   std::atomic<uint64_t> app_progress_{0};

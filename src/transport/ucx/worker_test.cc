@@ -134,7 +134,8 @@ class Sender {
     p.flags = UCP_AM_SEND_FLAG_EAGER;
     void* req = ucp_am_send_nbx(ep_, kTestAm, nullptr, 0, &value, sizeof(value), &p);
     auto until = Clock::now() + 5s;
-    while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS && Clock::now() < until)
+    while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS &&
+           Clock::now() < until)
       ucp_worker_progress(worker_);
     if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
   }
@@ -165,7 +166,8 @@ TEST(UcxWorker, SharedModeReceivesOnThePollingThreadWhileTheProgressThreadStepsB
   Received got;
   got.app = std::this_thread::get_id();
   ucp_am_handler_param_t am = {};
-  am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                  UCP_AM_HANDLER_PARAM_FIELD_ARG;
   am.id = kTestAm;
   am.cb = &OnTestAm;
   am.arg = &got;
@@ -192,14 +194,16 @@ TEST(UcxWorker, SharedModeReceivesOnThePollingThreadWhileTheProgressThreadStepsB
     // Warm-up: polling until the progress thread was seen stepping back (on a loaded machine
     // it may not get a core at once, and it takes some messages before it steps back).
     const auto give_up = Clock::now() + 20s;
-    while (!(saw_asleep && w->step_backs() > 0) && Clock::now() < give_up) ASSERT_TRUE(round_trip());
+    while (!(saw_asleep && w->step_backs() > 0) && Clock::now() < give_up)
+      ASSERT_TRUE(round_trip());
     EXPECT_TRUE(saw_asleep);
     ASSERT_GE(w->step_backs(), 1u);
     // Polling: each message is handled by this thread while the progress thread stays back
     // (it comes out about every 20 ms for its tick, and may take a message then).
     const uint64_t app_before = got.on_app.load();
     const uint64_t kMessages = 200;
-    for (uint64_t i = 0; i < kMessages; ++i) ASSERT_TRUE(round_trip()) << "message " << sent - 1 << " lost";
+    for (uint64_t i = 0; i < kMessages; ++i)
+      ASSERT_TRUE(round_trip()) << "message " << sent - 1 << " lost";
     EXPECT_GE(got.on_app.load() - app_before, kMessages * 9 / 10)
         << "handled on the progress thread: " << kMessages - (got.on_app.load() - app_before);
     EXPECT_GE(w->app_progress(), got.on_app.load());  // each needs a TryProgress of its own
