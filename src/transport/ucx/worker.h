@@ -16,6 +16,7 @@
 // Progress::kShared mode, while application threads have progressed the worker in the last
 // kShareWindow and nothing is outstanding, the thread steps back: it sleeps (not on the event
 // fd, so arriving messages do not wake it) until work is submitted or the window passes.
+// An application thread that leaves operations in flight wakes a sleeping progress thread.
 // Submit() makes a syscall only when the thread sleeps; a spinning thread sees the work
 // through an atomic flag. The tick callback runs about every 20 ms on the thread, for
 // housekeeping.
