@@ -2,7 +2,8 @@
 # ferry's `ucx` transport between two processes of this machine against ucx_perftest (Debian's
 # ucx-utils), side by side in one run: shared memory (UCX's default choice) and TCP only.
 # Usage: bench/ucx_two_process.sh [ferry binary]   (prints markdown tables)
-# Env: PINGS (notification round trips, default 5000).
+# Env: PINGS (notification round trips, default 5000); ONLY=latency prints only the
+# notification table (for repeated rounds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 F=${1:-build/release/tools/ferry}
@@ -10,15 +11,18 @@ PINGS=${PINGS:-5000}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; kill $(jobs -p) 2>/dev/null || true' EXIT
 
-perftest() {  # perftest TLS TEST SIZE ITERS -> the "Final:" line's overall MB/s, or latency (us)
+perftest() {  # perftest TLS TEST SIZE ITERS [flags] -> the "Final:" line's overall MB/s, or latency (us)
   local tls=$1 test=$2 size=$3 iters=$4 port=$((20000 + RANDOM % 20000))
-  env UCX_TLS="$tls" ucx_perftest -p "$port" >/dev/null 2>&1 &
+  shift 4
+  env UCX_TLS="$tls" ucx_perftest -p "$port" "$@" >/dev/null 2>&1 &
   local server=$!
   sleep 0.5
   local line
-  line=$(env UCX_TLS="$tls" ucx_perftest 127.0.0.1 -p "$port" -t "$test" -s "$size" -n "$iters" 2>/dev/null | grep '^Final:')
+  line=$(env UCX_TLS="$tls" ucx_perftest 127.0.0.1 -p "$port" -t "$test" -s "$size" -n "$iters" "$@" 2>/dev/null | grep '^Final:')
   wait "$server" 2>/dev/null || true
-  if [ "$test" = ucp_am_lat ]; then awk '{print $4}' <<<"$line"; else awk '{print $7}' <<<"$line"; fi
+  # ucp_am_lat: "typical (average)" one-way us; typical is ucx_perftest's median, the figure
+  # to hold against ferry's median.
+  if [ "$test" = ucp_am_lat ]; then awk '{print $3 " (" $4 ")"}' <<<"$line"; else awk '{print $7}' <<<"$line"; fi
 }
 
 # ferry_run TLS BYTES ARGS... : a `ferry bench --listen` process and a `--peer` run against it
@@ -51,8 +55,8 @@ ferry_bw() {  # ferry_bw TLS SIZE BATCH [--ucx-* flags] -> GB/s of write batches
   python3 -c "import json,sys; print('%.2f' % json.load(open(sys.argv[1]))['points'][0]['gbps'])" "$tmp/out.json"
 }
 
-ferry_ping() {  # ferry_ping TLS -> "median / p99" one-way us of notification round trips
-  ferry_run "$1" 4096 --sizes 4096 --batches 1 --min-time 0.1 --pings "$PINGS"
+ferry_ping() {  # ferry_ping TLS PROGRESS -> "median (p99)" one-way us of notification round trips
+  ferry_run "$1" 4096 --sizes 4096 --batches 1 --min-time 0.1 --pings "$PINGS" --ucx-progress "$2"
   sed -n 's/.*median \([0-9.]*\) us, p99 \([0-9.]*\) us.*/\1 (\2)/p' "$tmp/out.txt"
 }
 
@@ -61,6 +65,7 @@ ratio() { python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) / float(sys
 
 echo "load before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
+if [ "${ONLY:-}" != latency ]; then
 # ucx_perftest keeps a window of messages in flight; ferry's side posts batches of 16 pieces of
 # 1 MiB (and of 4 pieces of 64 MiB), so that both have several messages in flight.
 echo "| link | piece | ferry write GB/s | ucp_put_bw GB/s | tag_bw GB/s | ferry / put_bw | ferry / tag_bw |"
@@ -84,12 +89,21 @@ for tls in "all" "tcp"; do
   echo "| UCX_TLS=$tls | 1 MiB | $w1 | $w2 |"
 done
 echo
-echo "| link | ferry notification one-way us, median (p99) | ucp_am_lat one-way us | ferry / am_lat |"
-echo "| --- | ---: | ---: | ---: |"
+echo
+fi
+# Notification latency. ferry's endpoints handle peer failure (UCP_ERR_HANDLING_MODE_PEER),
+# with which UCX 1.13 leaves shared memory out of the lanes even under UCX_TLS=all (its
+# ep_cfg: am(tcp/lo)): ucx_perftest -e (endpoints with error handling) takes the same lanes.
+# ferry runs with the progress thread event-driven (the default) and with
+# --ucx-progress shared (the polling application thread drives the worker).
+echo "| link | ferry event, one-way us median (p99) | ferry shared, one-way us median (p99) | ucp_am_lat us typical (avg) | ucp_am_lat -e us typical (avg) | shared / am_lat | shared / am_lat -e |"
+echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
 for tls in "all" "tcp"; do
   lat=$(perftest "$tls" ucp_am_lat 8 20000)
-  fp=$(ferry_ping "$tls")
-  echo "| UCX_TLS=$tls | $fp | $lat | $(ratio "${fp%% *}" "$lat") |"
+  late=$(perftest "$tls" ucp_am_lat 8 20000 -e)
+  fe=$(ferry_ping "$tls" event)
+  fs=$(ferry_ping "$tls" shared)
+  echo "| UCX_TLS=$tls | $fe | $fs | $lat | $late | $(ratio "${fs%% *}" "${lat%% *}") | $(ratio "${fs%% *}" "${late%% *}") |"
 done
 echo
 echo "load after the run: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -156,7 +156,9 @@ Result<EngineOptions> MakeEngineOptions(const BenchFlags& f) {
   FERRY_ASSIGN_OR_RETURN(e.parallel_copy_bytes, ParseBytes(f.parallel_bytes));
   e.transports = f.transports;
   e.default_deadline = Seconds(f.deadline_s);
-  e.ucx.progress = f.ucx_progress == "poll" ? UcxOptions::Progress::kPolling : UcxOptions::Progress::kEvent;
+  e.ucx.progress = f.ucx_progress == "poll"     ? UcxOptions::Progress::kPolling
+                   : f.ucx_progress == "shared" ? UcxOptions::Progress::kShared
+                                                : UcxOptions::Progress::kEvent;
   e.ucx.rma = f.ucx_rma == "always"  ? UcxOptions::Rma::kAlways
               : f.ucx_rma == "never" ? UcxOptions::Rma::kNever
                                      : UcxOptions::Rma::kAuto;
@@ -312,8 +314,8 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--peer", f->peer,
                   "Two processes: measure against the buffer a --listen process serves at HOST:PORT");
   cmd->add_option("--transport", f->transports, "Transports the engines may use (default: all)");
-  cmd->add_option("--ucx-progress", f->ucx_progress, "ucx progress thread: event or poll")
-      ->check(CLI::IsMember({"event", "poll"}))
+  cmd->add_option("--ucx-progress", f->ucx_progress, "ucx progress thread: event, poll or shared (steps back while the application polls)")
+      ->check(CLI::IsMember({"event", "poll", "shared"}))
       ->capture_default_str();
   cmd->add_option("--ucx-rma", f->ucx_rma, "ucx one-sided RMA: auto, always or never (active messages)")
       ->check(CLI::IsMember({"auto", "always", "never"}))

@@ -73,6 +73,23 @@ class InProcessLink final : public Link {
 
 constexpr std::string_view kHello = "ferry-bench/1";
 
+// How a polling loop waits between rounds, `since` the start of its wait. Yielding: on a
+// machine with few cores, the progress threads that carry the notifications need the core
+// this thread would otherwise keep for a whole time slice (bench/results/ucx_two_process.md).
+// With UcxOptions::Progress::kShared the polling thread drives the UCX worker itself and the
+// progress threads step back: it spins as ucx_perftest does for kSpinFirst, then yields, so
+// that a thread that must run (UCX's async thread, another process) gets the core within a
+// round trip rather than at the next scheduler tick.
+// (50 us of spinning made some runs 70 us one-way here: a kernel thread that delivers
+// loopback TCP packets waited for the yield.)
+constexpr auto kSpinFirst = std::chrono::microseconds(10);
+void Pause(const EngineOptions& options, std::chrono::steady_clock::time_point since) {
+  if (options.ucx.progress == UcxOptions::Progress::kShared &&
+      std::chrono::steady_clock::now() - since < kSpinFirst)
+    return;
+  std::this_thread::yield();
+}
+
 class RemoteLink final : public Link {
  public:
   const Session& session() const override { return session_; }
@@ -91,6 +108,7 @@ class RemoteLink final : public Link {
     std::unique_ptr<RemoteLink> link(new RemoteLink());
     link->kind_ = o.kind;
     link->bytes_ = o.bytes;
+    link->options_ = o.engine;
     FERRY_ASSIGN_OR_RETURN(link->channel_, SideChannel::Dial(o.peer, o.connect_timeout));
     link->peer_ = o.peer;
     FERRY_ASSIGN_OR_RETURN(std::string hello, link->channel_->Receive(o.connect_timeout));
@@ -126,13 +144,11 @@ class RemoteLink final : public Link {
       FERRY_RETURN_IF_ERROR(engine_->Notify(peer_key_, ping));
       const auto until = start + std::chrono::seconds(5);
       bool answered = false;
-      // Spin, yielding: on a machine with few cores, the progress threads that carry the
-      // notifications need the core this thread would otherwise keep for a whole time slice.
       while (!answered) {
         for (const Notification& n : engine_->PopNotifications()) answered = answered || n.message == ping;
         if (!answered && Clock::now() > until)
           return Status(Code::kDeadlineExceeded, "the listener did not answer '" + ping + "'");
-        if (!answered) std::this_thread::yield();
+        if (!answered) Pause(options_, start);
       }
       one_way_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count() / 2);
     }
@@ -146,6 +162,7 @@ class RemoteLink final : public Link {
   uint64_t bytes_ = 0;
   std::string peer_;
   std::string peer_key_;
+  EngineOptions options_;
   std::unique_ptr<SideChannel> channel_;
   std::unique_ptr<Buffer> buffer_;  // freed after the engine
   std::unique_ptr<Engine> engine_;
@@ -198,9 +215,21 @@ Status ServeBench(const ServeOptions& o, const std::function<void(const std::str
         }
         if (*msg == "done") break;
         if (*msg != "pings") continue;
-        while (!c.Readable(std::chrono::milliseconds(0))) {
-          for (const Notification& n : engine->PopNotifications()) (void)engine->Notify(n.from, n.message);
-          std::this_thread::yield();
+        // The side channel is looked at every millisecond only: a syscall in every round of
+        // the loop added to each answer's latency.
+        using Clock = std::chrono::steady_clock;
+        auto look = Clock::now();
+        auto since = Clock::now();
+        for (;;) {
+          for (const Notification& n : engine->PopNotifications()) {
+            (void)engine->Notify(n.from, n.message);
+            since = Clock::now();
+          }
+          if (Clock::now() >= look) {
+            if (c.Readable(std::chrono::milliseconds(0))) break;
+            look = Clock::now() + std::chrono::milliseconds(1);
+          }
+          Pause(o.engine, since);
         }
       }
     }

@@ -40,6 +40,12 @@ struct UcxOptions {
   enum class Progress : uint8_t {
     kPolling,  // the progress thread spins: lowest latency, one busy core
     kEvent,    // the progress thread sleeps on the worker's event fd when idle
+    // As kEvent, and while application threads poll (PopNotifications on an empty inbox
+    // progresses the worker from the calling thread) and nothing is outstanding, the progress
+    // thread steps back: arriving messages do not wake it, so they are handled by the polling
+    // thread alone, as by one thread of ucx_perftest. When the application stops polling, the
+    // thread resumes within 1 ms. For applications that poll notifications in a loop.
+    kShared,
   };
   enum class Rma : uint8_t {
     kAuto,    // native RMA over RDMA verbs; active messages elsewhere (TCP, shared memory)
@@ -235,9 +241,11 @@ class Engine {
   // (kResourceExhausted) as well as counted. To know that the receiver holds a notification,
   // send it with a write batch (TransferOptions::notification): the batch completes only then.
   Status Notify(std::string_view peer_key, std::string_view message);
-  // Takes every notification received so far, in arrival order. Cheap when there are none
-  // (no lock): a thread may poll it in a loop, yielding between calls where cores are few
-  // (the transports' progress threads need them to deliver).
+  // Takes every notification received so far, in arrival order. On an empty inbox it lets
+  // the transports make progress once from this thread if they can without waiting (`ucx`:
+  // a try-lock of the UCX worker, never waiting behind its progress thread), so that a
+  // polling thread receives without a hand-off between threads. A thread may poll it in a
+  // loop, yielding between calls where cores are few (the progress threads need them too).
   std::vector<Notification> PopNotifications();
 
   EngineStats stats() const;

@@ -324,6 +324,14 @@ Status EngineCore::Notify(std::string_view peer_key, std::string_view message) {
   return endpoint->Notify(message);
 }
 
+std::vector<Notification> EngineCore::PopNotifications() {
+  std::vector<Notification> got = inbox_->PopAll();
+  if (!got.empty() || closed()) return got;
+  bool progressed = false;
+  for (const auto& t : transports_) progressed = t->Poll() || progressed;
+  return progressed ? inbox_->PopAll() : got;
+}
+
 }  // namespace internal
 
 // Engine: the public handle.

@@ -45,7 +45,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     return static_cast<TransferId>(next_transfer_.fetch_add(1, std::memory_order_relaxed));
   }
   Status Notify(std::string_view peer_key, std::string_view message);
-  std::vector<Notification> PopNotifications() { return inbox_->PopAll(); }
+  // On an empty inbox, lets each transport progress once from this thread (Transport::Poll),
+  // then looks again.
+  std::vector<Notification> PopNotifications();
   EngineStats stats() const;
 
  private:

@@ -13,6 +13,7 @@
 // Usage: ferry_test_peer BYTES [--rma auto|always|never] [--listen HOST] [--kind host|cuda]
 //                              [--device N] [--transports a,b,...] (default ucx)
 //                              [--alloc heap|shared] (default heap) [--fill SEED] [--workers N]
+//                              [--progress event|poll|shared] (UcxOptions::progress)
 // (--fill 0: the buffer starts zeroed, quick for benchmarks of many GiB; default seed 1)
 #include <cstdio>
 #include <cstring>
@@ -106,6 +107,10 @@ int main(int argc, char** argv) {
       shared = value == "shared";
     } else if (flag == "--workers") {
       options.ucx.workers = std::stoi(value);
+    } else if (flag == "--progress") {
+      options.ucx.progress = value == "poll"     ? ferry::UcxOptions::Progress::kPolling
+                             : value == "shared" ? ferry::UcxOptions::Progress::kShared
+                                                 : ferry::UcxOptions::Progress::kEvent;
     }
   }
   if (options.transports.empty()) options.transports = {"ucx"};

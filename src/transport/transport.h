@@ -91,6 +91,11 @@ class Transport {
   // Whether this transport can reach `peer` at all (e.g. same process, same host).
   virtual bool CanReach(const EngineDesc& peer) const = 0;
   virtual Result<std::shared_ptr<Endpoint>> Connect(const EngineDesc& peer) = 0;
+  // Makes progress once on the calling thread if the transport can without waiting (e.g. its
+  // worker is not held by another thread), so that notifications that arrived land in the
+  // inbox without a hand-off between threads. Returns whether anything happened. Called by
+  // PopNotifications() on an empty inbox.
+  virtual bool Poll() { return false; }
   // Messages from peers rejected as malformed or out of bounds.
   virtual uint64_t rejected_messages() const { return 0; }
   // The engine is closing: drop every connection, fail what waits on a peer (kAborted) and

@@ -266,6 +266,12 @@ Status Core::Call(const std::shared_ptr<Conn>& conn, AmHeader h, std::string pay
   return state->Wait(Deadline());
 }
 
+bool Core::Poll() {
+  bool any = false;
+  for (auto& s : shards_) any = s->worker->TryProgress() || any;
+  return any;
+}
+
 std::shared_ptr<Region> Core::FindRegion(uint64_t id) {
   std::lock_guard<std::mutex> lock(regions_mu_);
   auto it = regions_.find(id);
@@ -321,7 +327,11 @@ void Shard::Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string p
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
   p.cb.send = &OnSendDone;
   p.user_data = ctx;
-  p.flags = UCP_AM_SEND_FLAG_REPLY | (eager ? UCP_AM_SEND_FLAG_EAGER : 0);
+  // The receiver answers on the reply endpoint; acks, read responses and one-way
+  // notifications get no answer, so they go without it (no endpoint lookup at the receiver).
+  const bool answered = h.type != MsgType::kAck && h.type != MsgType::kReadResp &&
+                        !(h.type == MsgType::kNotify && h.token == 0);
+  p.flags = (answered ? UCP_AM_SEND_FLAG_REPLY : 0) | (eager ? UCP_AM_SEND_FLAG_EAGER : 0);
   ctx->in_flight = &sends_in_flight;
   FERRY_TSAN_WIRE_RELEASE();
   void* req = ucp_am_send_nbx(ep, kAmId, ctx->header, kAmHeaderBytes, buffer, size, &p);

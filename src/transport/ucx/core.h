@@ -7,9 +7,11 @@
 // each shard's tables are complete on their own. The listener and the endpoints that peers'
 // connections make here belong to shard 0.
 //
-// Threads: a Shard's UCX objects and tables belong to its progress thread; regions_ is guarded
-// by regions_mu_ because registration happens on user threads. Conn::failed_ and
-// Core::rejected_ are atomics read from any thread.
+// Threads: a Shard's UCX objects and tables are touched only by the thread that holds its
+// worker (worker.h): its progress thread, or an application thread that took the worker to
+// send a notification or to progress it (Core::Poll); regions_ is guarded by regions_mu_
+// because registration happens on user threads. Conn::failed_ and Core::rejected_ are atomics
+// read from any thread.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -52,7 +54,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   bool answered() const { return answered_.load(std::memory_order_acquire); }
   void MarkAnswered() const { answered_.store(true, std::memory_order_release); }
 
-  // Progress thread of shard() only.
+  // Holding shard()'s worker only.
   Status Open(int lanes);
   void Fail(Status why);
   void Close();
@@ -91,8 +93,8 @@ struct Pending {
   std::function<void(Status)> on_data = nullptr;  // staged reads: runs instead of completing the part
 };
 
-// One UCX worker, its progress thread and what that thread owns. Everything but `worker`'s
-// Submit() is for the progress thread only.
+// One UCX worker, its progress thread and the state of the worker's callbacks. Everything
+// but `worker` is for the thread that holds the worker (Worker::Held()).
 struct Shard {
   Core* core = nullptr;
   size_t index = 0;
@@ -142,6 +144,10 @@ class Core : public std::enable_shared_from_this<Core> {
   Status Call(const std::shared_ptr<Conn>& conn, AmHeader h, std::string payload, Deadline deadline);
 
   bool UseRma(const Conn& conn) const;
+
+  // From an application thread: progresses each worker that it can take without waiting
+  // (Worker::TryProgress). Returns whether any made progress.
+  bool Poll();
 
  private:
   struct Registered {

@@ -1,9 +1,6 @@
 // The `ucx` transport: host memory across processes and hosts through UCX. One-sided writes
 // and reads use native RMA (put/get + flush) where the UCX transport has it, and active
 // messages received straight into registered memory where RMA would be emulated (TCP).
-#include <arpa/inet.h>
-#include <netinet/in.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -13,100 +10,6 @@
 #include "transport/ucx/core.h"
 
 namespace ferry::internal::ucx {
-
-// ---- Conn ------------------------------------------------------------------------------------
-
-Status Conn::failure() const {
-  std::lock_guard<std::mutex> lock(failure_mu_);
-  if (failure_.ok()) return Status(Code::kUnavailable, "connection to peer " + peer_.key + " is closed");
-  return failure_;
-}
-
-Status Conn::Open(int lanes) {
-  size_t colon = address_.rfind(':');
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  if (colon == std::string::npos ||
-      inet_pton(AF_INET, address_.substr(0, colon).c_str(), &addr.sin_addr) != 1)
-    return Status(Code::kInvalidArgument, "bad peer address '" + address_ + "'");
-  int port = std::atoi(address_.c_str() + colon + 1);
-  if (port <= 0 || port > 65535) return Status(Code::kInvalidArgument, "bad peer port in '" + address_ + "'");
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  for (int i = 0; i < lanes; ++i) {
-    ucp_ep_params_t params = {};
-    params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                        UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-    params.sockaddr.addrlen = sizeof(addr);
-    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    params.err_handler.cb = &Conn::OnError;
-    params.err_handler.arg = this;
-    ucp_ep_h ep = nullptr;
-    ucs_status_t st = ucp_ep_create(shard_->worker->handle(), &params, &ep);
-    if (st != UCS_OK) return FromUcs(st, "connecting to " + peer_.key + " at " + address_);
-    eps_.push_back(ep);
-    shard_->conn_by_ep[ep] = this;
-  }
-  return Status::Ok();
-}
-
-void Conn::OnError(void* arg, ucp_ep_h ep, ucs_status_t status) {
-  auto* conn = static_cast<Conn*>(arg);
-  conn->Fail(FromUcs(status, "connection to peer " + conn->peer_.key + " lost"));
-}
-
-void Conn::Fail(Status why) {
-  if (failed_.exchange(true)) return;
-  if (why.code() != Code::kAborted) why = Status(Code::kUnavailable, std::string(why.message()));
-  {
-    std::lock_guard<std::mutex> lock(failure_mu_);
-    failure_ = why;
-  }
-  FERRY_LOG_INFO("ucx: {}", why.ToString());
-  shard_->FailPending(this, nullptr, why);
-  Close();
-}
-
-void Conn::Close() {
-  for (auto& [id, keys] : rkeys_)
-    for (ucp_rkey_h k : keys)
-      if (k != nullptr) ucp_rkey_destroy(k);
-  rkeys_.clear();
-  for (ucp_ep_h ep : eps_) {
-    shard_->conn_by_ep.erase(ep);
-    CloseEndpoint(ep);
-  }
-  eps_.clear();
-  failed_.store(true, std::memory_order_release);
-}
-
-void Conn::Revoke(uint64_t region) {
-  revoked_.insert(region);
-  auto it = rkeys_.find(region);
-  if (it == rkeys_.end()) return;
-  for (ucp_rkey_h k : it->second)
-    if (k != nullptr) ucp_rkey_destroy(k);
-  rkeys_.erase(it);
-}
-
-Result<ucp_rkey_h> Conn::RemoteKey(const MemoryDesc& remote, size_t lane) {
-  if (eps_.empty()) return failure();
-  if (revoked_.count(static_cast<uint64_t>(remote.region)) != 0)
-    return Status(Code::kFailedPrecondition, "remote region " +
-                                                 std::to_string(static_cast<uint64_t>(remote.region)) +
-                                                 " was deregistered");
-  auto& keys = rkeys_[static_cast<uint64_t>(remote.region)];
-  if (keys.empty()) keys.assign(eps_.size(), nullptr);
-  lane %= eps_.size();
-  if (keys[lane] == nullptr) {
-    const TransportData* access = remote.FindAccess("ucx");
-    if (access == nullptr) return Status(Code::kInvalidArgument, "remote region has no ucx key");
-    ucs_status_t st = ucp_ep_rkey_unpack(eps_[lane], access->data.data(), &keys[lane]);
-    if (st != UCS_OK) return FromUcs(st, "unpacking the remote key");
-  }
-  return keys[lane];
-}
 
 namespace {
 
@@ -350,6 +253,19 @@ class UcxEndpoint final : public Endpoint {
     return std::unique_ptr<Channel>(new UcxChannel(core_, conns_, local, remote));
   }
 
+  // Runs `fn` holding the shard's worker: at once when this thread holds it already (a
+  // callback of that worker) or can take it without waiting, else on the progress thread.
+  // False once the transport is shut down.
+  template <typename F>
+  static bool RunOnWorker(Shard& shard, F& fn) {
+    if (shard.worker->Held()) {
+      fn();
+      return true;
+    }
+    if (shard.worker->TryRun(fn)) return true;
+    return shard.worker->Submit(std::move(fn));
+  }
+
   // [u16 sender key length][sender key][message]
   std::string Payload(std::string_view message) const {
     std::string payload;
@@ -361,10 +277,13 @@ class UcxEndpoint final : public Endpoint {
     return payload;
   }
 
-  // One-way once the peer has answered on this connection: handed to the progress thread,
-  // which sends it eagerly without a token, so the receiver does not answer. The first
-  // notification on a connection nobody has answered yet is a round trip, so that a peer that
-  // is gone fails this call (kUnavailable) rather than every later one vanishing.
+  // One-way once the peer has answered on this connection: sent eagerly without a token, so
+  // the receiver does not answer; from this thread when it can take the worker (RunOnWorker),
+  // else by the progress thread. The first notification on a connection nobody has answered
+  // yet is a round trip, so that a peer that is gone fails this call (kUnavailable) rather
+  // than every later one vanishing. Order: a notification follows the data of writes that
+  // completed before it (their acks came back), and this thread's earlier notifications
+  // (one endpoint, eager messages in order; RunOnWorker never overtakes queued work).
   Status Notify(std::string_view message) override {
     const auto& conn = conns_[0];
     if (conn->failed()) return conn->failure();
@@ -383,11 +302,9 @@ class UcxEndpoint final : public Endpoint {
       if (conn->failed()) return;  // the next call reports the failure
       shard.Send(conn->ep(0), h, nullptr, std::move(payload), /*eager=*/true);
     };
-    if (shard.worker->OnThread()) {
-      send();
-      return Status::Ok();
-    }
-    if (!shard.worker->Submit(std::move(send))) return Status(Code::kAborted, "the ucx transport was shut down");
+    if (!RunOnWorker(shard, send)) return Status(Code::kAborted, "the ucx transport was shut down");
+    // A failure that the send itself detected is reported now rather than by the next call.
+    if (conn->failed()) return conn->failure();
     return Status::Ok();
   }
 
@@ -404,9 +321,7 @@ class UcxEndpoint final : public Endpoint {
       h.token = shard.AddPending(Pending{state, conn.get(), nullptr});
       shard.Send(conn->ep(0), h, nullptr, std::move(payload), /*eager=*/true);
     };
-    if (shard.worker->OnThread()) return send();
-    if (!shard.worker->Submit(std::move(send)))
-      state->PartDone(Status(Code::kAborted, "the ucx transport was shut down"));
+    if (!RunOnWorker(shard, send)) state->PartDone(Status(Code::kAborted, "the ucx transport was shut down"));
   }
 
   bool healthy() const override {
@@ -452,6 +367,7 @@ class UcxTransport final : public Transport {
   }
   void Deregister(const Region& region) override { core_->Deregister(region); }
   uint64_t rejected_messages() const override { return core_->rejected(); }
+  bool Poll() override { return core_->Poll(); }
   bool CanReach(const EngineDesc& peer) const override { return peer.FindTransport("ucx") != nullptr; }
 
   Result<std::shared_ptr<Endpoint>> Connect(const EngineDesc& peer) override {

@@ -1,9 +1,10 @@
 #include "transport/ucx/worker.h"
 
 #include <poll.h>
-#include <sched.h>
 #include <pthread.h>
+#include <sched.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -49,12 +50,13 @@ void CloseEndpoint(ucp_ep_h ep) {
 Result<std::unique_ptr<Worker>> Worker::Create(ucp_context_h context, UcxOptions::Progress mode) {
   ucp_worker_params_t params = {};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  params.thread_mode = UCS_THREAD_MODE_SINGLE;
+  // One thread at a time, under the worker's lock (see worker.h).
+  params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   ucp_worker_h worker = nullptr;
   ucs_status_t st = ucp_worker_create(context, &params, &worker);
   if (st != UCS_OK) return FromUcs(st, "ucp_worker_create");
   int efd = -1;
-  if (mode == UcxOptions::Progress::kEvent) {
+  if (mode != UcxOptions::Progress::kPolling) {
     st = ucp_worker_get_efd(worker, &efd);
     if (st != UCS_OK) {
       ucp_worker_destroy(worker);
@@ -70,9 +72,8 @@ Worker::~Worker() {
 }
 
 void Worker::Start(std::function<void()> tick, std::function<bool()> outstanding) {
-  thread_ = std::thread([this, tick = std::move(tick), outstanding = std::move(outstanding)] {
-    Loop(tick, outstanding);
-  });
+  outstanding_ = std::move(outstanding);
+  thread_ = std::thread([this, tick = std::move(tick)] { Loop(tick); });
   pthread_setname_np(thread_.native_handle(), "ferry-ucx");
 }
 
@@ -84,7 +85,16 @@ bool Worker::Submit(std::function<void()> fn) {
     queued_.store(true, std::memory_order_seq_cst);
   }
   // A syscall only when the thread sleeps (or is about to): a spinning thread sees queued_.
-  if (sleeping_.load(std::memory_order_seq_cst)) ucp_worker_signal(worker_);
+  switch (sleeping_.load(std::memory_order_seq_cst)) {
+    case Sleep::kAwake:
+      break;
+    case Sleep::kOnFd:
+      ucp_worker_signal(worker_);
+      break;
+    case Sleep::kStepBack:
+      wake_.notify_one();
+      break;
+  }
   return true;
 }
 
@@ -94,14 +104,84 @@ void Worker::Stop(std::function<void()> last) {
     if (closed_) return;
     closed_ = true;
     last_ = std::move(last);
+    stop_.store(true, std::memory_order_release);  // under mu_: the stepped-back thread's predicate
   }
-  stop_.store(true, std::memory_order_release);
+  wake_.notify_all();
   if (thread_.joinable()) {
     ucp_worker_signal(worker_);
     thread_.join();
-  } else if (last_) {
-    last_();
+    return;
   }
+  Hold hold(*this);
+  if (last_) last_();
+  stopped_ = true;
+}
+
+bool Worker::Usable(bool direct) const {
+  if (stopped_ || stop_.load(std::memory_order_acquire)) return false;
+  return !direct || !queued_.load(std::memory_order_acquire);
+}
+
+bool Worker::TryProgress() {
+  if (Held()) return false;  // inside a callback of this worker
+  Hold hold(*this, std::try_to_lock);
+  if (!hold || !Usable(/*direct=*/false)) return false;
+  app_progress_at_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                         std::memory_order_relaxed);
+  app_progress_.fetch_add(1, std::memory_order_relaxed);
+  // One round, as ucx_perftest's loop does: the caller looks at once at what it delivered
+  // (another round would cost a syscall per transport before that) and comes back.
+  bool any = ucp_worker_progress(worker_) != 0;
+  WakeIfOutstanding();
+  return any;
+}
+
+void Worker::WakeIfOutstanding() {
+  Sleep s = sleeping_.load(std::memory_order_seq_cst);
+  if (s == Sleep::kAwake || !outstanding_ || !outstanding_()) return;
+  if (s == Sleep::kOnFd) {
+    ucp_worker_signal(worker_);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    poke_ = true;
+  }
+  wake_.notify_one();
+}
+
+bool Worker::Shared(std::chrono::steady_clock::time_point now) const {
+  if (mode_ != UcxOptions::Progress::kShared) return false;
+  int64_t at = app_progress_at_.load(std::memory_order_relaxed);
+  return at != 0 &&
+         now.time_since_epoch().count() - at <
+             std::chrono::duration_cast<std::chrono::steady_clock::duration>(kShareWindow).count();
+}
+
+void Worker::StepBack() {
+  using Clock = std::chrono::steady_clock;
+  const auto window = std::chrono::duration_cast<Clock::duration>(kShareWindow);
+  // The tick still runs about every 20 ms (the caller's loop does it).
+  const auto tick = Clock::now() + std::chrono::milliseconds(20);
+  std::unique_lock<std::mutex> lock(mu_);
+  sleeping_.store(Sleep::kStepBack, std::memory_order_seq_cst);
+  auto woken = [this] {
+    return poke_ || queued_.load(std::memory_order_acquire) ||
+           stop_.load(std::memory_order_acquire);
+  };
+  // Without taking the worker while the application keeps polling: a thread woken to take it
+  // needs a core that the polling threads hold, and one preempted while holding it would
+  // stall them until it runs again.
+  for (;;) {
+    auto until = std::min(
+        tick, Clock::time_point(Clock::duration(app_progress_at_.load(std::memory_order_relaxed))) +
+                  window);
+    if (wake_.wait_until(lock, until, woken)) break;
+    auto now = Clock::now();
+    if (now >= tick || !Shared(now)) break;
+  }
+  poke_ = false;
+  sleeping_.store(Sleep::kAwake, std::memory_order_relaxed);
 }
 
 bool Worker::RunQueued() {
@@ -112,24 +192,40 @@ bool Worker::RunQueued() {
     batch.swap(queue_);
     queued_.store(false, std::memory_order_relaxed);
   }
+  // Still holding the worker: a TryRun that finds the queue empty runs after this batch.
   for (auto& fn : batch) fn();
   return !batch.empty();
 }
 
-void Worker::Loop(std::function<void()> tick, std::function<bool()> outstanding) {
+void Worker::Loop(std::function<void()> tick) {
   using Clock = std::chrono::steady_clock;
   auto next_tick = Clock::now();
   auto idle_since = Clock::now();
   while (!stop_.load(std::memory_order_acquire)) {
-    bool busy = RunQueued();
-    while (ucp_worker_progress(worker_) != 0) busy = true;
+    bool busy = false;
+    bool outstanding = false;
     auto now = Clock::now();
-    if (now >= next_tick) {
-      if (tick) tick();
-      next_tick = now + std::chrono::milliseconds(20);
+    {
+      Hold hold(*this);
+      busy = RunQueued();
+      while (ucp_worker_progress(worker_) != 0) busy = true;
+      now = Clock::now();
+      if (now >= next_tick) {
+        if (tick) tick();
+        next_tick = now + std::chrono::milliseconds(20);
+      }
+      outstanding = outstanding_ && outstanding_();
     }
     if (busy) {
       idle_since = now;
+      continue;
+    }
+    // Application threads are progressing the worker (kShared): stay out of their way until
+    // work is handed over, operations are outstanding or they stop.
+    if (!outstanding && Shared(now)) {
+      step_backs_.fetch_add(1, std::memory_order_relaxed);
+      StepBack();
+      idle_since = Clock::now();
       continue;
     }
     // Idle: poll on for kSpin (the answer to what was just sent often comes in that time),
@@ -140,17 +236,26 @@ void Worker::Loop(std::function<void()> tick, std::function<bool()> outstanding)
       continue;
     }
     // Idle for a while: sleep on the event fd until UCX or Submit() wakes us, or the next tick.
-    sleeping_.store(true, std::memory_order_seq_cst);
-    if (!queued_.load(std::memory_order_seq_cst) && !stop_.load(std::memory_order_acquire) &&
-        ucp_worker_arm(worker_) == UCS_OK) {
-      pollfd pfd{efd_, POLLIN, 0};
-      poll(&pfd, 1, outstanding && outstanding() ? 1 : 20);
+    sleeping_.store(Sleep::kOnFd, std::memory_order_seq_cst);
+    bool armed = false;
+    {
+      Hold hold(*this);
+      outstanding = outstanding_ && outstanding_();
+      armed = !queued_.load(std::memory_order_seq_cst) && !stop_.load(std::memory_order_acquire) &&
+              ucp_worker_arm(worker_) == UCS_OK;
     }
-    sleeping_.store(false, std::memory_order_relaxed);
+    if (armed) {
+      // Outside the lock: application threads may progress the worker meanwhile (the fd
+      // then wakes this thread for nothing, and it arms again).
+      pollfd pfd{efd_, POLLIN, 0};
+      poll(&pfd, 1, outstanding ? 1 : 20);
+    }
+    sleeping_.store(Sleep::kAwake, std::memory_order_relaxed);
     idle_since = Clock::now();
   }
   // Drain: run what was submitted before Stop(), then the last callback, progressing UCX so
   // that the closing of endpoints can complete.
+  Hold hold(*this);
   RunQueued();
   std::function<void()> last;
   {
@@ -161,6 +266,7 @@ void Worker::Loop(std::function<void()> tick, std::function<bool()> outstanding)
   RunQueued();
   for (int i = 0; i < 1000 && ucp_worker_progress(worker_) != 0; ++i) {
   }
+  stopped_ = true;
 }
 
 }  // namespace ferry::internal::ucx

@@ -1,21 +1,35 @@
-// Worker: one UCX worker driven by one progress thread.
+// Worker: one UCX worker, driven by its progress thread and, when they poll, by application
+// threads.
 //
-// Every UCX call on the worker, its endpoints and its requests is made on the progress thread
-// (the worker runs in UCS_THREAD_MODE_SINGLE); other threads hand work over with Submit().
-// Idle, the thread keeps polling for kSpin, yielding the core between polls, then either
-// keeps polling (Progress::kPolling) or sleeps on the worker's event fd (Progress::kEvent):
-// for at most 1 ms while operations are outstanding (UCX does not signal the fd for every
-// local completion), 20 ms otherwise. Submit() makes a syscall (ucp_worker_signal) only when
-// the thread sleeps; a spinning thread sees the work through an atomic flag. The tick
-// callback runs about every 20 ms on the thread, for housekeeping.
+// The worker's lock: every UCX call on the worker, its endpoints and its requests, and every
+// touch of the state its callbacks use (the shard's tables, core.h), is made by the thread
+// that holds it. The progress thread holds it while it runs submitted work and progresses the
+// worker; an application thread takes it only with a try-lock (TryRun, TryProgress), so it
+// never waits behind the progress thread. So the worker runs in UCS_THREAD_MODE_SERIALIZED
+// (several threads, one at a time): MULTI would add UCX's own lock to every call under this
+// one, which ferry needs anyway for its tables.
 //
-// Thread safety: Submit() from any thread; everything else on the progress thread.
+// Idle, the progress thread keeps polling for kSpin, yielding the core between polls, then
+// either keeps polling (Progress::kPolling) or sleeps on the worker's event fd (kEvent, and
+// kShared when no application thread polls): for at most 1 ms while operations are
+// outstanding (UCX does not signal the fd for every local completion), 20 ms otherwise. In
+// Progress::kShared mode, while application threads have progressed the worker in the last
+// kShareWindow and nothing is outstanding, the thread steps back: it sleeps (not on the event
+// fd, so arriving messages do not wake it) until work is submitted or the window passes.
+// An application thread that leaves operations in flight wakes a sleeping progress thread.
+// Submit() makes a syscall only when the thread sleeps; a spinning thread sees the work
+// through an atomic flag. The tick callback runs about every 20 ms on the thread, for
+// housekeeping.
+//
+// Thread safety: Submit(), TryRun(), TryProgress(), Held() from any thread; handle() and
+// everything done with it by the thread that holds the worker (Held()).
 #pragma once
 
 #include <ucp/api/ucp.h>
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -34,40 +48,113 @@ class Worker {
   // time slice (one-way latency = the spin); yielding, 20 us to 1 ms all gave 16-18 us
   // (bench/results/ucx_two_process.md).
   static constexpr std::chrono::microseconds kSpin{100};
+  // Progress::kShared: how long after an application thread's TryProgress the progress
+  // thread stays back. Also the longest that arriving messages wait for progress when the
+  // application stops polling.
+  static constexpr std::chrono::microseconds kShareWindow{1000};
 
   static Result<std::unique_ptr<Worker>> Create(ucp_context_h context, UcxOptions::Progress mode);
   ~Worker();  // stops and joins the progress thread, then destroys the worker
 
+  // REQUIRES: Held(), or the progress thread not started yet.
   ucp_worker_h handle() const { return worker_; }
   // Starts the progress thread. REQUIRES: AM handlers are set.
-  // `outstanding` says whether operations are in flight.
+  // `outstanding` (called holding the worker) says whether operations are in flight.
   void Start(std::function<void()> tick, std::function<bool()> outstanding);
-  // Runs `fn` on the progress thread; returns false once the worker is stopping.
+  // Runs `fn` on the progress thread, holding the worker; returns false once it is stopping.
   bool Submit(std::function<void()> fn);
-  // Stops the thread after it ran `last` (on the thread) and everything submitted before.
+  // Stops the thread after it ran `last` (holding the worker) and everything submitted before.
   void Stop(std::function<void()> last);
-  bool OnThread() const { return std::this_thread::get_id() == thread_.get_id(); }
+
+  // Whether the calling thread holds the worker: the progress thread in its loop, or an
+  // application thread inside TryRun/TryProgress (e.g. in a callback that progress ran).
+  bool Held() const { return owner_.load(std::memory_order_relaxed) == std::this_thread::get_id(); }
+  // Runs `fn` now on the calling thread, holding the worker, if it can be taken without
+  // waiting, the worker runs and nothing submitted is still queued (so `fn` does not overtake
+  // work submitted before it). Returns false, without running `fn`, otherwise; then the
+  // caller Submit()s it. REQUIRES: !Held().
+  template <typename F>
+  bool TryRun(F& fn) {
+    Hold hold(*this, std::try_to_lock);
+    if (!hold || !Usable(/*direct=*/true)) return false;
+    fn();
+    direct_runs_.fetch_add(1, std::memory_order_relaxed);
+    WakeIfOutstanding();
+    return true;
+  }
+  // Progresses the worker from the calling thread if it can be taken without waiting (and
+  // the calling thread does not already hold it: UCX forbids progress from its callbacks).
+  // Returns whether UCX made progress.
+  bool TryProgress();
+
+  // For tests and diagnostics.
+  bool asleep() const { return sleeping_.load(std::memory_order_acquire) != Sleep::kAwake; }
+  uint64_t direct_runs() const { return direct_runs_.load(std::memory_order_relaxed); }
+  uint64_t app_progress() const { return app_progress_.load(std::memory_order_relaxed); }
+  uint64_t step_backs() const { return step_backs_.load(std::memory_order_relaxed); }
 
  private:
+  enum class Sleep : uint8_t { kAwake, kOnFd, kStepBack };
+  // Holds the worker: its lock, and owner_ set to the holding thread.
+  class Hold {
+   public:
+    explicit Hold(Worker& w) : w_(w), lock_(w.ucx_mu_) { Own(); }
+    Hold(Worker& w, std::try_to_lock_t) : w_(w), lock_(w.ucx_mu_, std::try_to_lock) {
+      if (lock_.owns_lock()) Own();
+    }
+    ~Hold() {
+      if (lock_.owns_lock()) w_.owner_.store(std::thread::id(), std::memory_order_relaxed);
+    }
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+    explicit operator bool() const { return lock_.owns_lock(); }
+
+   private:
+    void Own() { w_.owner_.store(std::this_thread::get_id(), std::memory_order_relaxed); }
+    Worker& w_;
+    std::unique_lock<std::mutex> lock_;
+  };
+
   Worker(ucp_worker_h worker, int efd, UcxOptions::Progress mode)
       : worker_(worker), efd_(efd), mode_(mode) {}
-  void Loop(std::function<void()> tick, std::function<bool()> outstanding);
-  bool RunQueued();
+  void Loop(std::function<void()> tick);
+  bool RunQueued();  // REQUIRES: Held()
+  // Whether an application thread holding the worker may use it: not drained, not stopping
+  // and, for work of its own (`direct`), nothing submitted still waiting to run.
+  bool Usable(bool direct) const;  // REQUIRES: Held()
+  void StepBack();
+  // After an application thread used the worker: a sleeping progress thread must come back
+  // for operations it left in flight.
+  void WakeIfOutstanding();  // REQUIRES: Held()
+  // kShared: whether application threads progressed the worker within kShareWindow.
+  bool Shared(std::chrono::steady_clock::time_point now) const;
 
   ucp_worker_h worker_;
-  int efd_;  // the worker's event fd (kEvent mode), -1 otherwise
+  int efd_;  // the worker's event fd (kEvent and kShared), -1 otherwise
   const UcxOptions::Progress mode_;
   std::thread thread_;
+  std::function<bool()> outstanding_;  // set before the thread starts
+
+  std::mutex ucx_mu_;  // the worker's lock (see the header comment)
+  std::atomic<std::thread::id> owner_{};
+  bool stopped_ = false;  // GUARDED_BY(ucx_mu_): the worker is drained; nobody progresses it
+
   std::atomic<bool> stop_{false};
-  std::atomic<bool> sleeping_{false};
-  std::atomic<bool> queued_{false};  // queue_ is not empty; set under mu_
+  std::atomic<Sleep> sleeping_{Sleep::kAwake};
+  std::atomic<bool> queued_{false};          // queue_ is not empty; set under mu_
+  std::atomic<int64_t> app_progress_at_{0};  // steady_clock ns of the last TryProgress
+  std::atomic<uint64_t> direct_runs_{0};
+  std::atomic<uint64_t> app_progress_{0};
+  std::atomic<uint64_t> step_backs_{0};
   std::mutex mu_;
+  std::condition_variable wake_;              // the stepped-back thread waits here, on mu_
+  bool poke_ = false;                         // GUARDED_BY(mu_): wake_ was signalled
   std::vector<std::function<void()>> queue_;  // GUARDED_BY(mu_)
   bool closed_ = false;                       // GUARDED_BY(mu_)
   std::function<void()> last_;                // GUARDED_BY(mu_)
 };
 
-// Closes `ep` at once (in-flight operations on it fail). Progress thread only.
+// Closes `ep` at once (in-flight operations on it fail). REQUIRES: its worker is held.
 void CloseEndpoint(ucp_ep_h ep);
 
 // A UCX status as a ferry Status: transport failures map to kUnavailable.

@@ -1,0 +1,105 @@
+// Conn: a connection to one peer on one shard (core.h). Everything here but failure() runs
+// holding the shard's worker (worker.h).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <cstdlib>
+
+#include "base/log.h"
+#include "transport/ucx/core.h"
+
+namespace ferry::internal::ucx {
+
+Status Conn::failure() const {
+  std::lock_guard<std::mutex> lock(failure_mu_);
+  if (failure_.ok()) return Status(Code::kUnavailable, "connection to peer " + peer_.key + " is closed");
+  return failure_;
+}
+
+Status Conn::Open(int lanes) {
+  size_t colon = address_.rfind(':');
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  if (colon == std::string::npos ||
+      inet_pton(AF_INET, address_.substr(0, colon).c_str(), &addr.sin_addr) != 1)
+    return Status(Code::kInvalidArgument, "bad peer address '" + address_ + "'");
+  int port = std::atoi(address_.c_str() + colon + 1);
+  if (port <= 0 || port > 65535) return Status(Code::kInvalidArgument, "bad peer port in '" + address_ + "'");
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  for (int i = 0; i < lanes; ++i) {
+    ucp_ep_params_t params = {};
+    params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+    params.sockaddr.addrlen = sizeof(addr);
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = &Conn::OnError;
+    params.err_handler.arg = this;
+    ucp_ep_h ep = nullptr;
+    ucs_status_t st = ucp_ep_create(shard_->worker->handle(), &params, &ep);
+    if (st != UCS_OK) return FromUcs(st, "connecting to " + peer_.key + " at " + address_);
+    eps_.push_back(ep);
+    shard_->conn_by_ep[ep] = this;
+  }
+  return Status::Ok();
+}
+
+void Conn::OnError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* conn = static_cast<Conn*>(arg);
+  conn->Fail(FromUcs(status, "connection to peer " + conn->peer_.key + " lost"));
+}
+
+void Conn::Fail(Status why) {
+  if (failed_.exchange(true)) return;
+  if (why.code() != Code::kAborted) why = Status(Code::kUnavailable, std::string(why.message()));
+  {
+    std::lock_guard<std::mutex> lock(failure_mu_);
+    failure_ = why;
+  }
+  FERRY_LOG_INFO("ucx: {}", why.ToString());
+  shard_->FailPending(this, nullptr, why);
+  Close();
+}
+
+void Conn::Close() {
+  for (auto& [id, keys] : rkeys_)
+    for (ucp_rkey_h k : keys)
+      if (k != nullptr) ucp_rkey_destroy(k);
+  rkeys_.clear();
+  for (ucp_ep_h ep : eps_) {
+    shard_->conn_by_ep.erase(ep);
+    CloseEndpoint(ep);
+  }
+  eps_.clear();
+  failed_.store(true, std::memory_order_release);
+}
+
+void Conn::Revoke(uint64_t region) {
+  revoked_.insert(region);
+  auto it = rkeys_.find(region);
+  if (it == rkeys_.end()) return;
+  for (ucp_rkey_h k : it->second)
+    if (k != nullptr) ucp_rkey_destroy(k);
+  rkeys_.erase(it);
+}
+
+Result<ucp_rkey_h> Conn::RemoteKey(const MemoryDesc& remote, size_t lane) {
+  if (eps_.empty()) return failure();
+  if (revoked_.count(static_cast<uint64_t>(remote.region)) != 0)
+    return Status(Code::kFailedPrecondition, "remote region " +
+                                                 std::to_string(static_cast<uint64_t>(remote.region)) +
+                                                 " was deregistered");
+  auto& keys = rkeys_[static_cast<uint64_t>(remote.region)];
+  if (keys.empty()) keys.assign(eps_.size(), nullptr);
+  lane %= eps_.size();
+  if (keys[lane] == nullptr) {
+    const TransportData* access = remote.FindAccess("ucx");
+    if (access == nullptr) return Status(Code::kInvalidArgument, "remote region has no ucx key");
+    ucs_status_t st = ucp_ep_rkey_unpack(eps_[lane], access->data.data(), &keys[lane]);
+    if (st != UCS_OK) return FromUcs(st, "unpacking the remote key");
+  }
+  return keys[lane];
+}
+
+}  // namespace ferry::internal::ucx
