@@ -103,6 +103,7 @@ class CopyEngines {
   CopyEngines();  // sized by cuda::DeviceCount()
   // kInvalidArgument for a device that does not exist; CopyEngine::Create's errors.
   Result<CopyEngine*> For(int device);
+  int devices() const { return static_cast<int>(engines_.size()); }
 
  private:
   std::mutex mu_;

@@ -10,10 +10,10 @@
 #include "base/tsan.h"
 #include "cuda/runtime.h"
 #include "transport/ucx/core.h"
+#include "transport/ucx/staged_internal.h"
 #if FERRY_HAVE_CUDA
 #include "cuda/copy_engine.h"
 #endif
-#include "transport/ucx/staged.h"
 
 namespace ferry::internal::ucx {
 
@@ -88,124 +88,7 @@ Result<std::vector<StagedPiece>> ReadPieceTable(const std::byte* bytes, size_t l
   return pieces;
 }
 
-// ---- Bounce buffers --------------------------------------------------------------------------
-
-namespace {
-
-constexpr size_t kBounceBytes = ((kStageChunkBytes + (4 + 16 * kStageMaxPieces)) + 4095) / 4096 * 4096;
-
-// Runs work on a shard's progress thread while the transport lives.
-struct Dispatcher {
-  std::mutex mu;
-  Core* core = nullptr;  // GUARDED_BY(mu); null once the transport is gone
-  bool Run(size_t shard, std::function<void()> fn) {
-    std::lock_guard<std::mutex> lock(mu);
-    return core != nullptr && core->shard(shard).worker->Submit(std::move(fn));
-  }
-};
-
-class BouncePool;
-
-// A bounce buffer in use; back to its pool when the last holder lets go.
-struct Bounce {
-  Bounce(std::weak_ptr<BouncePool> pool, std::byte* data, bool pinned) : pool(std::move(pool)), data(data), pinned(pinned) {}
-  Bounce(const Bounce&) = delete;
-  ~Bounce();
-  std::weak_ptr<BouncePool> pool;
-  std::byte* const data;
-  const bool pinned;  // page-locked and mapped: GPU kernels reach it
-};
-
-void FreeBuffer(std::byte* data, bool pinned) {
-  if (pinned) (void)cuda::HostUnregister(data);
-  std::free(data);
-}
-
-class BouncePool : public std::enable_shared_from_this<BouncePool> {
- public:
-  BouncePool(std::shared_ptr<Dispatcher> dispatch, bool pin) : dispatch_(std::move(dispatch)), pin_(pin) {}
-  ~BouncePool() {
-    for (auto& [data, pinned] : free_) FreeBuffer(data, pinned);
-  }
-  // A buffer, or null when all kStageBuffers are in use; then `retry` runs on the progress
-  // thread of `shard` once one comes back (registered under the same lock as the check, so that a
-  // buffer returned meanwhile on another thread is not missed).
-  std::shared_ptr<Bounce> AcquireOrWait(size_t shard, std::function<void()> retry) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto b = TryAcquireLocked();
-    if (!b && retry) waiters_.emplace_back(shard, std::move(retry));
-    return b;
-  }
-  std::shared_ptr<Bounce> TryAcquire() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return TryAcquireLocked();
-  }
-  // REQUIRES: mu_ held.
-  std::shared_ptr<Bounce> TryAcquireLocked() {
-    if (!free_.empty()) {
-      auto [data, pinned] = free_.back();
-      free_.pop_back();
-      return std::make_shared<Bounce>(weak_from_this(), data, pinned);
-    }
-    if (allocated_ >= kStageBuffers) return nullptr;
-    auto* data = static_cast<std::byte*>(std::aligned_alloc(4096, kBounceBytes));
-    if (data == nullptr) return nullptr;
-    const bool pinned = pin_ && cuda::HostRegister(data, kBounceBytes).ok();
-    ++allocated_;
-    return std::make_shared<Bounce>(weak_from_this(), data, pinned);
-  }
-  void Return(std::byte* data, bool pinned) {
-    std::pair<size_t, std::function<void()>> next;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      free_.emplace_back(data, pinned);
-      if (!waiters_.empty()) {
-        next = std::move(waiters_.front());
-        waiters_.pop_front();
-      }
-    }
-    if (next.second) (void)dispatch_->Run(next.first, std::move(next.second));
-  }
-  void DropWaiters() {
-    std::deque<std::pair<size_t, std::function<void()>>> w;
-    std::lock_guard<std::mutex> lock(mu_);
-    w.swap(waiters_);
-  }
-  size_t free() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return free_.size();
-  }
-  size_t allocated() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return allocated_;
-  }
-
- private:
-  std::shared_ptr<Dispatcher> dispatch_;
-  const bool pin_;
-  std::mutex mu_;
-  std::vector<std::pair<std::byte*, bool>> free_;  // GUARDED_BY(mu_)
-  std::deque<std::pair<size_t, std::function<void()>>> waiters_;  // GUARDED_BY(mu_): shard, retry
-  size_t allocated_ = 0;                           // GUARDED_BY(mu_)
-};
-
-Bounce::~Bounce() {
-  if (auto p = pool.lock()) p->Return(data, pinned);
-  else FreeBuffer(data, pinned);
-}
-
-// A buffer for one message: from the pool, or (pool exhausted, or a target of host memory)
-// plain heap memory that only the DMA engines reach.
-std::shared_ptr<Bounce> AnyBuffer(BouncePool* pool) {
-  if (pool != nullptr) {
-    if (auto b = pool->TryAcquire()) return b;
-  }
-  auto* data = static_cast<std::byte*>(std::aligned_alloc(4096, kBounceBytes));
-  if (data == nullptr) return nullptr;
-  return std::make_shared<Bounce>(std::weak_ptr<BouncePool>(), data, false);
-}
-
-}  // namespace
+// Bounce buffers and Stager::Impl: staged_internal.h. The target side: staged_target.cc.
 
 // ---- GPU copies ------------------------------------------------------------------------------
 
@@ -213,21 +96,10 @@ namespace {
 #if FERRY_HAVE_CUDA
 class CudaStageCopier final : public StageCopier {
  public:
-  CudaStageCopier() : engines_(cuda::Available() ? cuda::DeviceCount() : 0) {}
-  bool gpu() const override { return !engines_.empty(); }
+  bool gpu() const override { return engines_.devices() > 0; }
   Status Copy(int device, std::span<const StageCopy> copies, bool pinned,
               std::function<void(const Status&)> done) override {
-    cuda::CopyEngine* engine = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (device < 0 || device >= static_cast<int>(engines_.size()))
-        return Status(Code::kInvalidArgument, "no CUDA device " + std::to_string(device));
-      auto& slot = engines_[device];
-      if (!slot) {
-        FERRY_ASSIGN_OR_RETURN(slot, cuda::CopyEngine::Create(device));
-      }
-      engine = slot.get();
-    }
+    FERRY_ASSIGN_OR_RETURN(cuda::CopyEngine * engine, engines_.For(device));
     std::vector<cuda::Copy> c;
     c.reserve(copies.size());
     for (const StageCopy& g : copies) c.push_back(cuda::Copy{g.dst, g.src, g.size});
@@ -240,8 +112,7 @@ class CudaStageCopier final : public StageCopier {
   }
 
  private:
-  std::mutex mu_;
-  std::vector<std::unique_ptr<cuda::CopyEngine>> engines_;  // GUARDED_BY(mu_); by ordinal
+  cuda::CopyEngines engines_;
 };
 #endif
 
@@ -260,37 +131,6 @@ std::unique_ptr<StageCopier> MakeCudaStageCopier() {
 #endif
   return std::make_unique<NoStageCopier>();
 }
-
-using GpuCopy = StageCopy;
-
-struct Stager::Impl : std::enable_shared_from_this<Stager::Impl> {
-  Core* core = nullptr;
-  std::shared_ptr<Dispatcher> dispatch = std::make_shared<Dispatcher>();
-  std::shared_ptr<BouncePool> send_pool, recv_pool;
-  std::unique_ptr<StageCopier> copier;  // progress thread (and ~Stager, once it stopped)
-  bool has_gpu = false;
-
-  bool gpu() const { return has_gpu; }
-
-  Status Copy(int device, const std::vector<GpuCopy>& copies, bool pinned, std::function<void(const Status&)> done) {
-    if (!copier) return Status(Code::kAborted, "the ucx transport was shut down");
-    return copier->Copy(device, copies, pinned, std::move(done));
-  }
-
-  // Progress thread of `s`, which received the request on `reply` (one of its accepted
-  // endpoints, unless the peer closed it meanwhile).
-  void SendAckIfOpen(Shard& s, ucp_ep_h reply, uint64_t token, Code code) {
-    if (s.accepted.count(reply) != 0) s.SendAck(reply, token, code);
-  }
-
-  // Target side, progress thread of `s`: scatters a received chunk (in `buf`, `length` bytes)
-  // into `region`, then acks.
-  void Scatter(Shard& s, const std::shared_ptr<RegionUse>& hold, std::shared_ptr<Bounce> buf, size_t length,
-               ucp_ep_h reply, uint64_t token);
-  // Target side, progress thread of `s`: gathers `pieces` of `region` and answers `token` with them.
-  void Gather(Shard& s, const std::shared_ptr<RegionUse>& hold, std::vector<StagedPiece> pieces, uint64_t total,
-              ucp_ep_h reply, uint64_t token);
-};
 
 // ---- Initiator: writes -----------------------------------------------------------------------
 
@@ -480,162 +320,5 @@ void Stager::PostRead(const std::shared_ptr<Conn>& conn, const std::shared_ptr<R
   job->Pump();
 }
 
-// ---- Target ----------------------------------------------------------------------------------
-
-namespace {
-struct StagedRecv {
-  std::shared_ptr<Stager::Impl> stager;
-  Shard* shard;
-  std::shared_ptr<RegionUse> hold;
-  std::shared_ptr<Bounce> buf;
-  size_t length;
-  ucp_ep_h reply;
-  uint64_t token;
-};
-
-void OnStagedRecv(void* request, ucs_status_t status, size_t, void* user_data) {
-  auto* ctx = static_cast<StagedRecv*>(user_data);
-  FERRY_TSAN_WIRE_ACQUIRE();
-  if (status != UCS_OK) ctx->stager->SendAckIfOpen(*ctx->shard, ctx->reply, ctx->token, FromUcs(status, "receive").code());
-  else ctx->stager->Scatter(*ctx->shard, ctx->hold, ctx->buf, ctx->length, ctx->reply, ctx->token);
-  delete ctx;
-  ucp_request_free(request);
-}
-}  // namespace
-
-void Stager::HandleWrite(Shard& s, const AmHeader& h, void* data, size_t length, const ucp_am_recv_param_t* param,
-                         bool* keep) {
-  Core& core = *impl_->core;
-  ucp_ep_h reply = param->reply_ep;
-  auto region = core.FindRegion(h.region);
-  auto hold = region ? RegionUse::Make(region) : nullptr;
-  if (!hold) {
-    core.Reject("staged write to an unknown region");
-    return s.SendAck(reply, h.token, Code::kFailedPrecondition);
-  }
-  if (length > kBounceBytes) {
-    core.Reject("staged chunk larger than a bounce buffer");
-    return s.SendAck(reply, h.token, Code::kInvalidArgument);
-  }
-  if (region->kind == MemoryKind::kCuda && !impl_->gpu()) return s.SendAck(reply, h.token, Code::kUnsupported);
-  auto buf = AnyBuffer(region->kind == MemoryKind::kCuda ? impl_->recv_pool.get() : nullptr);
-  if (!buf) return s.SendAck(reply, h.token, Code::kResourceExhausted);
-  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
-    std::memcpy(buf->data, data, length);
-    return impl_->Scatter(s, hold, std::move(buf), length, reply, h.token);
-  }
-  auto* ctx = new StagedRecv{impl_, &s, hold, buf, length, reply, h.token};
-  ucp_request_param_t p = {};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  p.cb.recv_am = &OnStagedRecv;
-  p.user_data = ctx;
-  void* req = ucp_am_recv_data_nbx(s.worker->handle(), data, buf->data, length, &p);
-  *keep = true;
-  if (UCS_PTR_IS_ERR(req)) {
-    impl_->SendAckIfOpen(s, reply, h.token, FromUcs(UCS_PTR_STATUS(req), "ucp_am_recv_data_nbx").code());
-    delete ctx;
-  } else if (req == nullptr) {
-    impl_->Scatter(s, hold, buf, length, reply, h.token);
-    delete ctx;
-  }
-}
-
-void Stager::Impl::Scatter(Shard& s, const std::shared_ptr<RegionUse>& hold, std::shared_ptr<Bounce> buf,
-                           size_t length, ucp_ep_h reply, uint64_t token) {
-  Region& region = hold->region();
-  size_t table = 0;
-  uint64_t total = 0;
-  auto pieces = ReadPieceTable(buf->data, length, region.size, &table, &total);
-  if (pieces.ok() && table + total != length)
-    pieces = Status(Code::kInvalidArgument, "staged chunk size does not match its piece table");
-  if (!pieces.ok()) {
-    core->Reject(std::string(pieces.status().message()).c_str());
-    return SendAckIfOpen(s, reply, token, pieces.status().code());
-  }
-  const std::byte* at = buf->data + table;
-  if (region.kind == MemoryKind::kHost) {
-    for (const StagedPiece& p : *pieces) {
-      std::memcpy(region.base + p.offset, at, p.size);
-      at += p.size;
-    }
-    return SendAckIfOpen(s, reply, token, Code::kOk);
-  }
-  std::vector<GpuCopy> copies;
-  copies.reserve(pieces->size());
-  for (const StagedPiece& p : *pieces) {
-    copies.push_back({region.base + p.offset, at, p.size});
-    at += p.size;
-  }
-  // The ack leaves once the bytes are in GPU memory.
-  auto self = shared_from_this();
-  const size_t shard = s.index;
-  Status posted = Copy(region.device, copies, buf->pinned, [self, hold, buf, reply, token, shard](const Status& st) {
-    (void)self->dispatch->Run(shard, [self, reply, token, shard, code = st.code()] {
-      self->SendAckIfOpen(self->core->shard(shard), reply, token, code);
-    });
-  });
-  if (!posted.ok()) SendAckIfOpen(s, reply, token, posted.code());
-}
-
-void Stager::HandleReadReq(Shard& s, const AmHeader& h, const void* data, size_t length,
-                           const ucp_am_recv_param_t* param) {
-  Core& core = *impl_->core;
-  ucp_ep_h reply = param->reply_ep;
-  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
-    core.Reject("staged read request sent by rendezvous");
-    return s.SendAck(reply, h.token, Code::kInvalidArgument);
-  }
-  auto region = core.FindRegion(h.region);
-  auto hold = region ? RegionUse::Make(region) : nullptr;
-  if (!hold) {
-    core.Reject("staged read of an unknown region");
-    return s.SendAck(reply, h.token, Code::kFailedPrecondition);
-  }
-  size_t table = 0;
-  uint64_t total = 0;
-  auto pieces = ReadPieceTable(static_cast<const std::byte*>(data), length, region->size, &table, &total);
-  if (pieces.ok() && (table != length || total != h.offset))
-    pieces = Status(Code::kInvalidArgument, "staged read request does not match its piece table");
-  if (!pieces.ok()) {
-    core.Reject(std::string(pieces.status().message()).c_str());
-    return s.SendAck(reply, h.token, pieces.status().code());
-  }
-  if (region->kind == MemoryKind::kCuda && !impl_->gpu()) return s.SendAck(reply, h.token, Code::kUnsupported);
-  impl_->Gather(s, hold, std::move(pieces).value(), total, reply, h.token);
-}
-
-void Stager::Impl::Gather(Shard& s, const std::shared_ptr<RegionUse>& hold, std::vector<StagedPiece> pieces,
-                          uint64_t total, ucp_ep_h reply, uint64_t token) {
-  Region& region = hold->region();
-  AmHeader resp;
-  resp.type = MsgType::kReadResp;
-  resp.token = token;
-  resp.size = total;
-  if (region.kind == MemoryKind::kHost) {
-    std::string payload;
-    payload.reserve(total);
-    for (const StagedPiece& p : pieces) payload.append(reinterpret_cast<const char*>(region.base + p.offset), p.size);
-    return s.Send(reply, resp, nullptr, std::move(payload));
-  }
-  auto buf = AnyBuffer(send_pool.get());
-  if (!buf) return SendAckIfOpen(s, reply, token, Code::kResourceExhausted);
-  std::vector<GpuCopy> copies;
-  copies.reserve(pieces.size());
-  std::byte* at = buf->data;
-  for (const StagedPiece& p : pieces) {
-    copies.push_back({at, region.base + p.offset, p.size});
-    at += p.size;
-  }
-  auto self = shared_from_this();
-  const size_t shard = s.index;
-  Status posted = Copy(region.device, copies, buf->pinned, [self, hold, buf, reply, token, resp, shard](const Status& st) {
-    (void)self->dispatch->Run(shard, [self, buf, reply, token, resp, st, shard] {
-      Shard& sh = self->core->shard(shard);
-      if (!st.ok()) return self->SendAckIfOpen(sh, reply, token, st.code());
-      if (sh.accepted.count(reply) != 0) sh.Send(reply, resp, buf->data, {}, false, buf);
-    });
-  });
-  if (!posted.ok()) SendAckIfOpen(s, reply, token, posted.code());
-}
 
 }  // namespace ferry::internal::ucx

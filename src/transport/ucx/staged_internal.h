@@ -1,0 +1,171 @@
+// The staged path's shared pieces (staged.h), for its two halves: staged.cc (the initiator's
+// jobs, the copier, Stager) and staged_target.cc (the target's scatter and gather). Not for
+// other users.
+//
+// Bounce buffers: a pool holds at most kStageBuffers page-locked buffers of kBounceBytes; a
+// Bounce returns its buffer to the pool when the last holder lets it go (or frees it once the
+// pool is gone). Thread safety: BouncePool and Dispatcher are thread-safe; Stager::Impl's
+// members are used on progress threads as staged.h says.
+#pragma once
+
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "cuda/runtime.h"
+#include "transport/ucx/core.h"
+#include "transport/ucx/staged.h"
+
+namespace ferry::internal::ucx {
+
+inline constexpr size_t kBounceBytes = ((kStageChunkBytes + (4 + 16 * kStageMaxPieces)) + 4095) / 4096 * 4096;
+
+// Runs work on a shard's progress thread while the transport lives.
+struct Dispatcher {
+  std::mutex mu;
+  Core* core = nullptr;  // GUARDED_BY(mu); null once the transport is gone
+  bool Run(size_t shard, std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(mu);
+    return core != nullptr && core->shard(shard).worker->Submit(std::move(fn));
+  }
+};
+
+class BouncePool;
+
+// A bounce buffer in use; back to its pool when the last holder lets go.
+struct Bounce {
+  Bounce(std::weak_ptr<BouncePool> pool, std::byte* data, bool pinned) : pool(std::move(pool)), data(data), pinned(pinned) {}
+  Bounce(const Bounce&) = delete;
+  ~Bounce();
+  std::weak_ptr<BouncePool> pool;
+  std::byte* const data;
+  const bool pinned;  // page-locked and mapped: GPU kernels reach it
+};
+
+inline void FreeBuffer(std::byte* data, bool pinned) {
+  if (pinned) (void)cuda::HostUnregister(data);
+  std::free(data);
+}
+
+class BouncePool : public std::enable_shared_from_this<BouncePool> {
+ public:
+  BouncePool(std::shared_ptr<Dispatcher> dispatch, bool pin) : dispatch_(std::move(dispatch)), pin_(pin) {}
+  ~BouncePool() {
+    for (auto& [data, pinned] : free_) FreeBuffer(data, pinned);
+  }
+  // A buffer, or null when all kStageBuffers are in use; then `retry` runs on the progress
+  // thread of `shard` once one comes back (registered under the same lock as the check, so that a
+  // buffer returned meanwhile on another thread is not missed).
+  std::shared_ptr<Bounce> AcquireOrWait(size_t shard, std::function<void()> retry) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto b = TryAcquireLocked();
+    if (!b && retry) waiters_.emplace_back(shard, std::move(retry));
+    return b;
+  }
+  std::shared_ptr<Bounce> TryAcquire() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return TryAcquireLocked();
+  }
+  // REQUIRES: mu_ held.
+  std::shared_ptr<Bounce> TryAcquireLocked() {
+    if (!free_.empty()) {
+      auto [data, pinned] = free_.back();
+      free_.pop_back();
+      return std::make_shared<Bounce>(weak_from_this(), data, pinned);
+    }
+    if (allocated_ >= kStageBuffers) return nullptr;
+    auto* data = static_cast<std::byte*>(std::aligned_alloc(4096, kBounceBytes));
+    if (data == nullptr) return nullptr;
+    const bool pinned = pin_ && cuda::HostRegister(data, kBounceBytes).ok();
+    ++allocated_;
+    return std::make_shared<Bounce>(weak_from_this(), data, pinned);
+  }
+  void Return(std::byte* data, bool pinned) {
+    std::pair<size_t, std::function<void()>> next;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      free_.emplace_back(data, pinned);
+      if (!waiters_.empty()) {
+        next = std::move(waiters_.front());
+        waiters_.pop_front();
+      }
+    }
+    if (next.second) (void)dispatch_->Run(next.first, std::move(next.second));
+  }
+  void DropWaiters() {
+    std::deque<std::pair<size_t, std::function<void()>>> w;
+    std::lock_guard<std::mutex> lock(mu_);
+    w.swap(waiters_);
+  }
+  size_t free() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return free_.size();
+  }
+  size_t allocated() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return allocated_;
+  }
+
+ private:
+  std::shared_ptr<Dispatcher> dispatch_;
+  const bool pin_;
+  std::mutex mu_;
+  std::vector<std::pair<std::byte*, bool>> free_;  // GUARDED_BY(mu_)
+  std::deque<std::pair<size_t, std::function<void()>>> waiters_;  // GUARDED_BY(mu_): shard, retry
+  size_t allocated_ = 0;                           // GUARDED_BY(mu_)
+};
+
+inline Bounce::~Bounce() {
+  if (auto p = pool.lock()) p->Return(data, pinned);
+  else FreeBuffer(data, pinned);
+}
+
+// A buffer for one message: from the pool, or (pool exhausted, or a target of host memory)
+// plain heap memory that only the DMA engines reach.
+inline std::shared_ptr<Bounce> AnyBuffer(BouncePool* pool) {
+  if (pool != nullptr) {
+    if (auto b = pool->TryAcquire()) return b;
+  }
+  auto* data = static_cast<std::byte*>(std::aligned_alloc(4096, kBounceBytes));
+  if (data == nullptr) return nullptr;
+  return std::make_shared<Bounce>(std::weak_ptr<BouncePool>(), data, false);
+}
+
+using GpuCopy = StageCopy;
+
+using GpuCopy = StageCopy;
+
+struct Stager::Impl : std::enable_shared_from_this<Stager::Impl> {
+  Core* core = nullptr;
+  std::shared_ptr<Dispatcher> dispatch = std::make_shared<Dispatcher>();
+  std::shared_ptr<BouncePool> send_pool, recv_pool;
+  std::unique_ptr<StageCopier> copier;  // progress thread (and ~Stager, once it stopped)
+  bool has_gpu = false;
+
+  bool gpu() const { return has_gpu; }
+
+  Status Copy(int device, const std::vector<GpuCopy>& copies, bool pinned, std::function<void(const Status&)> done) {
+    if (!copier) return Status(Code::kAborted, "the ucx transport was shut down");
+    return copier->Copy(device, copies, pinned, std::move(done));
+  }
+
+  // Progress thread of `s`, which received the request on `reply` (one of its accepted
+  // endpoints, unless the peer closed it meanwhile).
+  void SendAckIfOpen(Shard& s, ucp_ep_h reply, uint64_t token, Code code) {
+    if (s.accepted.count(reply) != 0) s.SendAck(reply, token, code);
+  }
+
+  // Target side, progress thread of `s`: scatters a received chunk (in `buf`, `length` bytes)
+  // into `region`, then acks.
+  void Scatter(Shard& s, const std::shared_ptr<RegionUse>& hold, std::shared_ptr<Bounce> buf, size_t length,
+               ucp_ep_h reply, uint64_t token);
+  // Target side, progress thread of `s`: gathers `pieces` of `region` and answers `token` with them.
+  void Gather(Shard& s, const std::shared_ptr<RegionUse>& hold, std::vector<StagedPiece> pieces, uint64_t total,
+              ucp_ep_h reply, uint64_t token);
+};
+
+}  // namespace ferry::internal::ucx

@@ -1,0 +1,168 @@
+// The target side of the staged path (staged.h): chunks received into bounce buffers and
+// scattered into regions, and pieces gathered for reads.
+#include <cstring>
+
+#include "base/log.h"
+#include "base/tsan.h"
+#include "transport/ucx/staged_internal.h"
+
+namespace ferry::internal::ucx {
+
+// ---- Target ----------------------------------------------------------------------------------
+
+namespace {
+struct StagedRecv {
+  std::shared_ptr<Stager::Impl> stager;
+  Shard* shard;
+  std::shared_ptr<RegionUse> hold;
+  std::shared_ptr<Bounce> buf;
+  size_t length;
+  ucp_ep_h reply;
+  uint64_t token;
+};
+
+void OnStagedRecv(void* request, ucs_status_t status, size_t, void* user_data) {
+  auto* ctx = static_cast<StagedRecv*>(user_data);
+  FERRY_TSAN_WIRE_ACQUIRE();
+  if (status != UCS_OK) ctx->stager->SendAckIfOpen(*ctx->shard, ctx->reply, ctx->token, FromUcs(status, "receive").code());
+  else ctx->stager->Scatter(*ctx->shard, ctx->hold, ctx->buf, ctx->length, ctx->reply, ctx->token);
+  delete ctx;
+  ucp_request_free(request);
+}
+}  // namespace
+
+void Stager::HandleWrite(Shard& s, const AmHeader& h, void* data, size_t length, const ucp_am_recv_param_t* param,
+                         bool* keep) {
+  Core& core = *impl_->core;
+  ucp_ep_h reply = param->reply_ep;
+  auto region = core.FindRegion(h.region);
+  auto hold = region ? RegionUse::Make(region) : nullptr;
+  if (!hold) {
+    core.Reject("staged write to an unknown region");
+    return s.SendAck(reply, h.token, Code::kFailedPrecondition);
+  }
+  if (length > kBounceBytes) {
+    core.Reject("staged chunk larger than a bounce buffer");
+    return s.SendAck(reply, h.token, Code::kInvalidArgument);
+  }
+  if (region->kind == MemoryKind::kCuda && !impl_->gpu()) return s.SendAck(reply, h.token, Code::kUnsupported);
+  auto buf = AnyBuffer(region->kind == MemoryKind::kCuda ? impl_->recv_pool.get() : nullptr);
+  if (!buf) return s.SendAck(reply, h.token, Code::kResourceExhausted);
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    std::memcpy(buf->data, data, length);
+    return impl_->Scatter(s, hold, std::move(buf), length, reply, h.token);
+  }
+  auto* ctx = new StagedRecv{impl_, &s, hold, buf, length, reply, h.token};
+  ucp_request_param_t p = {};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.recv_am = &OnStagedRecv;
+  p.user_data = ctx;
+  void* req = ucp_am_recv_data_nbx(s.worker->handle(), data, buf->data, length, &p);
+  *keep = true;
+  if (UCS_PTR_IS_ERR(req)) {
+    impl_->SendAckIfOpen(s, reply, h.token, FromUcs(UCS_PTR_STATUS(req), "ucp_am_recv_data_nbx").code());
+    delete ctx;
+  } else if (req == nullptr) {
+    impl_->Scatter(s, hold, buf, length, reply, h.token);
+    delete ctx;
+  }
+}
+
+void Stager::Impl::Scatter(Shard& s, const std::shared_ptr<RegionUse>& hold, std::shared_ptr<Bounce> buf,
+                           size_t length, ucp_ep_h reply, uint64_t token) {
+  Region& region = hold->region();
+  size_t table = 0;
+  uint64_t total = 0;
+  auto pieces = ReadPieceTable(buf->data, length, region.size, &table, &total);
+  if (pieces.ok() && table + total != length)
+    pieces = Status(Code::kInvalidArgument, "staged chunk size does not match its piece table");
+  if (!pieces.ok()) {
+    core->Reject(std::string(pieces.status().message()).c_str());
+    return SendAckIfOpen(s, reply, token, pieces.status().code());
+  }
+  const std::byte* at = buf->data + table;
+  if (region.kind == MemoryKind::kHost) {
+    for (const StagedPiece& p : *pieces) {
+      std::memcpy(region.base + p.offset, at, p.size);
+      at += p.size;
+    }
+    return SendAckIfOpen(s, reply, token, Code::kOk);
+  }
+  std::vector<GpuCopy> copies;
+  copies.reserve(pieces->size());
+  for (const StagedPiece& p : *pieces) {
+    copies.push_back({region.base + p.offset, at, p.size});
+    at += p.size;
+  }
+  // The ack leaves once the bytes are in GPU memory.
+  auto self = shared_from_this();
+  const size_t shard = s.index;
+  Status posted = Copy(region.device, copies, buf->pinned, [self, hold, buf, reply, token, shard](const Status& st) {
+    (void)self->dispatch->Run(shard, [self, reply, token, shard, code = st.code()] {
+      self->SendAckIfOpen(self->core->shard(shard), reply, token, code);
+    });
+  });
+  if (!posted.ok()) SendAckIfOpen(s, reply, token, posted.code());
+}
+
+void Stager::HandleReadReq(Shard& s, const AmHeader& h, const void* data, size_t length,
+                           const ucp_am_recv_param_t* param) {
+  Core& core = *impl_->core;
+  ucp_ep_h reply = param->reply_ep;
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+    core.Reject("staged read request sent by rendezvous");
+    return s.SendAck(reply, h.token, Code::kInvalidArgument);
+  }
+  auto region = core.FindRegion(h.region);
+  auto hold = region ? RegionUse::Make(region) : nullptr;
+  if (!hold) {
+    core.Reject("staged read of an unknown region");
+    return s.SendAck(reply, h.token, Code::kFailedPrecondition);
+  }
+  size_t table = 0;
+  uint64_t total = 0;
+  auto pieces = ReadPieceTable(static_cast<const std::byte*>(data), length, region->size, &table, &total);
+  if (pieces.ok() && (table != length || total != h.offset))
+    pieces = Status(Code::kInvalidArgument, "staged read request does not match its piece table");
+  if (!pieces.ok()) {
+    core.Reject(std::string(pieces.status().message()).c_str());
+    return s.SendAck(reply, h.token, pieces.status().code());
+  }
+  if (region->kind == MemoryKind::kCuda && !impl_->gpu()) return s.SendAck(reply, h.token, Code::kUnsupported);
+  impl_->Gather(s, hold, std::move(pieces).value(), total, reply, h.token);
+}
+
+void Stager::Impl::Gather(Shard& s, const std::shared_ptr<RegionUse>& hold, std::vector<StagedPiece> pieces,
+                          uint64_t total, ucp_ep_h reply, uint64_t token) {
+  Region& region = hold->region();
+  AmHeader resp;
+  resp.type = MsgType::kReadResp;
+  resp.token = token;
+  resp.size = total;
+  if (region.kind == MemoryKind::kHost) {
+    std::string payload;
+    payload.reserve(total);
+    for (const StagedPiece& p : pieces) payload.append(reinterpret_cast<const char*>(region.base + p.offset), p.size);
+    return s.Send(reply, resp, nullptr, std::move(payload));
+  }
+  auto buf = AnyBuffer(send_pool.get());
+  if (!buf) return SendAckIfOpen(s, reply, token, Code::kResourceExhausted);
+  std::vector<GpuCopy> copies;
+  copies.reserve(pieces.size());
+  std::byte* at = buf->data;
+  for (const StagedPiece& p : pieces) {
+    copies.push_back({at, region.base + p.offset, p.size});
+    at += p.size;
+  }
+  auto self = shared_from_this();
+  const size_t shard = s.index;
+  Status posted = Copy(region.device, copies, buf->pinned, [self, hold, buf, reply, token, resp, shard](const Status& st) {
+    (void)self->dispatch->Run(shard, [self, buf, reply, token, resp, st, shard] {
+      Shard& sh = self->core->shard(shard);
+      if (!st.ok()) return self->SendAckIfOpen(sh, reply, token, st.code());
+      if (sh.accepted.count(reply) != 0) sh.Send(reply, resp, buf->data, {}, false, buf);
+    });
+  });
+  if (!posted.ok()) SendAckIfOpen(s, reply, token, posted.code());
+}
+}  // namespace ferry::internal::ucx
