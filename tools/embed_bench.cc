@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "embed_flags.h"
 #include "embed/config.h"
 #include "embed/gather.h"
 #include "embed/row_ids.h"
@@ -44,13 +45,7 @@ namespace svc = embed::service;
 constexpr std::string_view kCmd = "bench-embed";
 
 struct BenchFlags {
-  int64_t vocab = 248320;
-  int64_t eos = 1;
-  int ngram = 3;
-  int heads = 8;
-  int64_t embed_dim = 2560;
-  uint64_t base_vocab = 20000000;
-  uint64_t padding = 128;
+  ModelFlags model;
   uint64_t synthetic_rows = 0;
   int layers = 1;
   int tp = 1;
@@ -118,20 +113,6 @@ Result<pid_t> SpawnService(const BenchFlags& f, const std::string& socket, const
                                    socket,
                                    "--ready-file",
                                    ready,
-                                   "--vocab",
-                                   std::to_string(f.vocab),
-                                   "--eos",
-                                   std::to_string(f.eos),
-                                   "--ngram",
-                                   std::to_string(f.ngram),
-                                   "--heads",
-                                   std::to_string(f.heads),
-                                   "--embed-dim",
-                                   std::to_string(f.embed_dim),
-                                   "--base-vocab",
-                                   std::to_string(f.base_vocab),
-                                   "--padding",
-                                   std::to_string(f.padding),
                                    "--synthetic-rows",
                                    std::to_string(f.synthetic_rows),
                                    "--threads",
@@ -143,6 +124,8 @@ Result<pid_t> SpawnService(const BenchFlags& f, const std::string& socket, const
                                    "--copy-min-kib",
                                    std::to_string(f.copy_min_kib),
                                    "--layers"};
+  const std::vector<std::string> model = ModelArgs(f.model);
+  args.insert(args.begin() + 6, model.begin(), model.end());
   if (f.streaming_stores) args.insert(args.end() - 1, "--streaming-stores");
   args.insert(args.end() - 1, {"--staging-stores", f.staging_stores});
   for (int l = 0; l < f.layers; ++l) args.push_back(std::to_string(l));
@@ -268,7 +251,7 @@ Result<std::vector<ServiceRun>> RunService(const BenchFlags& f, const embed::Con
   o.socket_path = socket;
   o.max_tokens = max_tokens;
   o.max_reqs = max_reqs;
-  o.context_len = static_cast<uint64_t>(f.ngram - 1);
+  o.context_len = static_cast<uint64_t>(f.model.ngram - 1);
   o.token_bytes = token_bytes;
   o.layers = layer_ids;
   o.mode = cuda ? svc::OutputMode::kCuda : svc::OutputMode::kHost;
@@ -336,14 +319,7 @@ Result<std::vector<ServiceRun>> RunService(const BenchFlags& f, const embed::Con
 }
 
 Status Run(const BenchFlags& f) {
-  embed::Config c;
-  c.vocab_size = f.vocab;
-  c.eos_id = f.eos;
-  c.ngram_size = f.ngram;
-  c.heads_per_ngram = f.heads;
-  c.embed_dim = f.embed_dim;
-  c.base_vocab = f.base_vocab;
-  c.row_padding = f.padding;
+  embed::Config c = ToConfig(f.model);
   std::vector<StepShape> shapes;
   for (const auto& s : f.steps) {
     FERRY_ASSIGN_OR_RETURN(StepShape shape, ParseStep(s));
@@ -417,13 +393,7 @@ void AddEmbedBenchCommand(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "bench-embed", "Time embedding-offload service steps against in-process gathers");
   auto f = std::make_shared<BenchFlags>();
-  cmd->add_option("--vocab", f->vocab, "V")->capture_default_str();
-  cmd->add_option("--ngram", f->ngram, "N")->capture_default_str();
-  cmd->add_option("--heads", f->heads, "H")->capture_default_str();
-  cmd->add_option("--embed-dim", f->embed_dim, "E")->capture_default_str();
-  cmd->add_option("--base-vocab", f->base_vocab, "B (smaller: a smaller synthetic table)")
-      ->capture_default_str();
-  cmd->add_option("--padding", f->padding, "P")->capture_default_str();
+  AddModelFlags(cmd, &f->model);
   cmd->add_option("--synthetic-rows", f->synthetic_rows, "Synthetic table rows (0: all)")
       ->capture_default_str();
   cmd->add_option("--layers", f->layers, "Layers per step")->capture_default_str();

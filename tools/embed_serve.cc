@@ -18,6 +18,7 @@
 
 #include "base/thread_pool.h"
 #include "commands.h"
+#include "embed_flags.h"
 #include "embed/config.h"
 #include "embed/service/served_layers.h"
 #include "embed/service/server.h"
@@ -32,14 +33,7 @@ constexpr std::string_view kCmd = "embed-serve";
 struct ServeFlags {
   std::string socket;
   std::string ready_file;
-  int64_t vocab = 248320;
-  int64_t eos = 1;
-  int ngram = 3;
-  int heads = 8;
-  int64_t embed_dim = 2560;
-  uint64_t base_vocab = 20000000;
-  uint64_t padding = 128;
-  uint64_t seed = 1234;
+  ModelFlags model;
   std::vector<uint32_t> layers = {0};
   std::string dtype = "bf16";
   std::vector<std::string> tables;
@@ -56,15 +50,7 @@ struct ServeFlags {
 };
 
 Status Serve(const ServeFlags& f) {
-  embed::Config c;
-  c.vocab_size = f.vocab;
-  c.eos_id = f.eos;
-  c.ngram_size = f.ngram;
-  c.heads_per_ngram = f.heads;
-  c.embed_dim = f.embed_dim;
-  c.base_vocab = f.base_vocab;
-  c.row_padding = f.padding;
-  c.seed = f.seed;
+  embed::Config c = ToConfig(f.model);
   FERRY_ASSIGN_OR_RETURN(embed::Dtype dtype, embed::ParseDtype(f.dtype));
   if (f.wait_timeout_s <= 0)
     return Status(Code::kInvalidArgument, "--wait-timeout must be positive");
@@ -131,15 +117,7 @@ void AddEmbedServeCommand(CLI::App& app, int* exit_code) {
   auto f = std::make_shared<ServeFlags>();
   cmd->add_option("--socket", f->socket, "Unix socket path to listen on")->required();
   cmd->add_option("--ready-file", f->ready_file, "Written once the socket listens");
-  cmd->add_option("--vocab", f->vocab, "V: vocabulary size")->capture_default_str();
-  cmd->add_option("--eos", f->eos, "EOS token id")->capture_default_str();
-  cmd->add_option("--ngram", f->ngram, "N: n-gram size")->capture_default_str();
-  cmd->add_option("--heads", f->heads, "H: heads per n-gram order")->capture_default_str();
-  cmd->add_option("--embed-dim", f->embed_dim, "E: values per token")->capture_default_str();
-  cmd->add_option("--base-vocab", f->base_vocab, "B: head sizes start at B")->capture_default_str();
-  cmd->add_option("--padding", f->padding, "P: table rows padded to a multiple of P")
-      ->capture_default_str();
-  cmd->add_option("--seed", f->seed, "S: hash seed")->capture_default_str();
+  AddModelFlags(cmd, &f->model);
   cmd->add_option("--layers", f->layers, "Layer indices served")->capture_default_str();
   cmd->add_option("--dtype", f->dtype, "Row dtype: bf16, f16, f32, f8_e4m3, nvfp4")
       ->capture_default_str();
