@@ -35,6 +35,7 @@ struct DemoFlags {
   uint64_t blocks = 512;
   std::string block_bytes = "32K";
   std::string kind = "host";
+  std::string alloc = "heap";
   int device = 0;
   int threads = 0;
   uint64_t rounds = 1;
@@ -51,6 +52,7 @@ struct DemoFlags {
 struct DemoConfig {
   KvShape shape;
   MemoryKind kind = MemoryKind::kHost;
+  HostAlloc alloc = HostAlloc::kHeap;
   int device = -1;
   Duration deadline{};
 };
@@ -63,6 +65,9 @@ Result<DemoConfig> Configure(const DemoFlags& f) {
   FERRY_RETURN_IF_ERROR(c.shape.Validate());
   if (f.rounds == 0) return Status(Code::kInvalidArgument, "--rounds must be at least 1");
   FERRY_ASSIGN_OR_RETURN(c.kind, ParseMemoryKind(f.kind));
+  FERRY_ASSIGN_OR_RETURN(c.alloc, ParseHostAlloc(f.alloc));
+  if (c.alloc == HostAlloc::kShared && c.kind != MemoryKind::kHost)
+    return Status(Code::kInvalidArgument, "--alloc shared needs --kind host");
   std::string reason;
   if (c.kind == MemoryKind::kCuda && !CudaAvailable(&reason))
     return Status(Code::kUnsupported, "--kind cuda: " + reason);
@@ -95,7 +100,7 @@ struct Side {
 Status MakeSide(const std::string& key, int copy_threads, const DemoConfig& c, Side* side,
                 const std::vector<std::string>& transports = {}) {
   const uint64_t bytes = c.shape.total_bytes();
-  FERRY_ASSIGN_OR_RETURN(side->buffer, Buffer::Allocate(c.kind, c.device, bytes));
+  FERRY_ASSIGN_OR_RETURN(side->buffer, Buffer::Allocate(c.kind, c.device, bytes, c.alloc));
   EngineOptions options;
   options.key = key;
   options.copy_threads = copy_threads;
@@ -443,6 +448,10 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--kind", f->kind, "Memory of both caches: host or cuda")
       ->check(CLI::IsMember({"host", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--alloc", f->alloc,
+                  "Host caches from the heap, or shared (peers of this host map them: `shm`)")
+      ->check(CLI::IsMember({"heap", "shared"}))
       ->capture_default_str();
   cmd->add_option("--device", f->device, "CUDA device for --kind cuda")->capture_default_str();
   cmd->add_option("--threads", f->threads, "Copy threads (0 = one per core, at most 8)")

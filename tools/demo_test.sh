@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# ctest demo_test: `ferry demo` with a small cache, in one process and as a producer and a
+# consumer process over each host transport that reaches another process (shm with shared
+# caches, ucx); each run must end with every byte verified on the consumer's side.
+# Usage: tools/demo_test.sh FERRY_BINARY
+set -euo pipefail
+ferry=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"; kill $(jobs -p) 2>/dev/null || true' EXIT
+shape=(--layers 3 --blocks 16 --block-bytes 8K --deadline 10)
+
+"$ferry" demo "${shape[@]}" > "$tmp/one" || { cat "$tmp/one"; exit 1; }
+grep -q "verified" "$tmp/one" || { cat "$tmp/one"; echo "one process: nothing verified"; exit 1; }
+
+for transport in shm ucx; do
+  how=(--transport "$transport")
+  [ "$transport" = shm ] && how+=(--alloc shared)
+  "$ferry" demo --role consumer --listen 127.0.0.1:0 "${how[@]}" "${shape[@]}" > "$tmp/consumer" 2>&1 &
+  consumer=$!
+  address=""
+  for _ in $(seq 100); do
+    address=$(grep -o 'side channel on [0-9.:]*' "$tmp/consumer" | awk '{print $4}' || true)
+    [ -n "$address" ] && break
+    sleep 0.1
+  done
+  [ -n "$address" ] || { cat "$tmp/consumer"; echo "$transport: the consumer did not start"; exit 1; }
+  timeout 60 "$ferry" demo --role producer --peer "$address" "${how[@]}" "${shape[@]}" > "$tmp/producer" 2>&1 ||
+    { cat "$tmp/producer" "$tmp/consumer"; echo "$transport: the producer failed"; exit 1; }
+  wait "$consumer" || { cat "$tmp/consumer"; echo "$transport: the consumer failed"; exit 1; }
+  grep -q "path $transport" "$tmp/producer" || { cat "$tmp/producer"; echo "$transport: another path ran"; exit 1; }
+  grep -q "round 0: notification received, .* verified" "$tmp/consumer" ||
+    { cat "$tmp/consumer"; echo "$transport: the consumer verified nothing"; exit 1; }
+  echo "$transport: $(grep '^total' "$tmp/producer")"
+done
