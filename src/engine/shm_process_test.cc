@@ -347,6 +347,13 @@ TEST(ShmHostile, MalformedMessagesAreRejectedAndCounted) {
     hello.type = MsgType::kHello;
     hello.size = 3;
     raw.Send(hello, "raw");
+    auto ring = raw.Next();  // the answer to a hello: the notification ring
+    auto r = Decode(ring.bytes.data(), ring.bytes.size());
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->header.type, MsgType::kRing);
+    EXPECT_EQ(r->header.code, 0);
+    EXPECT_EQ(ring.fds.size(), 1u);
+    for (int f : ring.fds) close(f);
     raw.Send(hello, "raw");  // 4. a second hello
     Header lying = open;
     lying.size = 8192;
@@ -368,11 +375,9 @@ TEST(ShmHostile, MalformedMessagesAreRejectedAndCounted) {
     ASSERT_TRUE(m.ok());
     EXPECT_EQ(m->header.code, static_cast<uint8_t>(Code::kFailedPrecondition));
     EXPECT_TRUE(reply.fds.empty());
-    Header note;
-    note.type = MsgType::kNotify;
-    note.size = 10;
-    std::string bad_note = Encode(note) + "abc";
-    raw.Send(bad_note);  // 6. payload shorter than its size
+    Header short_hello = hello;
+    short_hello.size = 10;
+    raw.Send(Encode(short_hello) + "abc");  // 6. payload shorter than its size
     Header unmapped;
     unmapped.type = MsgType::kUnmapped;
     raw.Send(Encode(unmapped), {STDIN_FILENO});  // 7. a descriptor nobody asked for

@@ -50,6 +50,7 @@ class Inbox {
   }
 
   size_t max_bytes() const { return max_bytes_; }
+  size_t max_pending() const { return max_pending_; }
   // Notifications refused since the inbox was made.
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
 

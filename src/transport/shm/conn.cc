@@ -41,6 +41,7 @@ void Conn::Fail(Status why) {
     slots.swap(slots_);
   }
   shutdown(fd_, SHUT_RDWR);  // the I/O thread sees the hang-up and drops the connection
+  ring_cv_.notify_all();
   for (auto& [token, w] : calls) w.reply(why, Header{}, -1, -1);
   for (auto& weak : tracked)
     if (auto s = weak.lock()) s->Finish(why);
@@ -138,6 +139,54 @@ Result<std::shared_ptr<const RevocationView>> Conn::View(int table_fd) {
     close(table_fd);
   }
   return view_;
+}
+
+bool Conn::SetRing(Result<std::unique_ptr<RingWriter>> ring) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ring_set_) return false;
+    ring_set_ = true;
+    if (ring.ok()) {
+      ring_ = std::move(ring).value();
+      ring_ptr_.store(ring_.get(), std::memory_order_release);
+    } else {
+      ring_status_ = Status(Code::kUnavailable, "no notification ring to peer " + peer_key_ + ": " +
+                                                    std::string(ring.status().message()));
+    }
+  }
+  ring_cv_.notify_all();
+  return true;
+}
+
+Result<RingWriter*> Conn::Ring(Deadline until) {
+  if (RingWriter* r = ring_ptr_.load(std::memory_order_acquire)) return r;  // no lock once set
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!ring_cv_.wait_until(lock, until.at(), [&] { return ring_set_ || failed(); }))
+    return Status(Code::kDeadlineExceeded, "peer " + peer_key_ + " did not set up notifications in time");
+  if (failed()) return failure_.ok() ? Status(Code::kUnavailable, "connection closed") : failure_;
+  if (!ring_) return ring_status_;
+  return ring_.get();
+}
+
+Result<uint64_t> Conn::Expect(Deadline deadline, ReplyFn reply) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed()) return failure_.ok() ? Status(Code::kUnavailable, "connection closed") : failure_;
+  const uint64_t token = next_token_++;
+  calls_[token] = Waiting{std::move(reply), deadline};
+  return token;
+}
+
+bool Conn::Forget(uint64_t token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return calls_.erase(token) != 0;
+}
+
+void Conn::WakePeer() {
+  Header h;
+  h.type = MsgType::kWake;
+  // Without waiting: a full socket holds messages enough to wake the peer anyway, and a peer
+  // that is gone is noticed by the I/O thread.
+  (void)SendMessage(fd_, Encode(h), {}, Deadline::After(Clock::duration::zero()));
 }
 
 void Conn::RevokeSlot(uint64_t region) {

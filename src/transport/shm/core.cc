@@ -19,8 +19,6 @@ namespace {
 
 // How long one message may wait for room in a peer's socket before the peer counts as gone.
 constexpr auto kSendTimeout = std::chrono::seconds(1);
-// The I/O thread wakes at least this often to expire calls past their deadline.
-constexpr int kPollMs = 50;
 
 std::string RandomName() {
   std::random_device rd;
@@ -78,6 +76,10 @@ void Core::Shutdown() {
     close(e.fd);
   }
   for (auto& c : conns) c->Fail(Status(Code::kAborted, "the shm transport was shut down"));
+  {
+    std::lock_guard<std::mutex> lock(drain_mu_);
+    rings_.clear();
+  }
   unmapped_cv_.notify_all();
 }
 
@@ -188,7 +190,7 @@ void Core::Run() {
     fds.push_back({wake_fd_, POLLIN, 0});
     fds.push_back({listen_fd_, POLLIN, 0});
     for (auto& c : polled) fds.push_back({c->fd(), POLLIN, 0});
-    int n = poll(fds.data(), fds.size(), kPollMs);
+    int n = poll(fds.data(), fds.size(), PrepareToSleep());
     if (n < 0 && errno != EINTR) break;
     if (fds[0].revents & POLLIN) {
       uint64_t v;
@@ -222,6 +224,7 @@ void Core::Accept() {
 
 void Core::Drop(const std::shared_ptr<Conn>& conn, Status why) {
   conn->Fail(std::move(why));
+  if (conn->role() == Conn::Role::kTarget) DropRing(conn);
   {
     std::lock_guard<std::mutex> lock(mu_);
     conn->mapped.clear();
@@ -231,7 +234,7 @@ void Core::Drop(const std::shared_ptr<Conn>& conn, Status why) {
 }
 
 void Core::Receive(const std::shared_ptr<Conn>& conn) {
-  const size_t max_bytes = kHeaderBytes + std::max(max_notification_bytes_, kMaxKeyBytes);
+  const size_t max_bytes = kHeaderBytes + kMaxKeyBytes;  // notifications travel in the ring
   for (int i = 0; i < 64 && !conn->failed(); ++i) {
     auto msg = ReceiveMessage(conn->fd(), max_bytes);
     if (!msg.ok()) {
@@ -250,36 +253,30 @@ void Core::Handle(const std::shared_ptr<Conn>& conn, Received& msg) {
     msg.fds.clear();
   };
   auto m = Decode(msg.bytes.data(), msg.bytes.size());
-  if (!m.ok() && msg.truncated && msg.bytes.size() >= kHeaderBytes) {
-    // Too long for this engine: a notification over its limit is refused, not fatal.
-    auto h = DecodeHeader(msg.bytes.data(), kHeaderBytes);
-    if (h.ok() && h->type == MsgType::kNotify && conn->role() == Conn::Role::kTarget && msg.fds.empty() &&
-        conn->hello_seen()) {
-      Header ack;
-      ack.type = MsgType::kAck;
-      ack.token = h->token;
-      ack.code = static_cast<uint8_t>(Code::kInvalidArgument);
-      (void)conn->Send(ack);
-      return;
-    }
-  }
   if (!m.ok() || msg.truncated) {
     close_fds();
     return Reject(m.ok() ? "truncated message" : std::string(m.status().message()));
   }
-  const bool wants_fd = conn->role() == Conn::Role::kInitiator && m->header.type == MsgType::kOpenReply &&
-                        m->header.code == 0;
-  if (wants_fd && msg.fds.size() == 2) {
+  // A successful kOpenReply brings the region's file and the revocation table; a successful
+  // kRing the ring's file.
+  const bool initiator = conn->role() == Conn::Role::kInitiator && m->header.code == 0;
+  const size_t wanted = !initiator                             ? 0
+                        : m->header.type == MsgType::kOpenReply ? 2
+                        : m->header.type == MsgType::kRing      ? 1
+                                                                : 0;
+  if (wanted != 0 && msg.fds.size() == wanted) {
     region_fd = msg.fds[0];
-    table_fd = msg.fds[1];
+    table_fd = wanted == 2 ? msg.fds[1] : -1;
     msg.fds.clear();
-  } else if (!msg.fds.empty() || wants_fd) {
+  } else if (!msg.fds.empty() || wanted != 0) {
     close_fds();
-    if (wants_fd) {
+    if (wanted != 0 && m->header.type == MsgType::kOpenReply) {
       // An OK answer without its file: fail the call.
       (void)conn->Complete(m->header.token, Status(Code::kInvalidArgument, "the peer sent no memory file"),
                            m->header, -1, -1);
     }
+    if (wanted != 0 && m->header.type == MsgType::kRing)
+      (void)conn->SetRing(Status(Code::kInvalidArgument, "the peer sent no ring file"));
     return Reject("unexpected file descriptors");
   }
   if (conn->role() == Conn::Role::kTarget) return HandleAtTarget(conn, *m);
@@ -292,7 +289,7 @@ void Core::HandleAtTarget(const std::shared_ptr<Conn>& conn, const Message& m) {
     if (conn->hello_seen() || m.payload.empty() || m.payload.size() > kMaxKeyBytes)
       return Reject("bad hello");
     conn->set_peer_key(std::string(m.payload));
-    return;
+    return OfferRing(conn);
   }
   if (!conn->hello_seen()) return Reject("message before hello");
   switch (h.type) {
@@ -322,15 +319,8 @@ void Core::HandleAtTarget(const std::shared_ptr<Conn>& conn, const Message& m) {
       (void)conn->Send(reply, {}, std::span<const int>(pass, files));
       return;
     }
-    case MsgType::kNotify: {
-      Header ack;
-      ack.type = MsgType::kAck;
-      ack.token = h.token;
-      Status s = inbox_->Push(Notification{conn->peer_key(), std::string(m.payload)});
-      ack.code = static_cast<uint8_t>(s.code());
-      (void)conn->Send(ack);
-      return;
-    }
+    case MsgType::kWake:
+      return;  // the I/O thread drains the rings before it sleeps again
     case MsgType::kUnmapped: {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -360,6 +350,16 @@ void Core::HandleAtInitiator(const std::shared_ptr<Conn>& conn, const Message& m
     case MsgType::kRevoke:
       conn->RevokeSlot(h.region);
       return;
+    case MsgType::kRing: {
+      Result<std::unique_ptr<RingWriter>> ring =
+          h.code != 0 ? Result<std::unique_ptr<RingWriter>>(FromCode(h.code, "the peer has no notification ring"))
+                      : RingWriter::Map(region_fd, h.size, h.offset);
+      if (region_fd >= 0) close(region_fd);
+      const bool bad = h.code == 0 && !ring.ok();
+      if (bad) Reject("notification ring: " + std::string(ring.status().message()));
+      if (!conn->SetRing(std::move(ring)) && !bad) Reject("a second notification ring");
+      return;
+    }
     default:
       return Reject("message type " + std::to_string(static_cast<int>(h.type)) + " sent to an initiator");
   }

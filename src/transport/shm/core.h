@@ -8,10 +8,18 @@
 // from any thread (one sendmsg per message). Peers are other engines of this host run by the
 // same user (checked with SO_PEERCRED).
 //
+// Notifications travel in a ring per connection (ring.h), made by the target when the
+// initiator says hello. The target drains its rings into the inbox from the I/O thread and
+// from any thread that calls Poll() (PopNotifications on an empty inbox), one drainer at a
+// time. While application threads poll, the I/O thread does not ask to be woken, so a polling
+// receiver costs the sender no syscall; otherwise it sets each ring's `waiting` word before it
+// sleeps and the sender wakes it through the socket (kWake).
+//
 // Thread safety: every public method may be called from any thread.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -24,6 +32,7 @@
 #include "base/thread_pool.h"
 #include "transport/shm/mapping.h"
 #include "transport/shm/revocation.h"
+#include "transport/shm/ring.h"
 #include "transport/shm/socket.h"
 #include "transport/shm/wire.h"
 #include "transport/transport.h"
@@ -72,6 +81,17 @@ class Conn {
   void RevokeSlot(uint64_t region);
   // The peer's revocation table, mapped from `table_fd` (closed here) the first time.
   Result<std::shared_ptr<const RevocationView>> View(int table_fd);
+  // The notification ring the peer made (kRing): set once by the I/O thread; false (and
+  // nothing changes) when it was set already.
+  bool SetRing(Result<std::unique_ptr<RingWriter>> ring);
+  // The ring, waiting for it until `until` (it follows the hello by one round trip).
+  Result<RingWriter*> Ring(Deadline until);
+  // A call answered without a request message of its own (a ring record carries its token).
+  Result<uint64_t> Expect(Deadline deadline, ReplyFn reply);
+  // Withdraws call `token`; false when it was answered already.
+  bool Forget(uint64_t token);
+  // Tells the peer's sleeping I/O thread that records wait (never blocks).
+  void WakePeer();
 
   // Target side: the key the initiator announced (kHello), set once by the I/O thread.
   bool hello_seen() const { return hello_seen_; }
@@ -101,6 +121,11 @@ class Conn {
   std::vector<std::weak_ptr<TransferState>> tracked_;                // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, std::shared_ptr<MappingSlot>> slots_;  // GUARDED_BY(mu_)
   std::shared_ptr<const RevocationView> view_;                        // GUARDED_BY(mu_)
+  std::condition_variable ring_cv_;
+  bool ring_set_ = false;                                             // GUARDED_BY(mu_)
+  Status ring_status_;                                                // GUARDED_BY(mu_)
+  std::unique_ptr<RingWriter> ring_;  // GUARDED_BY(mu_) until ring_set_, then fixed
+  std::atomic<RingWriter*> ring_ptr_{nullptr};  // ring_.get() once set
   std::weak_ptr<Conn> self_;
   friend class Core;
 };
@@ -117,6 +142,8 @@ class Core : public std::enable_shared_from_this<Core> {
   ThreadPool* pool() const { return pool_.get(); }
   uint64_t parallel_copy_bytes() const { return parallel_copy_bytes_; }
   uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
+  // Drains the notification rings into the inbox from this thread; whether any had records.
+  bool Poll();
 
   // Target side.
   Result<TransportData> Register(const std::shared_ptr<Region>& region);
@@ -137,6 +164,31 @@ class Core : public std::enable_shared_from_this<Core> {
   void Reject(const std::string& why);
   void Wake();
   void Add(const std::shared_ptr<Conn>& conn);
+  // Target side: makes the ring of a connection that said hello and passes it (kRing).
+  void OfferRing(const std::shared_ptr<Conn>& conn);
+  // Moves the records of every ring into the inbox. REQUIRES: drain_mu_ held. Acks to send and
+  // connections to fail go to `after`, done once the lock is released (Finish).
+  struct RingEntry {
+    std::shared_ptr<Conn> conn;
+    std::string peer_key;
+    std::unique_ptr<RingReader> reader;
+  };
+  struct AfterDrain {
+    struct Ack {
+      std::shared_ptr<Conn> conn;
+      uint64_t token;
+      Code code;
+    };
+    std::vector<Ack> acks;
+    std::vector<std::shared_ptr<Conn>> broken;
+  };
+  bool DrainLocked(AfterDrain* after);
+  void DrainRing(RingEntry& e, AfterDrain* after);
+  void Finish(AfterDrain& after);
+  // The I/O thread, before it sleeps: drains, and asks to be woken unless threads poll.
+  // Returns the poll timeout in ms.
+  int PrepareToSleep();
+  void DropRing(const std::shared_ptr<Conn>& conn);
 
   struct Exported {
     uint64_t address;
@@ -160,6 +212,11 @@ class Core : public std::enable_shared_from_this<Core> {
   std::thread io_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> poll_calls_{0};  // Poll() calls: while it grows, the I/O thread sleeps lightly
+  uint64_t poll_calls_seen_ = 0;        // I/O thread only
+
+  std::mutex drain_mu_;            // one drainer of the rings at a time; held briefly
+  std::vector<RingEntry> rings_;  // GUARDED_BY(drain_mu_)
 
   std::mutex mu_;
   std::condition_variable unmapped_cv_;

@@ -2,8 +2,9 @@
 // from ferry::AllocateSharedHost. The initiator maps the target region's memory file once per
 // connection (the file travels over a Unix-domain socket, after the target checked the
 // region's id, address and size) and moves bytes with memcpy, on the posting thread or split
-// over the copy threads; a batch completes when its copy is done. Notifications, revocation
-// and the region checks travel over the socket; see core.h and wire.h.
+// over the copy threads; a batch completes when its copy is done. Notifications go into a ring
+// in memory shared with the receiver (ring.h); revocation and the region checks travel over
+// the socket; see core.h and wire.h.
 #include <unistd.h>
 
 #include "base/codec.h"
@@ -118,29 +119,27 @@ class ShmEndpoint final : public Endpoint {
     return std::unique_ptr<Channel>(new ShmChannel(core_, conn_, local, std::move(slot), region));
   }
 
+  // One-way: the record is in the receiver's ring on return (or refused: its limit, no room).
   Status Notify(std::string_view message) override {
-    auto waiter = std::make_shared<Waiter<bool>>();
-    Header h;
-    h.type = MsgType::kNotify;
-    h.size = message.size();
-    const Deadline until = Deadline::After(core_->options().call_timeout);
-    FERRY_RETURN_IF_ERROR(conn_->Call(h, message, until, [waiter](const Status& s, const Header&, int, int) {
-      waiter->Set(s.ok() ? Result<bool>(true) : Result<bool>(s));
-    }));
-    auto r = waiter->Wait(until);
-    return r.ok() ? Status::Ok() : NotifyStatus(r.status(), conn_->peer_key());
+    if (conn_->failed()) return conn_->failure();
+    FERRY_ASSIGN_OR_RETURN(RingWriter * ring, conn_->Ring(Deadline::After(core_->options().call_timeout)));
+    return NotifyStatus(Put(ring, message, 0, false), conn_->peer_key());
   }
 
+  // The record asks for an answer: the part is done once the receiver's inbox took it.
   void NotifyPart(std::string message, const std::shared_ptr<TransferState>& state) override {
     state->AddParts(1);
-    Header h;
-    h.type = MsgType::kNotify;
-    h.size = message.size();
     auto peer = conn_->peer_key();
-    Status s = conn_->Call(h, message, state->deadline(), [state, peer](const Status& s, const Header&, int, int) {
+    auto ring = conn_->Ring(state->deadline());
+    if (!ring.ok()) return state->PartDone(ring.status().WithContext("data written, notification failed"));
+    auto token = conn_->Expect(state->deadline(), [state, peer](const Status& s, const Header&, int, int) {
       state->PartDone(NotifyStatus(s, peer).WithContext(s.ok() ? "" : "data written, notification failed"));
     });
-    if (!s.ok()) state->PartDone(s.WithContext("data written, notification failed"));
+    if (!token.ok()) return state->PartDone(token.status().WithContext("data written, notification failed"));
+    Status s = Put(*ring, message, *token, true);
+    // Not sent: no answer comes; unless the connection failed and answered it meanwhile.
+    if (!s.ok() && conn_->Forget(*token))
+      state->PartDone(NotifyStatus(s, peer).WithContext("data written, notification failed"));
   }
 
   bool healthy() const override { return !conn_->failed(); }
@@ -184,6 +183,19 @@ class ShmEndpoint final : public Endpoint {
                                                                           size, *view, slot, reply.extra)));
     }));
     return waiter->Wait(until);
+  }
+
+  // Publishes a record, wakes the receiver if it sleeps; a corrupt ring fails the connection.
+  Status Put(RingWriter* ring, std::string_view message, uint64_t token, bool acked) {
+    if (conn_->failed()) return conn_->failure();
+    bool wake = false;
+    Status s = ring->Put(message, token, acked, &wake);
+    if (wake) conn_->WakePeer();
+    if (s.code() == Code::kDataLoss) {
+      conn_->Fail(s);
+      return conn_->failure();
+    }
+    return s;
   }
 
   std::shared_ptr<Core> core_;
@@ -239,6 +251,7 @@ class ShmTransport final : public Transport {
   }
   void Deregister(const Region& region) override { core_->Deregister(region); }
   uint64_t rejected_messages() const override { return core_->rejected(); }
+  bool Poll() override { return core_->Poll(); }
   bool CanReach(const EngineDesc& peer) const override {
     if (peer.host_id != LocalHostId()) return false;
     auto a = ParsePeer(peer);

@@ -8,10 +8,15 @@
 //              attached (SCM_RIGHTS, in that order); `offset` is where the region starts in
 //              its file, `size` its slot in the table, `extra` its generation (revocation.h).
 //              Otherwise nothing is attached, and `code` says why.
-//   kNotify    payload: a notification for the target's inbox; answered by kAck
-//   kAck       completes the initiator's `token` with status `code`
+//   kRing      target -> initiator, once, in answer to kHello: `code` 0: the memory file of the
+//              notification ring comes attached (ring.h); `size` is its capacity, `offset` the
+//              largest notification the target takes. Otherwise nothing is attached.
+//   kAck       completes the initiator's `token` with status `code` (a ring record that asked
+//              for an answer: the notification of a write batch)
 //   kRevoke    target -> initiator: `region` is being deregistered; stop, unmap, then kUnmapped
 //   kUnmapped  initiator -> target: the initiator no longer maps `region`
+//   kWake      initiator -> target: records wait in the ring and the target's I/O thread sleeps
+// Notifications themselves travel in the ring, not over the socket.
 #pragma once
 
 #include <cstddef>
@@ -23,19 +28,20 @@
 
 namespace ferry::internal::shm {
 
-inline constexpr uint8_t kWireVersion = 1;
+inline constexpr uint8_t kWireVersion = 2;
 inline constexpr size_t kHeaderBytes = 48;
-// Largest payload any message may carry (a notification of up to this many bytes).
+// Largest payload any message may carry.
 inline constexpr size_t kMaxPayloadBytes = 1 << 20;
 
 enum class MsgType : uint8_t {
   kHello = 1,
   kOpen = 2,
   kOpenReply = 3,
-  kNotify = 4,
+  kRing = 4,
   kAck = 5,
   kRevoke = 6,
   kUnmapped = 7,
+  kWake = 8,
 };
 
 struct Header {
@@ -43,8 +49,10 @@ struct Header {
   uint8_t code = 0;     // ferry::Code of a reply
   uint64_t token = 0;   // the initiator's call token, echoed in the reply
   uint64_t region = 0;  // target region id
-  uint64_t offset = 0;  // kOpen: the region's address; kOpenReply: its offset in the file
-  uint64_t size = 0;    // kOpen: the region's bytes; payload bytes for kHello and kNotify
+  uint64_t offset = 0;  // kOpen: the region's address; kOpenReply: its offset in the file;
+                        // kRing: the largest notification
+  uint64_t size = 0;    // kOpen: the region's bytes; kRing: the ring's capacity; payload bytes
+                        // for kHello
   uint64_t extra = 0;   // kOpenReply: the region's generation
 };
 

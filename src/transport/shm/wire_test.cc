@@ -24,12 +24,28 @@ TEST(ShmWire, RoundTrips) {
   EXPECT_TRUE(m->payload.empty());
 
   Header n;
-  n.type = MsgType::kNotify;
+  n.type = MsgType::kHello;
   n.size = 5;
   bytes = Encode(n, "hello");
   m = Decode(bytes.data(), bytes.size());
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->payload, "hello");
+
+  Header ring;
+  ring.type = MsgType::kRing;
+  ring.code = static_cast<uint8_t>(Code::kResourceExhausted);
+  ring.size = 1 << 18;
+  ring.offset = 65536;
+  bytes = Encode(ring);
+  m = Decode(bytes.data(), bytes.size());
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->header.type, MsgType::kRing);
+  EXPECT_EQ(m->header.size, 1u << 18);
+  EXPECT_EQ(m->header.offset, 65536u);
+  Header wake;
+  wake.type = MsgType::kWake;
+  bytes = Encode(wake);
+  ASSERT_TRUE(Decode(bytes.data(), bytes.size()).ok());
 
   Header ack;
   ack.type = MsgType::kAck;
@@ -48,12 +64,12 @@ TEST(ShmWire, RejectsMalformed) {
   EXPECT_EQ(Decode(nullptr, 0).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(bad(good.substr(0, kHeaderBytes - 1)), Code::kInvalidArgument);  // short
   std::string b = good;
-  b[0] = 2;  // version
+  b[0] = 1;  // version (1 carried notifications over the socket)
   EXPECT_EQ(bad(b), Code::kInvalidArgument);
   b = good;
   b[1] = 0;  // type
   EXPECT_EQ(bad(b), Code::kInvalidArgument);
-  b[1] = 8;
+  b[1] = 9;
   EXPECT_EQ(bad(b), Code::kInvalidArgument);
   b = good;
   b[5] = 1;  // reserved
@@ -68,7 +84,7 @@ TEST(ShmWire, RejectsMalformed) {
   EXPECT_EQ(bad(b), Code::kInvalidArgument);
   EXPECT_EQ(bad(good + "x"), Code::kInvalidArgument);  // payload on a message without one
   Header n;
-  n.type = MsgType::kNotify;
+  n.type = MsgType::kHello;
   n.size = 4;
   EXPECT_EQ(bad(Encode(n, "abc")), Code::kInvalidArgument);  // size != payload
   n.size = 2;
@@ -79,7 +95,7 @@ TEST(ShmWire, RejectsMalformed) {
 
 TEST(ShmWire, HeaderAloneOfAMessageCutShort) {
   Header n;
-  n.type = MsgType::kNotify;
+  n.type = MsgType::kHello;
   n.token = 9;
   n.size = 100000;
   std::string head = Encode(n);  // the payload did not fit the receiver's buffer
