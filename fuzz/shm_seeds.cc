@@ -25,10 +25,13 @@ int main(int argc, char** argv) {
   h.extra = 99;
   std::ofstream(dir + "/open_reply") << Encode(h);
   h = Header{};
-  h.type = MsgType::kNotify;
-  h.token = 2;
-  h.size = 13;
-  std::ofstream(dir + "/notify") << Encode(h, "layer-31-done");
+  h.type = MsgType::kRing;
+  h.size = 1 << 18;
+  h.offset = 65536;
+  std::ofstream(dir + "/ring") << Encode(h);
+  h = Header{};
+  h.type = MsgType::kWake;
+  std::ofstream(dir + "/wake") << Encode(h);
   h = Header{};
   h.type = MsgType::kAck;
   h.token = 2;

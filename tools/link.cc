@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "buffers.h"
@@ -76,18 +77,21 @@ constexpr std::string_view kHello = "ferry-bench/1";
 // How a polling loop waits between rounds, `since` the start of its wait. Yielding: on a
 // machine with few cores, the progress threads that carry the notifications need the core
 // this thread would otherwise keep for a whole time slice (bench/results/ucx_two_process.md).
-// With UcxOptions::Progress::kShared the polling thread drives the UCX worker itself and the
-// progress threads step back: it spins as ucx_perftest does for kSpinFirst, then yields, so
-// that a thread that must run (UCX's async thread, another process) gets the core within a
-// round trip rather than at the next scheduler tick.
+// Where the polling thread receives by itself (`spin`: UcxOptions::Progress::kShared drives
+// the UCX worker from it, and the shm transport's rings are drained by it), it spins as
+// ucx_perftest does for kSpinFirst, then yields, so that a thread that must run (UCX's async
+// thread, another process) gets the core within a round trip rather than at the next
+// scheduler tick.
 // (50 us of spinning made some runs 70 us one-way here: a kernel thread that delivers
 // loopback TCP packets waited for the yield.)
 constexpr auto kSpinFirst = std::chrono::microseconds(10);
-void Pause(const EngineOptions& options, std::chrono::steady_clock::time_point since) {
-  if (options.ucx.progress == UcxOptions::Progress::kShared &&
-      std::chrono::steady_clock::now() - since < kSpinFirst)
-    return;
+void Pause(bool spin, std::chrono::steady_clock::time_point since) {
+  if (spin && std::chrono::steady_clock::now() - since < kSpinFirst) return;
   std::this_thread::yield();
+}
+bool PollsItself(const EngineOptions& options, const std::vector<std::string>& transports) {
+  return options.ucx.progress == UcxOptions::Progress::kShared ||
+         std::find(transports.begin(), transports.end(), "shm") != transports.end();
 }
 
 class RemoteLink final : public Link {
@@ -138,6 +142,7 @@ class RemoteLink final : public Link {
     using Clock = std::chrono::steady_clock;
     std::vector<double> one_way_us;
     FERRY_RETURN_IF_ERROR(channel_->Send("pings"));  // the listener answers until the next message
+    const bool spin = options_.ucx.progress == UcxOptions::Progress::kShared || session_.path().transport == "shm";
     for (int i = 0; i < count; ++i) {
       const std::string ping = "ping " + std::to_string(i);
       const auto start = Clock::now();
@@ -148,7 +153,7 @@ class RemoteLink final : public Link {
         for (const Notification& n : engine_->PopNotifications()) answered = answered || n.message == ping;
         if (!answered && Clock::now() > until)
           return Status(Code::kDeadlineExceeded, "the listener did not answer '" + ping + "'");
-        if (!answered) Pause(options_, start);
+        if (!answered) Pause(spin, start);
       }
       one_way_us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count() / 2);
     }
@@ -218,6 +223,7 @@ Status ServeBench(const ServeOptions& o, const std::function<void(const std::str
         // The side channel is looked at every millisecond only: a syscall in every round of
         // the loop added to each answer's latency.
         using Clock = std::chrono::steady_clock;
+        const bool spin = PollsItself(o.engine, engine->transports());
         auto look = Clock::now();
         auto since = Clock::now();
         for (;;) {
@@ -229,7 +235,7 @@ Status ServeBench(const ServeOptions& o, const std::function<void(const std::str
             if (c.Readable(std::chrono::milliseconds(0))) break;
             look = Clock::now() + std::chrono::milliseconds(1);
           }
-          Pause(o.engine, since);
+          Pause(spin, since);
         }
       }
     }

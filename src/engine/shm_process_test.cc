@@ -2,6 +2,7 @@
 // verification, the fallback to ucx for memory that is not shareable, peers (targets and
 // initiators) that die or stop, revocation on deregistration, and malformed socket messages.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include "engine/peer_process.h"
 #include "engine/test_util.h"
 #include "ferry/shared_memory.h"
+#include "transport/shm/ring_format.h"
 #include "transport/shm/socket.h"
 #include "transport/shm/wire.h"
 
@@ -320,6 +322,16 @@ class RawClient {
     ADD_FAILURE() << "no reply";
     return {};
   }
+  // kUnavailable once the engine closed the connection, kInProgress while it is open; other
+  // messages are consumed.
+  Code Poll() {
+    auto r = internal::shm::ReceiveMessage(fd_, 1 << 16);
+    if (r.ok()) {
+      for (int f : r->fds) close(f);
+      return Code::kOk;
+    }
+    return r.status().code();
+  }
 
  private:
   int fd_ = -1;
@@ -409,6 +421,152 @@ TEST(ShmHostile, MalformedMessagesAreRejectedAndCounted) {
   auto peer = StartInitiator(*l, 4096);
   ASSERT_TRUE(peer);
   EXPECT_EQ(peer->Command("write 0 0 4096"), "DONE OK");
+}
+
+// The ring a child engine made for a raw client, mapped here so that the client can write
+// what no engine would.
+struct RawRing {
+  std::byte* base = nullptr;
+  size_t length = 0;
+  uint64_t capacity = 0;
+  uint64_t limit = 0;
+  ~RawRing() {
+    if (base != nullptr) munmap(base, length);
+  }
+  std::span<std::byte> records() { return {base + internal::shm::kRingControlBytes, capacity}; }
+  void Publish(uint64_t head) {
+    __atomic_store_n(reinterpret_cast<uint64_t*>(base + internal::shm::kRingHeadOffset), head, __ATOMIC_SEQ_CST);
+  }
+};
+
+std::unique_ptr<RawRing> Hello(RawClient& raw, const std::string& key) {
+  using namespace internal::shm;
+  Header hello;
+  hello.type = MsgType::kHello;
+  hello.size = key.size();
+  raw.Send(hello, key);
+  auto reply = raw.Next();
+  auto m = Decode(reply.bytes.data(), reply.bytes.size());
+  EXPECT_TRUE(m.ok() && m->header.type == MsgType::kRing && reply.fds.size() == 1);
+  if (!m.ok() || reply.fds.size() != 1) return nullptr;
+  auto r = std::make_unique<RawRing>();
+  r->capacity = m->header.size;
+  r->limit = m->header.offset;
+  r->length = kRingControlBytes + r->capacity;
+  void* p = mmap(nullptr, r->length, PROT_READ | PROT_WRITE, MAP_SHARED, reply.fds[0], 0);
+  close(reply.fds[0]);
+  EXPECT_NE(p, MAP_FAILED);
+  if (p == MAP_FAILED) return nullptr;
+  r->base = static_cast<std::byte*>(p);
+  return r;
+}
+
+// "STATS <rejected> <dropped>" of the child once its rejected count reaches `want` (5 s at most).
+std::string WaitRejected(PeerProcess& peer, uint64_t want) {
+  std::string stats;
+  auto until = Clock::now() + std::chrono::seconds(5);
+  do {
+    stats = peer.Command("stats");
+    uint64_t rejected = 0;
+    if (std::sscanf(stats.c_str(), "STATS %lu", &rejected) == 1 && rejected >= want) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  } while (Clock::now() < until);
+  return stats;
+}
+
+TEST(ShmHostile, AScribbledRingIsRejectedAndTheEngineKeepsServing) {
+  using namespace internal::shm;
+  auto peer = PeerProcess::Start(4096, kSharedTarget);
+  ASSERT_TRUE(peer);
+  ASSERT_EQ(peer->Command("stats"), "STATS 0 0");
+  // Each case: a good record, then a violation. `delivered`: whether the good one reaches the
+  // inbox (not when the producer index itself is bad).
+  enum class Bad { kFarAhead, kOverLimit, kPastHead, kUnknownFlags, kBehind, kHugeLength };
+  struct Case {
+    Bad bad;
+    bool delivered;
+  };
+  const Case cases[] = {{Bad::kFarAhead, false}, {Bad::kOverLimit, true},   {Bad::kPastHead, true},
+                        {Bad::kUnknownFlags, true}, {Bad::kBehind, true}, {Bad::kHugeLength, true}};
+  uint64_t notes = 0;
+  uint64_t rejected = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(static_cast<int>(c.bad));
+    RawClient raw(peer->engine);
+    auto ring = Hello(raw, "raw-" + std::to_string(rejected));
+    ASSERT_TRUE(ring);
+    ASSERT_GT(ring->limit, 0u);
+    const std::string good = "good-" + std::to_string(rejected);
+    PutRecord(ring->records(), 0, good, 0, false);
+    uint64_t head = RecordSpan(good.size());
+    auto header = [&](uint32_t size, uint32_t flags) {
+      uint8_t h[16] = {};
+      std::memcpy(h, &size, 4);
+      std::memcpy(h + 4, &flags, 4);
+      std::memcpy(ring->records().data() + head, h, 16);
+    };
+    switch (c.bad) {
+      case Bad::kFarAhead:
+        head = ring->capacity + 8;
+        break;
+      case Bad::kOverLimit:
+        header(static_cast<uint32_t>(ring->limit + 1), 0);
+        head += RecordSpan(ring->limit + 1);
+        break;
+      case Bad::kPastHead:
+        header(100, 0);
+        head += 24;
+        break;
+      case Bad::kUnknownFlags:
+        header(8, 0x80);
+        head += 24;
+        break;
+      case Bad::kHugeLength:
+        header(0xffffffffu, 0);
+        head += 16;
+        break;
+      case Bad::kBehind:
+        // Taken first; then the producer index moves back behind the consumer's.
+        ring->Publish(head);
+        {
+          auto until = Clock::now() + std::chrono::seconds(5);
+          while (peer->Command("notes") != "NOTES " + std::to_string(notes + 1) + " " + good && Clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        head = 8;
+        break;
+    }
+    ring->Publish(head);
+    Header wake;
+    wake.type = MsgType::kWake;
+    raw.Send(wake);
+    ++rejected;
+    EXPECT_EQ(WaitRejected(*peer, rejected), "STATS " + std::to_string(rejected) + " 0");
+    if (c.delivered) ++notes;
+    std::string want = "NOTES " + std::to_string(notes) + " ";
+    EXPECT_EQ(peer->Command("notes").rfind(want, 0), 0u) << want;
+    // The child dropped the connection: the socket is closed at its end.
+    auto until = Clock::now() + std::chrono::seconds(5);
+    Code closed = Code::kInProgress;
+    while (closed == Code::kInProgress && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      closed = raw.Poll();
+    }
+    EXPECT_EQ(closed, Code::kUnavailable);
+  }
+  // The child keeps serving well-behaved peers: notifications, with and without data.
+  auto l = MakeLocal(4096, true);
+  ASSERT_TRUE(l);
+  ASSERT_TRUE(l->engine->AddPeer(peer->engine).ok());
+  ASSERT_TRUE(l->engine->Notify(peer->engine.key, "still-serving").ok());
+  auto s = l->engine->OpenSession(l->desc, peer->memory);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  TransferOptions with_note;
+  with_note.notification = "batch-after";
+  ASSERT_TRUE(s->Write(0, 0, 4096, with_note).Wait().ok());
+  EXPECT_EQ(peer->Command("notes"), "NOTES " + std::to_string(notes + 2) + " batch-after");
+  EXPECT_EQ(peer->Command(HashCmd(0, 4096)), HashOf(l->data(), 4096));
+  EXPECT_EQ(peer->Command("stats"), "STATS " + std::to_string(rejected) + " 0");
 }
 
 TEST(ShmHostile, NotificationLargerThanTheReceiverTakesIsRefused) {

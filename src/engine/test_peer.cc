@@ -4,7 +4,8 @@
 //   MEMORY <hex of packed MemoryDesc>
 //   READY
 // Commands: "hash OFFSET SIZE" -> "HASH <fnv1a64>", "notes" -> "NOTES <count> <last message>",
-// "fill SEED" -> "OK" (refills the buffer), "dereg" -> "DEREG <code>" (deregisters it), "exit".
+// "fill SEED" -> "OK" (refills the buffer), "dereg" -> "DEREG <code>" (deregisters it),
+// "stats" -> "STATS <rejected messages> <dropped notifications>", "exit".
 // As an initiator: "peer HEX" (packed EngineDesc) -> "OK" | "ERR <code>", "open HEX" (packed
 // MemoryDesc) -> "SESSION <transport>" | "ERR <code>", "write|read LOCAL REMOTE SIZE" on that
 // session -> "DONE <code>", "writes COUNT SIZE" (COUNT writes of SIZE at offset 0) ->
@@ -177,6 +178,9 @@ int main(int argc, char** argv) {
         last = n.message;
       }
       std::cout << "NOTES " << notes << " " << (last.empty() ? "-" : last) << std::endl;
+    } else if (cmd == "stats") {
+      ferry::EngineStats st = (*engine)->stats();
+      std::cout << "STATS " << st.rejected_messages << " " << st.dropped_notifications << std::endl;
     } else if (cmd == "fill") {
       uint64_t seed = 0;
       std::cin >> seed;
