@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # ferry's `shm` transport between two processes of this machine (buffers from
-# AllocateSharedHost, `--alloc shared`) against ucx_perftest's ucp_put_bw over UCX's shared
-# memory (Debian's ucx-utils), side by side in one run. The ucx transport's own tables, with
-# the notification latency, are bench/ucx_two_process.sh.
+# AllocateSharedHost, `--alloc shared`) against ucx_perftest over UCX's shared memory (Debian's
+# ucx-utils), side by side in one run: write bandwidth against ucp_put_bw, and notification
+# one-way latency against ucp_am_lat. The ucx transport's own tables are bench/ucx_two_process.sh.
 # Usage: bench/shm_two_process.sh [ferry binary]   (prints markdown tables)
-#        SECTIONS="ucx shm" also prints this script's older ucx table (default: shm only).
+# Env: SECTIONS (default "shm lat"): "shm" the bandwidth table, "lat" the latency table,
+#      "ucx" this script's older ucx table; ROUNDS (default 5) latency rounds, alternated;
+#      PINGS (default 5000) notification round trips per round.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 F=${1:-build/release/tools/ferry}
+ROUNDS=${ROUNDS:-5}
+PINGS=${PINGS:-5000}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; kill $(jobs -p) 2>/dev/null || true' EXIT
 
@@ -19,8 +23,27 @@ perftest() {  # perftest TLS TEST SIZE ITERS -> the "Final:" line's overall MB/s
   local line
   line=$(env UCX_TLS="$tls" ucx_perftest 127.0.0.1 -p "$port" -t "$test" -s "$size" -n "$iters" 2>/dev/null | grep '^Final:')
   wait "$server" 2>/dev/null || true
-  if [ "$test" = ucp_am_lat ]; then awk '{print $4}' <<<"$line"; else awk '{print $7}' <<<"$line"; fi
+  # ucp_am_lat: "typical (average)" one-way us; typical is ucx_perftest's median, the figure
+  # to hold against ferry's median.
+  if [ "$test" = ucp_am_lat ]; then awk '{print $3 " (" $4 ")"}' <<<"$line"; else awk '{print $7}' <<<"$line"; fi
 }
+
+ferry_ping() {  # ferry_ping -> "median (p99)" one-way us of PINGS notification round trips over shm
+  : >"$tmp/listen"  # not the previous listener's address
+  "$F" bench --listen 127.0.0.1:0 --transport shm --alloc shared >"$tmp/listen" 2>&1 &
+  local server=$! address=""
+  for _ in $(seq 100); do
+    address=$(grep -o 'side channel on [0-9.:]*' "$tmp/listen" | awk '{print $4}' || true)
+    [ -n "$address" ] && break
+    sleep 0.1
+  done
+  "$F" bench --peer "$address" --transport shm --alloc shared --sizes 4096 --batches 1 --min-time 0.1 \
+    --pings "$PINGS" >"$tmp/ping"
+  wait "$server" || true
+  sed -n 's/.*median \([0-9.]*\) us, p99 \([0-9.]*\) us.*/\1 (\2)/p' "$tmp/ping"
+}
+
+median() { python3 -c "import statistics,sys; print('%.2f' % statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
 
 ferry_bw() {  # ferry_bw TLS SIZE BATCH [ALLOC TRANSPORT...] -> GB/s of write batches of BATCH pieces of SIZE
   local tls=$1 size=$2 batch=$3 alloc=${4:-heap}
@@ -49,7 +72,9 @@ ferry_bw() {  # ferry_bw TLS SIZE BATCH [ALLOC TRANSPORT...] -> GB/s of write ba
 mb_to_gb() { python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) * 1048576 / 1e9))" "$1"; }
 ratio() { python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$1" "$2"; }
 
-SECTIONS=${SECTIONS:-shm}
+echo "load before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+SECTIONS=${SECTIONS:-shm lat}
 if [[ " $SECTIONS " == *" ucx "* ]]; then
 # ucx_perftest keeps a window of messages in flight; ferry's side posts batches of 16 pieces of
 # 1 MiB (and of 4 pieces of 64 MiB), so that both have several messages in flight.
@@ -93,4 +118,23 @@ for size in 1048576 67108864; do
     echo "| $((size >> 20)) MiB | $batch | $fw | $put_s / $put_l | $(ratio "$fw" "$put") |"
   done
 done
+fi
+if [[ " $SECTIONS " == *" lat "* ]]; then
+# Notification one-way latency: ferry's Engine::Notify over shm (a ring in shared memory per
+# connection, drained by the polling thread; `ferry bench --pings`, round trips / 2) against
+# ucp_am_lat over UCX's shared memory (UCX_TLS=all), alternated ROUNDS times.
+echo
+echo "| round | ferry shm one-way us, median (p99) | ucp_am_lat us, typical (avg) | ferry / am_lat |"
+echo "| --- | ---: | ---: | ---: |"
+fs=() us=()
+for r in $(seq "$ROUNDS"); do
+  lat=$(perftest all ucp_am_lat 8 20000)
+  f=$(ferry_ping)
+  fs+=("${f%% *}") us+=("${lat%% *}")
+  echo "| $r | $f | $lat | $(ratio "${f%% *}" "${lat%% *}") |"
+done
+fm=$(median "${fs[@]}") um=$(median "${us[@]}")
+echo "| median | $fm | $um | $(ratio "$fm" "$um") |"
+echo
+echo "load after the run: $(cut -d' ' -f1-3 /proc/loadavg)"
 fi

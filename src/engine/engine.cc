@@ -92,6 +92,7 @@ void EngineCore::Shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
     regions.swap(regions_);
     endpoints_.clear();
+    notify_endpoints_.clear();
     peers_.clear();
   }
   // Connections first: transfers waiting on a peer fail at once and release their regions, and
@@ -212,6 +213,8 @@ Status EngineCore::AddPeer(const EngineDesc& peer) {
   if (peer.key == options_.key) return Status::Ok();  // this engine reaches itself already
   std::lock_guard<std::mutex> lock(mu_);
   peers_[peer.key] = peer;
+  notify_endpoints_.erase(peer.key);
+  ++peers_generation_;
   for (auto it = endpoints_.begin(); it != endpoints_.end();) {
     it = it->first.first == peer.key ? endpoints_.erase(it) : std::next(it);
   }
@@ -223,6 +226,8 @@ Status EngineCore::RemovePeer(std::string_view key) {
   auto it = peers_.find(std::string(key));
   if (it == peers_.end()) return Status(Code::kNotFound, "peer " + std::string(key) + " is not known");
   peers_.erase(it);
+  if (auto n = notify_endpoints_.find(key); n != notify_endpoints_.end()) notify_endpoints_.erase(n);
+  ++peers_generation_;
   for (auto e = endpoints_.begin(); e != endpoints_.end();) {
     e = e->first.first == key ? endpoints_.erase(e) : std::next(e);
   }
@@ -319,8 +324,21 @@ Status EngineCore::Notify(std::string_view peer_key, std::string_view message) {
   if (closed()) return Status(Code::kAborted, "the engine was shut down");
   if (message.size() > options_.max_notification_bytes)
     return Status(Code::kInvalidArgument, "notification exceeds max_notification_bytes");
-  FERRY_ASSIGN_OR_RETURN(EngineDesc peer, FindPeer(peer_key));
-  FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Endpoint> endpoint, NotificationEndpoint(peer));
+  std::shared_ptr<Endpoint> endpoint;
+  uint64_t generation;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = notify_endpoints_.find(peer_key);
+    if (it != notify_endpoints_.end() && it->second->healthy()) endpoint = it->second;
+    generation = peers_generation_;
+  }
+  if (!endpoint) {
+    FERRY_ASSIGN_OR_RETURN(EngineDesc peer, FindPeer(peer_key));
+    FERRY_ASSIGN_OR_RETURN(endpoint, NotificationEndpoint(peer));
+    std::lock_guard<std::mutex> lock(mu_);
+    // Not when the peer's descriptor changed meanwhile: the endpoint may be the old one's.
+    if (generation == peers_generation_ && !closed()) notify_endpoints_[std::string(peer_key)] = endpoint;
+  }
   return endpoint->Notify(message);
 }
 

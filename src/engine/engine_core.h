@@ -73,6 +73,16 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::unordered_map<uint64_t, RegionEntry> regions_;                          // GUARDED_BY(mu_)
   std::unordered_map<std::string, EngineDesc> peers_;                          // GUARDED_BY(mu_)
   std::map<std::pair<std::string, size_t>, std::shared_ptr<Endpoint>> endpoints_;  // GUARDED_BY(mu_)
+  // Where Notify() sends to each peer, so that a notification costs one lookup rather than a
+  // copy of the peer's descriptor and a question to every transport. Emptied for a peer
+  // whenever its descriptor changes (peers_generation_ counts the changes).
+  struct KeyHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, std::shared_ptr<Endpoint>, KeyHash, std::equal_to<>>
+      notify_endpoints_;             // GUARDED_BY(mu_)
+  uint64_t peers_generation_ = 0;  // GUARDED_BY(mu_)
 };
 
 class SessionCore {

@@ -86,6 +86,8 @@ class Conn {
   bool SetRing(Result<std::unique_ptr<RingWriter>> ring);
   // The ring, waiting for it until `until` (it follows the hello by one round trip).
   Result<RingWriter*> Ring(Deadline until);
+  // The ring if it is set already (one load), else null.
+  RingWriter* ring() const { return ring_ptr_.load(std::memory_order_acquire); }
   // A call answered without a request message of its own (a ring record carries its token).
   Result<uint64_t> Expect(Deadline deadline, ReplyFn reply);
   // Withdraws call `token`; false when it was answered already.

@@ -122,8 +122,12 @@ class ShmEndpoint final : public Endpoint {
   // One-way: the record is in the receiver's ring on return (or refused: its limit, no room).
   Status Notify(std::string_view message) override {
     if (conn_->failed()) return conn_->failure();
-    FERRY_ASSIGN_OR_RETURN(RingWriter * ring, conn_->Ring(Deadline::After(core_->options().call_timeout)));
-    return NotifyStatus(Put(ring, message, 0, false), conn_->peer_key());
+    RingWriter* ring = conn_->ring();
+    if (ring == nullptr) {
+      FERRY_ASSIGN_OR_RETURN(ring, conn_->Ring(Deadline::After(core_->options().call_timeout)));
+    }
+    Status s = Put(ring, message, 0, false);
+    return s.ok() ? s : NotifyStatus(s, conn_->peer_key());
   }
 
   // The record asks for an answer: the part is done once the receiver's inbox took it.
