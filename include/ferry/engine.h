@@ -236,14 +236,19 @@ class Engine {
   // holds it (only the first on a new connection waits for the peer's answer, up to
   // UcxOptions::connect_timeout). A full backlog at the receiver drops it there and counts it
   // in the receiver's stats().dropped_notifications; a peer that died fails a later call
-  // (kUnavailable). Within
+  // (kUnavailable). Between processes of one host (`shm`) it is one-way too: OK means it is in
+  // the receiver's notification ring in shared memory (the first on a new connection waits for
+  // the ring, up to ShmOptions::call_timeout); a full ring (a receiver that does not keep up)
+  // is reported here with kResourceExhausted, and a message larger than the receiver takes
+  // with kInvalidArgument, neither counted at the receiver. Within
   // a process (`local`) the receiver holds it on return, and a full backlog is reported here
   // (kResourceExhausted) as well as counted. To know that the receiver holds a notification,
   // send it with a write batch (TransferOptions::notification): the batch completes only then.
   Status Notify(std::string_view peer_key, std::string_view message);
   // Takes every notification received so far, in arrival order. On an empty inbox it lets
   // the transports make progress once from this thread if they can without waiting (`ucx`:
-  // a try-lock of the UCX worker, never waiting behind its progress thread), so that a
+  // a try-lock of the UCX worker, never waiting behind its progress thread; `shm`: drains the
+  // notification rings, one load per ring when they are empty), so that a
   // polling thread receives without a hand-off between threads. A thread may poll it in a
   // loop, yielding between calls where cores are few (the progress threads need them too).
   std::vector<Notification> PopNotifications();

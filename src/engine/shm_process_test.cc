@@ -221,6 +221,59 @@ TEST(ShmProcess, StoppedTargetTakesWritesButNotificationsHitTheDeadline) {
   EXPECT_EQ(peer->Command(HashCmd(0, 1 << 20)), HashOf(l->data(), 1 << 20));
 }
 
+// Notifications are one-way: a receiver that does not drain (stopped) fills its ring, and the
+// sender hears of it; once it runs again it has every notification the sender was told went.
+TEST(ShmProcess, StoppedReceiverFillsItsRingAndTheSenderHearsOfIt) {
+  auto peer = PeerProcess::Start(4096, kSharedTarget);
+  ASSERT_TRUE(peer);
+  EngineOptions only_shm;
+  only_shm.transports = {"shm"};
+  auto l = MakeLocal(4096, true, only_shm);
+  ASSERT_TRUE(l);
+  ASSERT_TRUE(l->engine->AddPeer(peer->engine).ok());
+  ASSERT_TRUE(l->engine->Notify(peer->engine.key, "first").ok());
+  EXPECT_EQ(peer->Command("notes"), "NOTES 1 first");
+  peer->Signal(SIGSTOP);
+  ASSERT_TRUE(peer->WaitStopped());
+  const std::string big(60000, 'b');
+  int sent = 0;
+  Status s;
+  while (sent < 1000 && (s = l->engine->Notify(peer->engine.key, big)).ok()) ++sent;
+  EXPECT_EQ(s.code(), Code::kResourceExhausted) << s.ToString();
+  EXPECT_GT(sent, 0);
+  EXPECT_LT(sent, 1000);
+  peer->Signal(SIGCONT);
+  auto until = Clock::now() + std::chrono::seconds(5);
+  std::string notes;
+  while ((notes = peer->Command("notes")).rfind("NOTES " + std::to_string(1 + sent) + " ", 0) != 0 &&
+         Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(notes, "NOTES " + std::to_string(1 + sent) + " " + big);
+  // Room again.
+  EXPECT_TRUE(l->engine->Notify(peer->engine.key, "after").ok());
+  EXPECT_EQ(peer->Command("stats"), "STATS 0 0");
+}
+
+// A receiver that was killed: notifications to it fail with kUnavailable soon after.
+TEST(ShmProcess, NotificationsToAKilledReceiverFail) {
+  auto peer = PeerProcess::Start(4096, kSharedTarget);
+  ASSERT_TRUE(peer);
+  EngineOptions only_shm;
+  only_shm.transports = {"shm"};
+  auto l = MakeLocal(4096, true, only_shm);
+  ASSERT_TRUE(l);
+  ASSERT_TRUE(l->engine->AddPeer(peer->engine).ok());
+  ASSERT_TRUE(l->engine->Notify(peer->engine.key, "alive").ok());
+  peer->Kill(SIGKILL);
+  auto start = Clock::now();
+  Status s;
+  while ((s = l->engine->Notify(peer->engine.key, "dead?")).ok() && Clock::now() - start < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(s.code(), Code::kUnavailable) << s.ToString();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(2));
+  EXPECT_EQ(l->engine->Notify(peer->engine.key, "again").code(), Code::kUnavailable);
+}
+
 TEST(ShmProcess, DeregistrationRevokesThePeersMapping) {
   auto l = MakeLocal(1 << 20, true);
   ASSERT_TRUE(l);
