@@ -77,21 +77,27 @@ constexpr std::string_view kHello = "ferry-bench/1";
 // How a polling loop waits between rounds, `since` the start of its wait. Yielding: on a
 // machine with few cores, the progress threads that carry the notifications need the core
 // this thread would otherwise keep for a whole time slice (bench/results/ucx_two_process.md).
-// Where the polling thread receives by itself (`spin`: UcxOptions::Progress::kShared drives
-// the UCX worker from it, and the shm transport's rings are drained by it), it spins as
-// ucx_perftest does for kSpinFirst, then yields, so that a thread that must run (UCX's async
-// thread, another process) gets the core within a round trip rather than at the next
-// scheduler tick.
-// (50 us of spinning made some runs 70 us one-way here: a kernel thread that delivers
-// loopback TCP packets waited for the yield.)
-constexpr auto kSpinFirst = std::chrono::microseconds(10);
-void Pause(bool spin, std::chrono::steady_clock::time_point since) {
-  if (spin && std::chrono::steady_clock::now() - since < kSpinFirst) return;
+// Where the polling thread receives by itself it spins first, as ucx_perftest does, then
+// yields:
+// - kSpinShared with UcxOptions::Progress::kShared (the thread drives the UCX worker), so that
+//   a thread that must run (UCX's async thread, another process) gets the core within a round
+//   trip rather than at the next scheduler tick. (50 us of spinning made some runs 70 us
+//   one-way here: a kernel thread that delivers loopback TCP packets waited for the yield.)
+// - kSpinShm over the shm transport (the thread drains the notification rings). When the
+//   scheduler keeps both bench processes on one of two cores, each spins out its turn while
+//   the other waits: 12-14 us one-way with 10 us of spinning, 1 ms with 1 ms of it (instead
+//   of 0.4-0.9 us when they run on two cores; bench/results/shm_two_process.md).
+enum class Spin { kNone, kShared, kShm };
+constexpr auto kSpinShared = std::chrono::microseconds(10);
+constexpr auto kSpinShm = std::chrono::microseconds(10);
+void Pause(Spin spin, std::chrono::steady_clock::time_point since) {
+  const auto waited = std::chrono::steady_clock::now() - since;
+  if ((spin == Spin::kShared && waited < kSpinShared) || (spin == Spin::kShm && waited < kSpinShm)) return;
   std::this_thread::yield();
 }
-bool PollsItself(const EngineOptions& options, const std::vector<std::string>& transports) {
-  return options.ucx.progress == UcxOptions::Progress::kShared ||
-         std::find(transports.begin(), transports.end(), "shm") != transports.end();
+Spin SpinFor(const EngineOptions& options, bool shm) {
+  if (shm) return Spin::kShm;
+  return options.ucx.progress == UcxOptions::Progress::kShared ? Spin::kShared : Spin::kNone;
 }
 
 class RemoteLink final : public Link {
@@ -142,7 +148,7 @@ class RemoteLink final : public Link {
     using Clock = std::chrono::steady_clock;
     std::vector<double> one_way_us;
     FERRY_RETURN_IF_ERROR(channel_->Send("pings"));  // the listener answers until the next message
-    const bool spin = options_.ucx.progress == UcxOptions::Progress::kShared || session_.path().transport == "shm";
+    const Spin spin = SpinFor(options_, session_.path().transport == "shm");
     for (int i = 0; i < count; ++i) {
       const std::string ping = "ping " + std::to_string(i);
       const auto start = Clock::now();
@@ -223,7 +229,8 @@ Status ServeBench(const ServeOptions& o, const std::function<void(const std::str
         // The side channel is looked at every millisecond only: a syscall in every round of
         // the loop added to each answer's latency.
         using Clock = std::chrono::steady_clock;
-        const bool spin = PollsItself(o.engine, engine->transports());
+        const auto t = engine->transports();
+        const Spin spin = SpinFor(o.engine, std::find(t.begin(), t.end(), "shm") != t.end());
         auto look = Clock::now();
         auto since = Clock::now();
         for (;;) {
