@@ -6,44 +6,33 @@
 # Usage: bench/shm_two_process.sh [ferry binary]   (prints markdown tables)
 # Env: SECTIONS (default "shm lat"): "shm" the bandwidth table, "lat" the latency table,
 #      "ucx" this script's older ucx table; ROUNDS (default 5) latency rounds, alternated;
-#      PINGS (default 5000) notification round trips per round.
+#      PINGS (default 5000) notification round trips per round; PIN (default 1): the latency
+#      rounds keep each side's polling thread on its own CPU, ferry's (--ping-cpu) and
+#      ucx_perftest's (-c) alike: on two cores the scheduler otherwise at times runs both of
+#      ferry's polling threads on one CPU (bench/results/shm_two_process.md). PIN=0: unpinned.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 F=${1:-build/release/tools/ferry}
 ROUNDS=${ROUNDS:-5}
 PINGS=${PINGS:-5000}
+PIN=${PIN:-1}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; kill $(jobs -p) 2>/dev/null || true' EXIT
 
-perftest() {  # perftest TLS TEST SIZE ITERS -> the "Final:" line's overall MB/s, or latency (us)
-  local tls=$1 test=$2 size=$3 iters=$4 port=$((20000 + RANDOM % 20000))
-  env UCX_TLS="$tls" ucx_perftest -p "$port" >/dev/null 2>&1 &
+perftest() {  # perftest TLS TEST SIZE ITERS [SERVER_FLAGS [CLIENT_FLAGS]] -> the "Final:" line's overall MB/s, or latency (us)
+  local tls=$1 test=$2 size=$3 iters=$4 sflags=${5:-} cflags=${6:-} port=$((20000 + RANDOM % 20000))
+  # shellcheck disable=SC2086  # the flags are words
+  env UCX_TLS="$tls" ucx_perftest -p "$port" $sflags >/dev/null 2>&1 &
   local server=$!
   sleep 0.5
   local line
-  line=$(env UCX_TLS="$tls" ucx_perftest 127.0.0.1 -p "$port" -t "$test" -s "$size" -n "$iters" 2>/dev/null | grep '^Final:')
+  # shellcheck disable=SC2086
+  line=$(env UCX_TLS="$tls" ucx_perftest 127.0.0.1 -p "$port" $cflags -t "$test" -s "$size" -n "$iters" 2>/dev/null | grep '^Final:')
   wait "$server" 2>/dev/null || true
   # ucp_am_lat: "typical (average)" one-way us; typical is ucx_perftest's median, the figure
   # to hold against ferry's median.
   if [ "$test" = ucp_am_lat ]; then awk '{print $3 " (" $4 ")"}' <<<"$line"; else awk '{print $7}' <<<"$line"; fi
 }
-
-ferry_ping() {  # ferry_ping -> "median (p99)" one-way us of PINGS notification round trips over shm
-  : >"$tmp/listen"  # not the previous listener's address
-  "$F" bench --listen 127.0.0.1:0 --transport shm --alloc shared >"$tmp/listen" 2>&1 &
-  local server=$! address=""
-  for _ in $(seq 100); do
-    address=$(grep -o 'side channel on [0-9.:]*' "$tmp/listen" | awk '{print $4}' || true)
-    [ -n "$address" ] && break
-    sleep 0.1
-  done
-  "$F" bench --peer "$address" --transport shm --alloc shared --sizes 4096 --batches 1 --min-time 0.1 \
-    --pings "$PINGS" >"$tmp/ping"
-  wait "$server" || true
-  sed -n 's/.*median \([0-9.]*\) us, p99 \([0-9.]*\) us.*/\1 (\2)/p' "$tmp/ping"
-}
-
-median() { python3 -c "import statistics,sys; print('%.2f' % statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
 
 ferry_bw() {  # ferry_bw TLS SIZE BATCH [ALLOC TRANSPORT...] -> GB/s of write batches of BATCH pieces of SIZE
   local tls=$1 size=$2 batch=$3 alloc=${4:-heap}
@@ -122,14 +111,19 @@ fi
 if [[ " $SECTIONS " == *" lat "* ]]; then
 # Notification one-way latency: ferry's Engine::Notify over shm (a ring in shared memory per
 # connection, drained by the polling thread; `ferry bench --pings`, round trips / 2) against
-# ucp_am_lat over UCX's shared memory (UCX_TLS=all), alternated ROUNDS times.
+# ucp_am_lat over UCX's shared memory (UCX_TLS=all), alternated ROUNDS times; with PIN=1 the
+# listening side's polling thread on CPU 0 and the measuring side's on CPU 1, for both.
+pin_l="" pin_p="" pin_s="" pin_c=""
+[ "$PIN" = 1 ] && pin_l="--ping-cpu 0" pin_p="--ping-cpu 1" pin_s="-c 0" pin_c="-c 1"
+echo
+echo "pinned: $([ "$PIN" = 1 ] && echo "yes (ferry $pin_l / $pin_p, ucx_perftest $pin_s / $pin_c)" || echo no)"
 echo
 echo "| round | ferry shm one-way us, median (p99) | ucp_am_lat us, typical (avg) | ferry / am_lat |"
 echo "| --- | ---: | ---: | ---: |"
 fs=() us=()
 for r in $(seq "$ROUNDS"); do
-  lat=$(perftest all ucp_am_lat 8 20000)
-  f=$(ferry_ping)
+  lat=$(perftest all ucp_am_lat 8 20000 "$pin_s" "$pin_c")
+  f=$(ferry_ping "$pin_l" "$pin_p")
   fs+=("${f%% *}") us+=("${lat%% *}")
   echo "| $r | $f | $lat | $(ratio "${f%% *}" "${lat%% *}") |"
 done

@@ -42,6 +42,7 @@ struct BenchFlags {
   int ucx_lanes = 1;
   int ucx_workers = 1;
   int pings = 0;  // notification round trips to time (two processes)
+  int ping_cpu = -1;  // CPU of the thread that pings or answers (-1: any)
 };
 
 struct Grid {
@@ -186,6 +187,7 @@ Result<std::unique_ptr<Link>> MakeLink(const BenchFlags& f, uint64_t bytes) {
     r.device = f.device;
     r.bytes = bytes;
     r.engine = engine;
+    r.ping_cpu = f.ping_cpu;
     return MakeRemoteLink(r);
   }
   FERRY_ASSIGN_OR_RETURN(uint64_t parallel_bytes, ParseBytes(f.parallel_bytes));
@@ -216,6 +218,7 @@ int Serve(const BenchFlags& f) {
   o.device = f.device;
   o.bytes = *bytes;
   o.engine = *engine;
+  o.ping_cpu = f.ping_cpu;
   Status s = ServeBench(o, [&](const std::string& address) {
     fmt::print("ferry bench: serving {} of {} memory; side channel on {}\n", FormatBytes(*bytes), f.kind,
                address);
@@ -325,6 +328,9 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--pings", f->pings,
                   "Two processes: also time this many notification round trips (one-way = half)");
+  cmd->add_option("--ping-cpu", f->ping_cpu,
+                  "Two processes: the CPU of the thread that pings (--peer) or answers (--listen); -1 = any")
+      ->capture_default_str();
   cmd->callback([f, exit_code] { *exit_code = Run(*f); });
 }
 

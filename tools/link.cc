@@ -1,6 +1,8 @@
 #include "link.h"
 
 #include <fmt/format.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <thread>
@@ -88,6 +90,29 @@ constexpr std::string_view kHello = "ferry-bench/1";
 //   the other waits: 12-14 us one-way with 10 us of spinning, 1 ms with 1 ms of it (instead
 //   of 0.4-0.9 us when they run on two cores; bench/results/shm_two_process.md).
 enum class Spin { kNone, kShared, kShm };
+
+// Keeps the calling thread on `cpu` (none when negative) until it goes out of scope. On two
+// cores the scheduler may otherwise run both bench processes' polling threads on one of them,
+// each spinning out its turn while the other waits (bench/results/shm_two_process.md).
+class PinThread {
+ public:
+  explicit PinThread(int cpu) {
+    if (cpu < 0 || pthread_getaffinity_np(pthread_self(), sizeof(before_), &before_) != 0) return;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pinned_ = pthread_setaffinity_np(pthread_self(), sizeof(one), &one) == 0;
+  }
+  ~PinThread() {
+    if (pinned_) (void)pthread_setaffinity_np(pthread_self(), sizeof(before_), &before_);
+  }
+  PinThread(const PinThread&) = delete;
+  PinThread& operator=(const PinThread&) = delete;
+
+ private:
+  cpu_set_t before_{};
+  bool pinned_ = false;
+};
 constexpr auto kSpinShared = std::chrono::microseconds(10);
 constexpr auto kSpinShm = std::chrono::microseconds(10);
 void Pause(Spin spin, std::chrono::steady_clock::time_point since) {
@@ -119,6 +144,7 @@ class RemoteLink final : public Link {
     link->kind_ = o.kind;
     link->bytes_ = o.bytes;
     link->options_ = o.engine;
+    link->ping_cpu_ = o.ping_cpu;
     FERRY_ASSIGN_OR_RETURN(link->channel_, SideChannel::Dial(o.peer, o.connect_timeout));
     link->peer_ = o.peer;
     FERRY_ASSIGN_OR_RETURN(std::string hello, link->channel_->Receive(o.connect_timeout));
@@ -149,6 +175,7 @@ class RemoteLink final : public Link {
     std::vector<double> one_way_us;
     FERRY_RETURN_IF_ERROR(channel_->Send("pings"));  // the listener answers until the next message
     const Spin spin = SpinFor(options_, session_.path().transport == "shm");
+    PinThread pin(ping_cpu_);
     for (int i = 0; i < count; ++i) {
       const std::string ping = "ping " + std::to_string(i);
       const auto start = Clock::now();
@@ -174,6 +201,7 @@ class RemoteLink final : public Link {
   std::string peer_;
   std::string peer_key_;
   EngineOptions options_;
+  int ping_cpu_ = -1;
   std::unique_ptr<SideChannel> channel_;
   std::unique_ptr<Buffer> buffer_;  // freed after the engine
   std::unique_ptr<Engine> engine_;
@@ -229,6 +257,7 @@ Status ServeBench(const ServeOptions& o, const std::function<void(const std::str
         // The side channel is looked at every millisecond only: a syscall in every round of
         // the loop added to each answer's latency.
         using Clock = std::chrono::steady_clock;
+        PinThread pin(o.ping_cpu);
         const auto t = engine->transports();
         const Spin spin = SpinFor(o.engine, std::find(t.begin(), t.end(), "shm") != t.end());
         auto look = Clock::now();

@@ -55,6 +55,7 @@ struct RemoteLinkOptions {
   HostAlloc alloc = HostAlloc::kHeap;  // of host buffers
   EngineOptions engine;
   std::chrono::milliseconds connect_timeout = std::chrono::seconds(30);
+  int ping_cpu = -1;  // the CPU the pinging thread keeps during NotificationLatencyUs (-1: any)
 };
 
 // A session to the buffer a `ferry bench --listen` process serves.
@@ -68,6 +69,7 @@ struct ServeOptions {
   HostAlloc alloc = HostAlloc::kHeap;  // of host buffers
   EngineOptions engine;
   std::chrono::milliseconds wait = std::chrono::hours(1);  // for the peer, and for its "done"
+  int ping_cpu = -1;  // the CPU the answering thread keeps while it answers pings (-1: any)
 };
 
 // Serves a registered buffer to one `ferry bench --peer` run: sends this engine's and the
