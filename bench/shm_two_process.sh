@@ -34,6 +34,26 @@ perftest() {  # perftest TLS TEST SIZE ITERS [SERVER_FLAGS [CLIENT_FLAGS]] -> th
   if [ "$test" = ucp_am_lat ]; then awk '{print $3 " (" $4 ")"}' <<<"$line"; else awk '{print $7}' <<<"$line"; fi
 }
 
+ferry_ping() {  # ferry_ping [LISTEN_FLAGS [PEER_FLAGS]] -> "median (p99)" one-way us of PINGS round trips over shm
+  local lflags=${1:-} pflags=${2:-}
+  : >"$tmp/listen"  # not the previous listener's address
+  # shellcheck disable=SC2086
+  "$F" bench --listen 127.0.0.1:0 --transport shm --alloc shared $lflags >"$tmp/listen" 2>&1 &
+  local server=$! address=""
+  for _ in $(seq 100); do
+    address=$(grep -o 'side channel on [0-9.:]*' "$tmp/listen" | awk '{print $4}' || true)
+    [ -n "$address" ] && break
+    sleep 0.1
+  done
+  # shellcheck disable=SC2086
+  "$F" bench --peer "$address" --transport shm --alloc shared --sizes 4096 --batches 1 --min-time 0.1 \
+    --pings "$PINGS" $pflags >"$tmp/ping"
+  wait "$server" || true
+  sed -n 's/.*median \([0-9.]*\) us, p99 \([0-9.]*\) us.*/\1 (\2)/p' "$tmp/ping"
+}
+
+median() { python3 -c "import statistics,sys; print('%.2f' % statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
+
 ferry_bw() {  # ferry_bw TLS SIZE BATCH [ALLOC TRANSPORT...] -> GB/s of write batches of BATCH pieces of SIZE
   local tls=$1 size=$2 batch=$3 alloc=${4:-heap}
   shift 3; shift || true
