@@ -112,14 +112,19 @@ Status RingWriter::Put(std::string_view message, uint64_t token, bool acked, boo
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_) return Status(Code::kDataLoss, "the receiver's notification ring is corrupt");
-    // The receiver may be hostile too: its consumer index must lie within the ring behind ours.
-    const uint64_t tail = __atomic_load_n(Word(base_, kRingTailOffset), __ATOMIC_ACQUIRE);
-    const uint64_t used = head_ - tail;
-    if (used > capacity_ || (tail & 7) != 0) {
-      broken_ = true;
-      return Status(Code::kDataLoss, "the receiver's notification ring is corrupt");
+    // The consumer index is read again only when the room known from the last read is short:
+    // while it suffices, the cache line the receiver writes stays away from this path.
+    if (span > capacity_ - (head_ - tail_seen_)) {
+      // The receiver may be hostile too: its consumer index must lie within the ring behind
+      // ours, and never go back.
+      const uint64_t tail = __atomic_load_n(Word(base_, kRingTailOffset), __ATOMIC_ACQUIRE);
+      if (head_ - tail > capacity_ || tail - tail_seen_ > head_ - tail_seen_ || (tail & 7) != 0) {
+        broken_ = true;
+        return Status(Code::kDataLoss, "the receiver's notification ring is corrupt");
+      }
+      tail_seen_ = tail;
+      if (span > capacity_ - (head_ - tail)) return Status(Code::kResourceExhausted, "the receiver's notification backlog is full");
     }
-    if (span > capacity_ - used) return Status(Code::kResourceExhausted, "the receiver's notification backlog is full");
     PutRecord(std::span<std::byte>(base_ + kRingControlBytes, capacity_), head_, message, token, acked);
     head_ += span;
     // Publishes the record (release), and orders the store before the load of `waiting`.

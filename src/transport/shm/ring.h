@@ -74,7 +74,8 @@ class RingWriter {
   uint64_t capacity_ = 0;
   size_t max_message_bytes_ = 0;
   std::mutex mu_;
-  uint64_t head_ = 0;    // GUARDED_BY(mu_); the sender's own copy
+  uint64_t head_ = 0;       // GUARDED_BY(mu_); the sender's own copy
+  uint64_t tail_seen_ = 0;  // GUARDED_BY(mu_); the consumer index last read (and checked)
   bool broken_ = false;  // GUARDED_BY(mu_)
 };
 

@@ -249,17 +249,37 @@ TEST(ShmRingEnds, AScribblingWriterBreaksTheRing) {
   munmap(m, kRingControlBytes);
 }
 
+// The writer reads the consumer index only when the room it knows of runs short; then a
+// corrupt one (ahead of the producer index, or gone back) breaks the ring for it, and it never
+// writes outside the room it checked.
 TEST(ShmRingEnds, AWriterRefusesACorruptConsumerIndex) {
-  Pair p = MakePair(64 << 10, 100);
-  ASSERT_TRUE(p.writer);
-  void* m = mmap(nullptr, kRingControlBytes, PROT_READ | PROT_WRITE, MAP_SHARED, p.reader->fd(), 0);
-  ASSERT_NE(m, MAP_FAILED);
-  *reinterpret_cast<uint64_t*>(static_cast<std::byte*>(m) + kRingTailOffset) = 4096;  // ahead of head
-  bool wake = false;
-  EXPECT_EQ(p.writer->Put("x", 0, false, &wake).code(), Code::kDataLoss);
-  *reinterpret_cast<uint64_t*>(static_cast<std::byte*>(m) + kRingTailOffset) = 0;
-  EXPECT_EQ(p.writer->Put("x", 0, false, &wake).code(), Code::kDataLoss) << "stays broken";
-  munmap(m, kRingControlBytes);
+  for (uint64_t corrupt : {uint64_t{1} << 40, uint64_t{8}}) {
+    SCOPED_TRACE(corrupt);
+    Pair p = MakePair(64 << 10, 1000);
+    ASSERT_TRUE(p.writer);
+    void* m = mmap(nullptr, kRingControlBytes, PROT_READ | PROT_WRITE, MAP_SHARED, p.reader->fd(), 0);
+    ASSERT_NE(m, MAP_FAILED);
+    auto* tail = reinterpret_cast<uint64_t*>(static_cast<std::byte*>(m) + kRingTailOffset);
+    bool wake = false;
+    const std::string big(1000, 'b');
+    // Fill the ring, let the reader take all, fill again: the writer read the index then.
+    Status s;
+    while ((s = p.writer->Put(big, 0, false, &wake)).ok()) {
+    }
+    ASSERT_EQ(s.code(), Code::kResourceExhausted);
+    ASSERT_TRUE(p.reader->Take(SIZE_MAX).error.ok());
+    const uint64_t honest = *tail;
+    ASSERT_TRUE(p.writer->Put(big, 0, false, &wake).ok());
+    // Now the receiver lies: far ahead, or back behind what it said before.
+    *tail = corrupt == 8 ? honest - 8 : corrupt;
+    int put = 0;
+    while ((s = p.writer->Put(big, 0, false, &wake)).ok()) ++put;
+    EXPECT_EQ(s.code(), Code::kDataLoss) << s.ToString();
+    EXPECT_LE(put, 64);
+    *tail = honest;
+    EXPECT_EQ(p.writer->Put("x", 0, false, &wake).code(), Code::kDataLoss) << "stays broken";
+    munmap(m, kRingControlBytes);
+  }
 }
 
 TEST(ShmRingEnds, MapChecksTheFile) {
