@@ -4,6 +4,10 @@
 //    scattered pieces (16, 32, 128 KiB; remote slots shuffled) from GPU memory to pinned host
 //    memory, through ferry (two engines of this process, `local` transport) and as one
 //    cudaMemcpyBatchAsync of the same pieces; baseline pinned_1GiB/cudaMemcpy: one 1 GiB copy.
+//  - kv_gpu_to_host/<piece>/kernel: ferry's copy kernel alone over the same pieces (descriptors
+//    uploaded once, timed by CUDA events around one launch): what ferry's path adds to it
+//    (posting, the launches of the ramp, completion) is the difference to .../ferry, whose
+//    counter post_ms is the time WriteBatch() takes to return.
 //  - kv_gpu0_to_gpu1/<piece>/ferry and peer_1GiB/cudaMemcpyPeer: where two GPUs exist (the
 //    cases report an error and move nothing otherwise).
 //  - kv_cuda_ipc/<piece>/ferry: the same batch from this process's GPU memory into a
@@ -11,7 +15,8 @@
 //    d2d_1GiB/cudaMemcpy: one 1 GiB copy inside one GPU.
 // GB/s is bytes moved per second (counter bytes_per_second), never read + written.
 // Run: build/<preset>/bench/ferry_bench_cuda [--benchmark_filter=...]; FERRY_BENCH_HOST_MEM=thp
-// puts the pinned host buffers on transparent huge pages (cudaHostRegister) instead of cudaHostAlloc.
+// puts the pinned host buffers on transparent huge pages (cudaHostRegister) instead of cudaHostAlloc;
+// FERRY_BENCH_PIECES sets the pieces per batch (default 80,000).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
@@ -26,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/copy_kernels.h"
 #include "cuda/runtime.h"
 #include "engine/peer_process.h"
 #include "ferry/engine.h"
@@ -33,7 +39,10 @@
 
 namespace {
 
-constexpr uint64_t kPieces = 80'000;
+const uint64_t kPieces = [] {
+  const char* n = std::getenv("FERRY_BENCH_PIECES");
+  return n != nullptr && std::atoll(n) > 0 ? static_cast<uint64_t>(std::atoll(n)) : uint64_t{80'000};
+}();
 constexpr uint64_t kOneGiB = 1ull << 30;
 using Clock = std::chrono::steady_clock;
 
@@ -181,15 +190,64 @@ void FerryKv(benchmark::State& state, Target target, uint64_t piece) {
   if (!rig->error.empty()) return state.SkipWithError(rig->error.c_str());
   const auto ops = KvOps(piece);
   std::string path;
+  double post_s = 0;
   for (auto _ : state) {
     auto start = Clock::now();
     ferry::Transfer t = rig->session.WriteBatch(ops);
+    post_s += std::chrono::duration<double>(Clock::now() - start).count();
     ferry::Status s = t.Wait();
     state.SetIterationTime(std::chrono::duration<double>(Clock::now() - start).count());
     if (!s.ok()) return state.SkipWithError(s.ToString().c_str());
     path = t.path().ToString();
   }
+  state.counters["post_ms"] = benchmark::Counter(post_s * 1e3 / static_cast<double>(state.iterations()));
   Finish(state, bytes, kPieces, path);
+}
+
+// ferry's copy kernel alone, one launch over the batch's pieces (cut as the engine cuts them),
+// timed on the GPU.
+void KernelKv(benchmark::State& state, uint64_t piece) {
+  const uint64_t bytes = kPieces * piece;
+  Rig* rig = GetRig(Target::kHost, bytes);
+  if (!rig->error.empty()) return state.SkipWithError(rig->error.c_str());
+  std::vector<ferry::cuda::Piece> pieces;
+  for (const auto& op : KvOps(piece))
+    for (uint64_t at = 0; at < op.size; at += ferry::cuda::kMaxPieceBytes)
+      pieces.push_back({reinterpret_cast<uint64_t>(rig->host->ptr) + op.remote_offset + at,
+                        reinterpret_cast<uint64_t>(rig->gpu0->ptr) + op.local_offset + at,
+                        std::min<uint64_t>(ferry::cuda::kMaxPieceBytes, op.size - at)});
+  void* dpieces = nullptr;
+  int sms = 0;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t begin = nullptr, end = nullptr;
+  cudaError_t e = cudaMalloc(&dpieces, pieces.size() * sizeof(ferry::cuda::Piece));
+  if (e == cudaSuccess)
+    e = cudaMemcpy(dpieces, pieces.data(), pieces.size() * sizeof(ferry::cuda::Piece), cudaMemcpyHostToDevice);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  // FERRY_BENCH_BLOCKS_PER_SM: the grid, in blocks per SM (the engine launches 1).
+  if (const char* b = std::getenv("FERRY_BENCH_BLOCKS_PER_SM"); b != nullptr && std::atoi(b) > 0) sms *= std::atoi(b);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaEventCreate(&begin);
+  if (e == cudaSuccess) e = cudaEventCreate(&end);
+  for (auto _ : state) {
+    if (e != cudaSuccess) break;
+    e = cudaEventRecord(begin, stream);
+    if (e == cudaSuccess)
+      e = static_cast<cudaError_t>(ferry::cuda::LaunchBatchCopy(static_cast<const ferry::cuda::Piece*>(dpieces),
+                                                               static_cast<uint32_t>(pieces.size()),
+                                                               static_cast<uint32_t>(sms), stream));
+    if (e == cudaSuccess) e = cudaEventRecord(end, stream);
+    if (e == cudaSuccess) e = cudaEventSynchronize(end);
+    float ms = 0;
+    if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, begin, end);
+    state.SetIterationTime(ms / 1e3);
+  }
+  if (e != cudaSuccess) state.SkipWithError(cudaGetErrorString(e));
+  if (begin != nullptr) cudaEventDestroy(begin);
+  if (end != nullptr) cudaEventDestroy(end);
+  if (stream != nullptr) cudaStreamDestroy(stream);
+  if (dpieces != nullptr) cudaFree(dpieces);
+  Finish(state, bytes, kPieces, "");
 }
 
 void BatchAsyncKv(benchmark::State& state, uint64_t piece) {
@@ -266,6 +324,7 @@ void Register() {
     const uint64_t piece = kib << 10;
     const std::string p = std::to_string(kib) + "KiB";
     opts(benchmark::RegisterBenchmark(("kv_gpu_to_host/" + p + "/ferry").c_str(), FerryKv, Target::kHost, piece));
+    opts(benchmark::RegisterBenchmark(("kv_gpu_to_host/" + p + "/kernel").c_str(), KernelKv, piece));
     opts(benchmark::RegisterBenchmark(("kv_gpu_to_host/" + p + "/cudaMemcpyBatchAsync").c_str(), BatchAsyncKv, piece));
   }
   opts(benchmark::RegisterBenchmark("peer_1GiB/cudaMemcpyPeer", OneCopy, 1));

@@ -31,19 +31,30 @@ constexpr size_t kMaxLaunchPieces = kRingPieces / 4;
 // first launch of 32,768 pieces kept the link idle for about 1.4 ms of a 27 ms batch.
 constexpr size_t kFirstLaunchPieces = 2048;
 
-// Walks the kernel's share of a batch (pieces under kLargePieceBytes, unless the batch goes
-// to the DMA engines whole), cutting each copy into pieces of at most kMaxPieceBytes.
+// Walks a batch (a span of Copy or an OffsetBatch) once: cuts the kernel's copies into pieces
+// of at most kMaxPieceBytes as launches ask for them, and sets aside the copies that go to the
+// DMA engines (those of kLargePieceBytes or more, or all when the batch goes there whole).
+template <typename Source>
 struct PieceCursor {
-  std::span<const Copy> copies;
+  const Source& copies;
   bool all_dma;
+  std::vector<Copy>* dma;
   size_t index = 0;     // copy being cut
   uint64_t offset = 0;  // bytes of it already handed out
 
-  void Fill(Piece* out, size_t n) {
+  bool done() const { return index == copies.size(); }
+
+  // Fills up to n pieces; returns how many.
+  size_t Fill(Piece* out, size_t n) {
     size_t k = 0;
     while (k < n && index < copies.size()) {
-      const Copy& c = copies[index];
-      if (all_dma || c.size == 0 || c.size >= kLargePieceBytes) {
+      const Copy c = copies[index];
+      if (c.size == 0) {
+        ++index;
+        continue;
+      }
+      if (all_dma || c.size >= kLargePieceBytes) {
+        dma->push_back(c);
         ++index;
         continue;
       }
@@ -55,6 +66,7 @@ struct PieceCursor {
         offset = 0;
       }
     }
+    return k;
   }
 };
 
@@ -75,13 +87,15 @@ struct CopyEngine::Core {
 
   ~Core();
   Status Init(int ordinal);
-  Result<std::shared_ptr<Completion>> Post(const std::shared_ptr<Core>& self,
-                                           std::span<const Copy> copies, PostOptions options);
+  // Source: std::span<const Copy> or OffsetBatch (size() and operator[] giving a Copy).
+  template <typename Source>
+  Result<std::shared_ptr<Completion>> Post(const std::shared_ptr<Core>& self, const Source& copies,
+                                           PostOptions options);
   void Poll();
   void CompleterLoop();
 
   // REQUIRES (every *Locked method): mu held.
-  Status EnqueueDmaLocked(const std::vector<const Copy*>& dma, bool batched, bool* enqueued);
+  Status EnqueueDmaLocked(const std::vector<Copy>& dma, bool batched, bool* enqueued);
   Status PushSegmentLocked(bool uses_ring, size_t ring_end, std::shared_ptr<Completion> completion,
                            Status error);
   bool AllocRingLocked(size_t n, size_t* at);
@@ -193,7 +207,7 @@ Status CopyEngine::Core::PushSegmentLocked(bool uses_ring, size_t ring_end,
   return Status::Ok();
 }
 
-Status CopyEngine::Core::EnqueueDmaLocked(const std::vector<const Copy*>& dma, bool batched,
+Status CopyEngine::Core::EnqueueDmaLocked(const std::vector<Copy>& dma, bool batched,
                                           bool* enqueued) {
 #if CUDART_VERSION >= 12080
   if (batched && dma.size() > 1) {
@@ -203,10 +217,10 @@ Status CopyEngine::Core::EnqueueDmaLocked(const std::vector<const Copy*>& dma, b
     dsts.reserve(dma.size());
     srcs.reserve(dma.size());
     sizes.reserve(dma.size());
-    for (const Copy* c : dma) {
-      dsts.push_back(c->dst);
-      srcs.push_back(c->src);
-      sizes.push_back(c->size);
+    for (const Copy& c : dma) {
+      dsts.push_back(c.dst);
+      srcs.push_back(c.src);
+      sizes.push_back(c.size);
     }
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
@@ -228,31 +242,23 @@ Status CopyEngine::Core::EnqueueDmaLocked(const std::vector<const Copy*>& dma, b
     (void)cudaGetLastError();  // e.g. a driver without batch copies: one call per piece
   }
 #endif
-  for (const Copy* c : dma) {
+  for (const Copy& c : dma) {
     FERRY_RETURN_IF_ERROR(
-        ToStatus(cudaMemcpyAsync(c->dst, c->src, c->size, cudaMemcpyDefault, stream), "cudaMemcpyAsync"));
+        ToStatus(cudaMemcpyAsync(c.dst, c.src, c.size, cudaMemcpyDefault, stream), "cudaMemcpyAsync"));
     *enqueued = true;
   }
   return Status::Ok();
 }
 
+template <typename Source>
 Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr<Core>& self,
-                                                           std::span<const Copy> copies,
-                                                           PostOptions options) {
-  // Split the batch: large pieces (or all, see above) to the DMA engines, the rest to one
-  // kernel launch per ring chunk, long pieces cut so that warps share the work evenly.
+                                                           const Source& copies, PostOptions options) {
+  // One pass over the batch: the kernel's pieces are cut into the ring launch by launch (the
+  // GPU starts on the first while the rest are cut), large pieces (or all, see above) are set
+  // aside for the DMA engines, which are enqueued after the last launch.
   const bool all_dma = !options.kernel_ok || copies.size() <= kFewPieces;
-  std::vector<const Copy*> dma;
-  size_t kernel_pieces = 0;
-  for (const Copy& c : copies) {
-    if (c.size == 0) continue;
-    if (all_dma || c.size >= kLargePieceBytes) {
-      dma.push_back(&c);
-    } else {
-      kernel_pieces += (c.size + kMaxPieceBytes - 1) / kMaxPieceBytes;
-    }
-  }
-  PieceCursor cursor{copies, all_dma};
+  std::vector<Copy> dma;
+  PieceCursor<Source> cursor{copies, all_dma, &dma};
   auto completion = std::make_shared<Completion>();
   completion->engine_ = self;
   completion->on_done_ = std::move(options.on_done);
@@ -264,13 +270,17 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
   bool enqueued = false;
   bool placed = false;  // the completion sits on a segment already
   Status error;
-  if (!dma.empty()) error = EnqueueDmaLocked(dma, /*batched=*/!options.pageable, &enqueued);
+  if (all_dma) {
+    dma.reserve(copies.size());
+    for (size_t i = 0; i < copies.size(); ++i)
+      if (const Copy c = copies[i]; c.size != 0) dma.push_back(c);
+  }
   auto backoff = std::chrono::microseconds(5);
   size_t launch = kFirstLaunchPieces;
-  for (size_t begin = 0; error.ok() && begin < kernel_pieces;) {
-    const size_t n = std::min(launch, kernel_pieces - begin);
+  while (error.ok() && !all_dma && !cursor.done()) {
+    const size_t prev_head = head;
     size_t at = 0;
-    if (!AllocRingLocked(n, &at)) {
+    if (!AllocRingLocked(launch, &at)) {
       // The ring is full of batches in flight: complete what has finished, then back off.
       if (options.deadline.expired()) {
         error = Status(Code::kResourceExhausted, "CUDA copy descriptor ring stayed full until the deadline");
@@ -285,7 +295,13 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
       lock.lock();
       continue;
     }
-    cursor.Fill(host_ring + at, n);  // straight into the page-locked ring: no copy in between
+    // Straight into the page-locked ring: no copy in between.
+    const size_t n = cursor.Fill(host_ring + at, launch);
+    if (n == 0) {  // the rest of the batch goes to the DMA engines
+      head = prev_head;
+      break;
+    }
+    head = at + n;  // hand back what this launch did not fill (the newest allocation)
     error = ToStatus(cudaMemcpyAsync(device_ring + at, host_ring + at, n * sizeof(Piece),
                                      cudaMemcpyHostToDevice, stream),
                      "upload copy descriptors");
@@ -295,9 +311,8 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
                                                                 max_blocks, stream)),
                        "launch batch copy kernel");
     }
-    begin += n;
     launch = std::min(launch * 2, kMaxLaunchPieces);
-    const bool last = begin == kernel_pieces || !error.ok();
+    const bool last = (cursor.done() && dma.empty()) || !error.ok();
     Status pushed = PushSegmentLocked(true, at + n, last ? completion : nullptr, error);
     if (!pushed.ok()) {
       // Without an event the ring space cannot be tracked: wait here instead.
@@ -307,6 +322,7 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
     }
     placed = last;
   }
+  if (error.ok() && !dma.empty()) error = EnqueueDmaLocked(dma, /*batched=*/!options.pageable, &enqueued);
   if (!placed) {
     if (!enqueued) {
       if (!error.ok()) return error;  // nothing moves: the caller learns it from Post
@@ -411,6 +427,10 @@ CopyEngine::~CopyEngine() {
   } else if (completer_.joinable()) {
     completer_.join();
   }
+}
+
+Result<std::shared_ptr<Completion>> CopyEngine::Post(const OffsetBatch& batch, PostOptions options) {
+  return core_->Post(core_, batch, std::move(options));
 }
 
 Result<std::shared_ptr<Completion>> CopyEngine::Post(std::span<const Copy> copies, PostOptions options) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "base/deadline.h"
+#include "ferry/engine.h"  // TransferOp
 #include "ferry/status.h"
 
 namespace ferry::cuda {
@@ -30,6 +31,24 @@ struct Copy {
   void* dst = nullptr;
   const void* src = nullptr;
   uint64_t size = 0;
+};
+
+// A batch given as offsets into one destination and one source buffer, read straight from the
+// caller's ops: no array of copies is built for it. Op i moves ops[i].size bytes from
+// src + (its source offset) to dst + (its destination offset); a write's destination is the
+// remote side.
+struct OffsetBatch {
+  std::span<const TransferOp> ops;
+  std::byte* dst = nullptr;
+  const std::byte* src = nullptr;
+  bool write = true;  // destination offsets are remote_offset, source offsets local_offset
+
+  size_t size() const { return ops.size(); }
+  Copy operator[](size_t i) const {
+    const TransferOp& o = ops[i];
+    return Copy{dst + (write ? o.remote_offset : o.local_offset),
+                src + (write ? o.local_offset : o.remote_offset), o.size};
+  }
 };
 
 struct PostOptions {
@@ -61,6 +80,9 @@ class CopyEngine {
   // having enqueued nothing and without calling on_done, when nothing could be enqueued; once
   // anything is enqueued, later failures are reported through the completion.
   Result<std::shared_ptr<Completion>> Post(std::span<const Copy> copies, PostOptions options);
+  // The same for a batch of offsets (empty ops are skipped). The GPU starts on the first
+  // pieces while the rest are still being cut.
+  Result<std::shared_ptr<Completion>> Post(const OffsetBatch& batch, PostOptions options);
   // Completes every finished batch (runs their callbacks). Never blocks on the GPU.
   void Poll();
   // A function that polls this engine while it lives (for TransferState::SetPoller); holds no

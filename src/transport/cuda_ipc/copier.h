@@ -11,7 +11,7 @@
 #include <memory>
 #include <span>
 
-#include "cuda/copy_engine.h"  // cuda::Copy (no CUDA header)
+#include "cuda/copy_engine.h"  // cuda::OffsetBatch (no CUDA header)
 #include "ferry/status.h"
 
 namespace ferry::internal::cuda_ipc {
@@ -19,10 +19,11 @@ namespace ferry::internal::cuda_ipc {
 class Copier {
  public:
   virtual ~Copier() = default;
-  // Enqueues `copies` on `device`; `on_done` runs once when all are complete (or failed).
-  // `kernel_ok`: kernels on `device` address every source and destination (KernelReaches).
-  // Returns an error, without calling on_done, when nothing was enqueued.
-  virtual Status Post(int device, std::span<const cuda::Copy> copies, bool kernel_ok, Deadline deadline,
+  // Enqueues the copies of `batch` (its ops are read during the call only) on `device`;
+  // `on_done` runs once when all are complete (or failed). `kernel_ok`: kernels on `device`
+  // address every source and destination (KernelReaches). Returns an error, without calling
+  // on_done, when nothing was enqueued.
+  virtual Status Post(int device, const cuda::OffsetBatch& batch, bool kernel_ok, Deadline deadline,
                       std::function<void(const Status&)> on_done) = 0;
   // Drives completion of `device`'s batches (for TransferState::SetPoller); may be empty.
   virtual std::function<void()> Poller(int device) = 0;

@@ -11,14 +11,14 @@ namespace {
 class CudaCopier final : public Copier {
  public:
 
-  Status Post(int device, std::span<const cuda::Copy> copies, bool kernel_ok, Deadline deadline,
+  Status Post(int device, const cuda::OffsetBatch& batch, bool kernel_ok, Deadline deadline,
               std::function<void(const Status&)> on_done) override {
     FERRY_ASSIGN_OR_RETURN(cuda::CopyEngine * engine, engines_.For(device));
     cuda::PostOptions options;
     options.kernel_ok = kernel_ok;
     options.deadline = deadline;
     options.on_done = std::move(on_done);
-    auto posted = engine->Post(copies, std::move(options));
+    auto posted = engine->Post(batch, std::move(options));
     return posted.ok() ? Status::Ok() : posted.status();
   }
 

@@ -156,15 +156,10 @@ class IpcChannel final : public Channel {
     auto lease = std::make_shared<Lease>(peer_->row, remote_.lease_slot);
 
     const bool write = op == Op::kWrite;
-    std::vector<cuda::Copy> copies;
-    copies.reserve(ops.size());
-    for (const TransferOp& o : ops) {
-      if (o.size == 0) continue;
-      std::byte* local_at = local_->base + o.local_offset;
-      std::byte* remote_at = remote_base_ + o.remote_offset;
-      copies.push_back(write ? cuda::Copy{remote_at, local_at, o.size} : cuda::Copy{local_at, remote_at, o.size});
-    }
-    if (copies.empty()) return Status::Ok();
+    // Read in place by the copier: no per-piece array is built before the GPU starts.
+    const cuda::OffsetBatch batch = write ? cuda::OffsetBatch{ops, remote_base_, local_->base, true}
+                                          : cuda::OffsetBatch{ops, local_->base, remote_base_, false};
+    if (total_bytes == 0) return Status::Ok();
     Copier& copier = *peer_->shared->copier;
     // Held until every part is done: the copies still touch both regions until then, and the
     // owner's deregistration waits for the lease.
@@ -173,7 +168,7 @@ class IpcChannel final : public Channel {
     state->Hold(std::move(mapping));
     if (auto poller = copier.Poller(local_->device)) state->SetPoller(std::move(poller));
     state->AddParts(1);
-    Status posted = copier.Post(local_->device, copies, kernel_ok_, state->deadline(),
+    Status posted = copier.Post(local_->device, batch, kernel_ok_, state->deadline(),
                                 [state](const Status& s) { state->PartDone(s); });
     if (!posted.ok()) state->PartDone(posted);
     return posted;

@@ -74,9 +74,11 @@ class FakeCopier final : public Copier {
     int last_device = -1;
   };
   explicit FakeCopier(std::shared_ptr<Gate> gate) : gate_(std::move(gate)) {}
-  Status Post(int device, std::span<const cuda::Copy> copies, bool, Deadline,
+  Status Post(int device, const cuda::OffsetBatch& ops, bool, Deadline,
               std::function<void(const Status&)> on_done) override {
-    std::vector<cuda::Copy> batch(copies.begin(), copies.end());
+    std::vector<cuda::Copy> batch;  // the ops live only during the call
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (ops[i].size != 0) batch.push_back(ops[i]);
     auto run = [batch, on_done] {
       for (const auto& c : batch) std::memcpy(c.dst, c.src, c.size);
       on_done(Status::Ok());

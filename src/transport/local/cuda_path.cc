@@ -23,15 +23,9 @@ class CudaPathImpl final : public CudaPath {
     const int device = src.kind == MemoryKind::kCuda ? src.device : dst.device;
     FERRY_ASSIGN_OR_RETURN(cuda::CopyEngine * engine, engines_.For(device));
 
-    std::vector<cuda::Copy> copies;
-    copies.reserve(ops.size());
-    for (const TransferOp& o : ops) {
-      if (o.size == 0) continue;
-      const uint64_t src_off = write ? o.local_offset : o.remote_offset;
-      const uint64_t dst_off = write ? o.remote_offset : o.local_offset;
-      copies.push_back(cuda::Copy{dst.base + dst_off, src.base + src_off, o.size});
-    }
-    if (copies.empty()) return Status::Ok();
+    // The engine reads the ops in place: no per-piece array is built before the GPU starts.
+    cuda::OffsetBatch batch{ops, dst.base, src.base, write};
+    if (total_bytes == 0) return Status::Ok();
 
     cuda::PostOptions options;
     const bool src_reached = KernelReaches(src, device), dst_reached = KernelReaches(dst, device);
@@ -44,7 +38,7 @@ class CudaPathImpl final : public CudaPath {
     // part are in place before the GPU part can complete.
     state->SetPoller(engine->Poller());
     state->AddParts(1);
-    auto posted = engine->Post(copies, std::move(options));
+    auto posted = engine->Post(batch, std::move(options));
     if (!posted.ok()) {
       state->PartDone(posted.status());
       return posted.status();

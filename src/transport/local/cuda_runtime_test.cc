@@ -64,6 +64,52 @@ TEST(CudaRuntime, CopyEngineCompletesThroughCallbackAndTest) {
   EXPECT_TRUE(cuda::Free(*dst).ok());
 }
 
+// The engine alternates a batch's launches between two streams: a batch posted after another
+// must still land after it, whether the first went through several kernel launches or the DMA
+// engines. Batch 2 rewrites the destination of batch 1's last pieces (those of its last launch)
+// from another source; batch 2's bytes must be what stays.
+TEST(CudaRuntime, BatchesLandInTheOrderPosted) {
+  FERRY_SKIP_WITHOUT_CUDA(1);
+  auto engine = cuda::CopyEngine::Create(0);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  constexpr size_t kPiece = 4096, kPieces = 40'000, kBytes = kPiece * kPieces;  // 5 launches
+  auto a = cuda::Malloc(0, kBytes), b = cuda::Malloc(0, kBytes), dst = cuda::Malloc(0, kBytes);
+  ASSERT_TRUE(a.ok() && b.ok() && dst.ok());
+  auto data_a = RandomBytes(kBytes, 1), data_b = RandomBytes(kBytes, 2);
+  ASSERT_TRUE(cuda::CopySync(*a, data_a.data(), kBytes).ok());
+  ASSERT_TRUE(cuda::CopySync(*b, data_b.data(), kBytes).ok());
+  auto at = [](void* base, size_t i) { return static_cast<char*>(base) + i * kPiece; };
+  cuda::PostOptions options;
+  options.kernel_ok = true;
+  for (int round = 0; round < 4; ++round) {
+    // Round 0-1: batch 1 is kernel launches; round 2-3: a few 40 MB pieces on the DMA engines.
+    const bool dma_first = round >= 2;
+    std::vector<cuda::Copy> first, second;
+    if (dma_first) {
+      for (size_t q = 0; q < 4; ++q)
+        first.push_back({at(*dst, q * kPieces / 4), at(*a, q * kPieces / 4), kBytes / 4});
+    } else {
+      for (size_t i = 0; i < kPieces; ++i) first.push_back({at(*dst, i), at(*a, i), kPiece});
+    }
+    const size_t from = kPieces - 2000;  // inside batch 1's last launch, or its last DMA piece
+    for (size_t i = from; i < kPieces; ++i) second.push_back({at(*dst, i), at(*b, i), kPiece});
+    auto c1 = (*engine)->Post(first, options);
+    auto c2 = (*engine)->Post(second, options);
+    ASSERT_TRUE(c1.ok() && c2.ok());
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!((*c1)->Test() && (*c2)->Test()) && std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
+    ASSERT_TRUE((*c1)->status().ok() && (*c2)->status().ok());
+    std::vector<uint8_t> out(kBytes);
+    ASSERT_TRUE(cuda::CopySync(out.data(), *dst, kBytes).ok());
+    ASSERT_EQ(std::memcmp(out.data(), data_a.data(), from * kPiece), 0) << "round " << round;
+    ASSERT_EQ(std::memcmp(out.data() + from * kPiece, data_b.data() + from * kPiece, (kPieces - from) * kPiece), 0)
+        << "round " << round << ": batch 2 was overtaken by batch 1";
+  }
+  engine->reset();
+  for (void* p : {*a, *b, *dst}) EXPECT_TRUE(cuda::Free(p).ok());
+}
+
 #endif  // FERRY_HAVE_CUDA
 
 TEST(CudaRuntime, ReportsWhyItIsUnavailable) {

@@ -6,9 +6,11 @@
 
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "base/log.h"
 #include "base/tsan.h"
+#include "transport/ucx/listen_socket.h"
 
 namespace ferry::internal::ucx {
 namespace {
@@ -135,6 +137,7 @@ Status Core::Listen() {
   st = ucp_listener_query(listener_, &attr);
   if (st != UCS_OK) return FromUcs(st, "ucp_listener_query");
   uint16_t port = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+  listen_port_ = port;
 
   if (options_.listen_host != "0.0.0.0") {
     addresses_.push_back(options_.listen_host + ":" + std::to_string(port));
@@ -164,13 +167,48 @@ Core::~Core() {
   for (auto& [id, r] : regions_)
     if (r.memh != nullptr) ucp_mem_unmap(context_, r.memh);
   regions_.clear();
+  CloseListener();
   shards_.clear();
   if (context_ != nullptr) ucp_cleanup(context_);
+}
+
+// UCX (1.13 here) hands a connection request whose TCP connection it accepted before the
+// listener was destroyed, but whose request data arrives after, to the destroyed listener: a
+// peer that connected while an engine shut down crashed the process (shutdown_test.cc). So the
+// listening socket first stops taking connections (Shutdown), the requests of connections it
+// already took are received and rejected while shard 0's worker still runs, and the listener is
+// destroyed only then, right before the workers, with nothing progressing them any more.
+void Core::CloseListener() {
+  if (listener_ == nullptr) return;
+  using Clock = std::chrono::steady_clock;
+  ucp_worker_h worker = shards_[0]->worker->handle();  // stopped: this thread is its only user
+  // Until every connection the listener took is closed: the requests still to come are
+  // received (and rejected), the endpoints Shutdown closed finish closing. A peer that
+  // connected but sends nothing is waited for at most kLinger.
+  constexpr auto kLinger = std::chrono::milliseconds(200);
+  const auto start = Clock::now();
+  auto checked = start;
+  for (auto now = start; now - start < kLinger; now = Clock::now()) {
+    if (ucp_worker_progress(worker) != 0) continue;
+    if (now - checked >= std::chrono::milliseconds(1) || now == start) {
+      checked = now;
+      if (CountAcceptedConnections(listen_port_) == 0 &&
+          now - std::max(start, last_conn_request_) >= std::chrono::milliseconds(1))
+        break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  ucp_listener_destroy(listener_);
+  listener_ = nullptr;
 }
 
 void Core::Shutdown() {
   if (shut_down_ || shards_.empty()) return;
   shut_down_ = true;
+  if (listener_ != nullptr) {
+    Status s = RefuseNewConnections(listen_port_);
+    if (!s.ok()) FERRY_LOG_DEBUG("ucx: {}", s.ToString());
+  }
   // Shard 0 last: it holds the listener and the endpoints that peers opened.
   for (size_t i = shards_.size(); i-- > 0;) {
     Shard* s = shards_[i].get();
@@ -182,8 +220,7 @@ void Core::Shutdown() {
       s->conns.clear();
       for (ucp_ep_h ep : s->accepted) CloseEndpoint(ep);
       s->accepted.clear();
-      if (s->index == 0 && listener_ != nullptr) ucp_listener_destroy(listener_);
-      if (s->index == 0) listener_ = nullptr;
+      if (s->index == 0) accepting_ = false;
     });
   }
 }
@@ -349,6 +386,11 @@ void Shard::SendAck(ucp_ep_h ep, uint64_t token, Code code) {
 
 void Core::OnConnRequest(ucp_conn_request_h request, void* arg) {
   auto* core = static_cast<Core*>(arg);
+  if (!core->accepting_) {
+    core->last_conn_request_ = std::chrono::steady_clock::now();
+    ucp_listener_reject(core->listener_, request);
+    return;
+  }
   ucp_ep_params_t params = {};
   params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;

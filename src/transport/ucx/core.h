@@ -156,6 +156,7 @@ class Core : public std::enable_shared_from_this<Core> {
   };
   Core() = default;
   Status Listen();
+  void CloseListener();
   std::shared_ptr<Region> FindRegion(uint64_t id);
   void Reject(const char* why);
   static void Forget(Shard& s);
@@ -179,7 +180,11 @@ class Core : public std::enable_shared_from_this<Core> {
   ucp_context_h context_ = nullptr;
   std::vector<std::unique_ptr<Shard>> shards_;
   std::atomic<size_t> next_shard_{0};
-  ucp_listener_h listener_ = nullptr;  // shard 0's progress thread
+  // Destroyed only just before shard 0's worker: see ~Core.
+  ucp_listener_h listener_ = nullptr;
+  uint16_t listen_port_ = 0;
+  bool accepting_ = true;  // shard 0's progress thread
+  std::chrono::steady_clock::time_point last_conn_request_;  // shard 0's progress thread
   std::vector<std::string> addresses_;
   std::atomic<uint64_t> rejected_{0};
   bool shut_down_ = false;

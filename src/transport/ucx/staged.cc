@@ -136,7 +136,10 @@ std::unique_ptr<StageCopier> MakeCudaStageCopier() {
 
 namespace {
 
-struct WriteJob : std::enable_shared_from_this<WriteJob> {
+// What a staged write and a staged read share: the batch cut into chunks, each started as soon
+// as a bounce buffer of its pool is free. Job provides Pool() and Start(i, buf).
+template <typename Job>
+struct ChunkJob : std::enable_shared_from_this<Job> {
   std::shared_ptr<Stager::Impl> stager;
   std::shared_ptr<Conn> conn;
   std::shared_ptr<Region> local;
@@ -145,22 +148,42 @@ struct WriteJob : std::enable_shared_from_this<WriteJob> {
   size_t next = 0;
   std::shared_ptr<TransferState> state;
 
+  static std::shared_ptr<Job> Make(std::shared_ptr<Stager::Impl> stager, const std::shared_ptr<Conn>& conn,
+                                   const std::shared_ptr<Region>& local, const MemoryDesc& remote,
+                                   std::span<const TransferOp> ops, const std::shared_ptr<TransferState>& state) {
+    auto job = std::make_shared<Job>();
+    job->stager = std::move(stager);
+    job->conn = conn;
+    job->local = local;
+    job->remote_region = static_cast<uint64_t>(remote.region);
+    job->chunks = PlanChunks(ops, kStageChunkBytes, kStageMaxPieces);
+    job->state = state;
+    state->AddParts(static_cast<int>(job->chunks.size()));
+    return job;
+  }
+
   void FailRest(const Status& why) {
     for (; next < chunks.size(); ++next) state->PartDone(why);
   }
 
-  // Progress thread: stages chunks while bounce buffers are free.
+  // Progress thread: starts chunks while bounce buffers are free.
   void Pump() {
+    auto& job = static_cast<Job&>(*this);
     while (next < chunks.size()) {
       if (conn->failed()) return FailRest(conn->failure());
       if (state->finished()) return FailRest(Status(Code::kAborted, "transfer ended"));
-      auto buf = stager->send_pool->AcquireOrWait(conn->shard().index, [self = shared_from_this()] { self->Pump(); });
+      auto buf = job.Pool().AcquireOrWait(conn->shard().index, [self = this->shared_from_this()] { self->Pump(); });
       if (!buf) return;  // Pump runs again when a buffer comes back
-      Stage(next++, std::move(buf));
+      job.Start(next++, std::move(buf));
     }
   }
+};
 
-  void Stage(size_t i, std::shared_ptr<Bounce> buf) {
+struct WriteJob : ChunkJob<WriteJob> {
+  BouncePool& Pool() { return *stager->send_pool; }
+
+  // Copies chunk i's pieces into `buf` (on the GPU's copy engine for GPU memory), then sends it.
+  void Start(size_t i, std::shared_ptr<Bounce> buf) {
     const StageChunk& c = chunks[i];
     WritePieceTable(c.remote, buf->data);
     std::byte* at = buf->data + PieceTableBytes(c.remote.size());
@@ -202,30 +225,11 @@ struct WriteJob : std::enable_shared_from_this<WriteJob> {
   }
 };
 
-struct ReadJob : std::enable_shared_from_this<ReadJob> {
-  std::shared_ptr<Stager::Impl> stager;
-  std::shared_ptr<Conn> conn;
-  std::shared_ptr<Region> local;
-  uint64_t remote_region = 0;
-  std::vector<StageChunk> chunks;
-  size_t next = 0;
-  std::shared_ptr<TransferState> state;
+struct ReadJob : ChunkJob<ReadJob> {
+  BouncePool& Pool() { return *stager->recv_pool; }
 
-  void FailRest(const Status& why) {
-    for (; next < chunks.size(); ++next) state->PartDone(why);
-  }
-
-  void Pump() {
-    while (next < chunks.size()) {
-      if (conn->failed()) return FailRest(conn->failure());
-      if (state->finished()) return FailRest(Status(Code::kAborted, "transfer ended"));
-      auto buf = stager->recv_pool->AcquireOrWait(conn->shard().index, [self = shared_from_this()] { self->Pump(); });
-      if (!buf) return;  // Pump runs again when a buffer comes back
-      Request(next++, std::move(buf));
-    }
-  }
-
-  void Request(size_t i, std::shared_ptr<Bounce> buf) {
+  // Asks the target for chunk i, to land in `buf`.
+  void Start(size_t i, std::shared_ptr<Bounce> buf) {
     const StageChunk& c = chunks[i];
     std::string table(PieceTableBytes(c.remote.size()), '\0');
     WritePieceTable(c.remote, reinterpret_cast<std::byte*>(table.data()));
@@ -295,29 +299,13 @@ size_t Stager::allocated_buffers() const { return impl_->send_pool->allocated() 
 void Stager::PostWrite(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Region>& local,
                        const MemoryDesc& remote, std::span<const TransferOp> ops,
                        const std::shared_ptr<TransferState>& state) {
-  auto job = std::make_shared<WriteJob>();
-  job->stager = impl_;
-  job->conn = conn;
-  job->local = local;
-  job->remote_region = static_cast<uint64_t>(remote.region);
-  job->chunks = PlanChunks(ops, kStageChunkBytes, kStageMaxPieces);
-  job->state = state;
-  state->AddParts(static_cast<int>(job->chunks.size()));
-  job->Pump();
+  WriteJob::Make(impl_, conn, local, remote, ops, state)->Pump();
 }
 
 void Stager::PostRead(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Region>& local,
                       const MemoryDesc& remote, std::span<const TransferOp> ops,
                       const std::shared_ptr<TransferState>& state) {
-  auto job = std::make_shared<ReadJob>();
-  job->stager = impl_;
-  job->conn = conn;
-  job->local = local;
-  job->remote_region = static_cast<uint64_t>(remote.region);
-  job->chunks = PlanChunks(ops, kStageChunkBytes, kStageMaxPieces);
-  job->state = state;
-  state->AddParts(static_cast<int>(job->chunks.size()));
-  job->Pump();
+  ReadJob::Make(impl_, conn, local, remote, ops, state)->Pump();
 }
 
 
