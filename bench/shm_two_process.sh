@@ -20,15 +20,21 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; kill $(jobs -p) 2>/dev/null || true' EXIT
 
 perftest() {  # perftest TLS TEST SIZE ITERS [SERVER_FLAGS [CLIENT_FLAGS]] -> the "Final:" line's overall MB/s, or latency (us)
-  local tls=$1 test=$2 size=$3 iters=$4 sflags=${5:-} cflags=${6:-} port=$((20000 + RANDOM % 20000))
-  # shellcheck disable=SC2086  # the flags are words
-  env UCX_TLS="$tls" ucx_perftest -p "$port" $sflags >/dev/null 2>&1 &
-  local server=$!
-  sleep 0.5
-  local line
-  # shellcheck disable=SC2086
-  line=$(env UCX_TLS="$tls" ucx_perftest 127.0.0.1 -p "$port" $cflags -t "$test" -s "$size" -n "$iters" 2>/dev/null | grep '^Final:')
-  wait "$server" 2>/dev/null || true
+  local tls=$1 test=$2 size=$3 iters=$4 sflags=${5:-} cflags=${6:-} line="" attempt port
+  # Up to three tries, each on a fresh random port: one that is taken, or a server slower to
+  # start than the client's wait, leaves no "Final:" line.
+  for attempt in 1 2 3; do
+    port=$((20000 + RANDOM % 20000))
+    # shellcheck disable=SC2086  # the flags are words
+    env UCX_TLS="$tls" ucx_perftest -p "$port" $sflags >/dev/null 2>&1 &
+    local server=$!
+    sleep 0.5
+    # shellcheck disable=SC2086
+    line=$(env UCX_TLS="$tls" ucx_perftest 127.0.0.1 -p "$port" $cflags -t "$test" -s "$size" -n "$iters" 2>/dev/null | grep '^Final:' || true)
+    kill "$server" 2>/dev/null || true
+    wait "$server" 2>/dev/null || true
+    [ -n "$line" ] && break
+  done
   # ucp_am_lat: "typical (average)" one-way us; typical is ucx_perftest's median, the figure
   # to hold against ferry's median.
   if [ "$test" = ucp_am_lat ]; then awk '{print $3 " (" $4 ")"}' <<<"$line"; else awk '{print $7}' <<<"$line"; fi
