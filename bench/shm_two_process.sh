@@ -19,46 +19,22 @@ PIN=${PIN:-1}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; kill $(jobs -p) 2>/dev/null || true' EXIT
 
-perftest() {  # perftest TLS TEST SIZE ITERS [SERVER_FLAGS [CLIENT_FLAGS]] -> the "Final:" line's overall MB/s, or latency (us)
-  local tls=$1 test=$2 size=$3 iters=$4 sflags=${5:-} cflags=${6:-} line="" attempt port
-  # Up to three tries, each on a fresh random port: one that is taken, or a server slower to
-  # start than the client's wait, leaves no "Final:" line.
-  for attempt in 1 2 3; do
-    port=$((20000 + RANDOM % 20000))
-    # shellcheck disable=SC2086  # the flags are words
-    env UCX_TLS="$tls" ucx_perftest -p "$port" $sflags >/dev/null 2>&1 &
-    local server=$!
-    sleep 0.5
-    # shellcheck disable=SC2086
-    line=$(env UCX_TLS="$tls" ucx_perftest 127.0.0.1 -p "$port" $cflags -t "$test" -s "$size" -n "$iters" 2>/dev/null | grep '^Final:' || true)
-    kill "$server" 2>/dev/null || true
-    wait "$server" 2>/dev/null || true
-    [ -n "$line" ] && break
-  done
-  # ucp_am_lat: "typical (average)" one-way us; typical is ucx_perftest's median, the figure
-  # to hold against ferry's median.
-  if [ "$test" = ucp_am_lat ]; then awk '{print $3 " (" $4 ")"}' <<<"$line"; else awk '{print $7}' <<<"$line"; fi
-}
+# shellcheck source=bench/two_process_lib.sh
+source bench/two_process_lib.sh
 
 ferry_ping() {  # ferry_ping [LISTEN_FLAGS [PEER_FLAGS]] -> "median (p99)" one-way us of PINGS round trips over shm
   local lflags=${1:-} pflags=${2:-}
   : >"$tmp/listen"  # not the previous listener's address
   # shellcheck disable=SC2086
   "$F" bench --listen 127.0.0.1:0 --transport shm --alloc shared $lflags >"$tmp/listen" 2>&1 &
-  local server=$! address=""
-  for _ in $(seq 100); do
-    address=$(grep -o 'side channel on [0-9.:]*' "$tmp/listen" | awk '{print $4}' || true)
-    [ -n "$address" ] && break
-    sleep 0.1
-  done
+  local server=$! address
+  address=$(listen_address "$tmp/listen")
   # shellcheck disable=SC2086
   "$F" bench --peer "$address" --transport shm --alloc shared --sizes 4096 --batches 1 --min-time 0.1 \
     --pings "$PINGS" $pflags >"$tmp/ping"
   wait "$server" || true
   sed -n 's/.*median \([0-9.]*\) us, p99 \([0-9.]*\) us.*/\1 (\2)/p' "$tmp/ping"
 }
-
-median() { python3 -c "import statistics,sys; print('%.2f' % statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
 
 ferry_bw() {  # ferry_bw TLS SIZE BATCH [ALLOC TRANSPORT...] -> GB/s of write batches of BATCH pieces of SIZE
   local tls=$1 size=$2 batch=$3 alloc=${4:-heap}
@@ -69,12 +45,8 @@ ferry_bw() {  # ferry_bw TLS SIZE BATCH [ALLOC TRANSPORT...] -> GB/s of write ba
   for t in "${transports[@]}"; do targs+=(--transport "$t"); done
   local bytes=$((size * batch))
   env UCX_TLS="$tls" "$F" bench --listen 127.0.0.1:0 --max-bytes "$bytes" --alloc "$alloc" "${targs[@]}" >"$tmp/listen" 2>&1 &
-  local server=$! address=""
-  for _ in $(seq 100); do
-    address=$(grep -o 'side channel on [0-9.:]*' "$tmp/listen" | awk '{print $4}' || true)
-    [ -n "$address" ] && break
-    sleep 0.1
-  done
+  local server=$! address
+  address=$(listen_address "$tmp/listen")
   # shellcheck disable=SC2086  # FERRY_EXTRA: more `ferry bench` flags for the measuring side
   env UCX_TLS="$tls" "$F" bench --peer "$address" --alloc "$alloc" "${targs[@]}" ${FERRY_EXTRA:-} --sizes "$size" --batches "$batch" \
     --max-bytes "$bytes" --min-time 1 --json "$tmp/out.json" >"$tmp/peer"
@@ -84,8 +56,6 @@ ferry_bw() {  # ferry_bw TLS SIZE BATCH [ALLOC TRANSPORT...] -> GB/s of write ba
   python3 -c "import json,sys; print('%.2f' % json.load(open(sys.argv[1]))['points'][0]['gbps'])" "$tmp/out.json"
 }
 
-mb_to_gb() { python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) * 1048576 / 1e9))" "$1"; }
-ratio() { python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$1" "$2"; }
 
 echo "load before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo

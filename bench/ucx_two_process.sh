@@ -11,19 +11,8 @@ PINGS=${PINGS:-5000}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; kill $(jobs -p) 2>/dev/null || true' EXIT
 
-perftest() {  # perftest TLS TEST SIZE ITERS [flags] -> the "Final:" line's overall MB/s, or latency (us)
-  local tls=$1 test=$2 size=$3 iters=$4 port=$((20000 + RANDOM % 20000))
-  shift 4
-  env UCX_TLS="$tls" ucx_perftest -p "$port" "$@" >/dev/null 2>&1 &
-  local server=$!
-  sleep 0.5
-  local line
-  line=$(env UCX_TLS="$tls" ucx_perftest 127.0.0.1 -p "$port" -t "$test" -s "$size" -n "$iters" "$@" 2>/dev/null | grep '^Final:')
-  wait "$server" 2>/dev/null || true
-  # ucp_am_lat: "typical (average)" one-way us; typical is ucx_perftest's median, the figure
-  # to hold against ferry's median.
-  if [ "$test" = ucp_am_lat ]; then awk '{print $3 " (" $4 ")"}' <<<"$line"; else awk '{print $7}' <<<"$line"; fi
-}
+# shellcheck source=bench/two_process_lib.sh
+source bench/two_process_lib.sh
 
 # ferry_run TLS BYTES ARGS... : a `ferry bench --listen` process and a `--peer` run against it
 # with ARGS (both get the --ucx-* flags among ARGS); the peer's stdout goes to $tmp/out.txt.
@@ -38,12 +27,8 @@ ferry_run() {
   : >"$tmp/listen"  # not the previous listener's address
   env UCX_TLS="$tls" "$F" bench --listen 127.0.0.1:0 --max-bytes "$bytes" --transport ucx "${ucx_flags[@]}" \
     >"$tmp/listen" 2>&1 &
-  local server=$! address=""
-  for _ in $(seq 100); do
-    address=$(grep -o 'side channel on [0-9.:]*' "$tmp/listen" | awk '{print $4}' || true)
-    [ -n "$address" ] && break
-    sleep 0.1
-  done
+  local server=$! address
+  address=$(listen_address "$tmp/listen")
   env UCX_TLS="$tls" "$F" bench --peer "$address" --transport ucx --max-bytes "$bytes" "$@" >"$tmp/out.txt"
   wait "$server" || true
 }
@@ -60,8 +45,6 @@ ferry_ping() {  # ferry_ping TLS PROGRESS -> "median (p99)" one-way us of notifi
   sed -n 's/.*median \([0-9.]*\) us, p99 \([0-9.]*\) us.*/\1 (\2)/p' "$tmp/out.txt"
 }
 
-mb_to_gb() { python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) * 1048576 / 1e9))" "$1"; }
-ratio() { python3 -c "import sys; print('%.2f' % (float(sys.argv[1]) / float(sys.argv[2])))" "$1" "$2"; }
 
 echo "load before the run: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
@@ -100,7 +83,7 @@ echo "| link | ferry event, one-way us median (p99) | ferry shared, one-way us m
 echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
 for tls in "all" "tcp"; do
   lat=$(perftest "$tls" ucp_am_lat 8 20000)
-  late=$(perftest "$tls" ucp_am_lat 8 20000 -e)
+  late=$(perftest "$tls" ucp_am_lat 8 20000 -e -e)
   fe=$(ferry_ping "$tls" event)
   fs=$(ferry_ping "$tls" shared)
   echo "| UCX_TLS=$tls | $fe | $fs | $lat | $late | $(ratio "${fs%% *}" "${lat%% *}") | $(ratio "${fs%% *}" "${late%% *}") |"
