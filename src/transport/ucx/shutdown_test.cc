@@ -27,6 +27,7 @@
 #include "transport/inbox.h"
 #include "transport/transport.h"
 #include "transport/ucx/listen_socket.h"
+#include "transport/ucx/worker.h"  // CloseEndpoint
 
 namespace ferry::internal::ucx {
 namespace {
@@ -149,17 +150,6 @@ class Connector {
  private:
   static void OnError(void*, ucp_ep_h, ucs_status_t) {}
 
-  void Close(ucp_ep_h ep) {
-    ucp_request_param_t p = {};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    void* req = ucp_ep_close_nbx(ep, &p);
-    if (UCS_PTR_IS_PTR(req)) {
-      while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker_);
-      ucp_request_free(req);
-    }
-  }
-
   void Loop() {
     sockaddr_in addr = {};
     addr.sin_family = AF_INET;
@@ -181,11 +171,11 @@ class Connector {
       for (int i = 0; i < 20; ++i) ucp_worker_progress(worker_);
       // Keep a few connections half-open so that requests are in every stage at shutdown.
       if (open.size() > 4) {
-        Close(open.front());
+        CloseEndpoint(open.front());
         open.erase(open.begin());
       }
     }
-    for (ucp_ep_h ep : open) Close(ep);
+    for (ucp_ep_h ep : open) CloseEndpoint(ep);
   }
 
   uint16_t port_;
