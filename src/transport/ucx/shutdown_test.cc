@@ -237,7 +237,9 @@ TEST(UcxShutdown, PeersConnectingWhileTheTransportShutsDown) {
     std::this_thread::sleep_for(std::chrono::microseconds(20000 + rng() % 30000));
     if (round % 2 == 0) {
       transport->Shutdown();  // as the engine does, then destroyed
-      if (round % 10 == 0) EXPECT_FALSE(Connects(port, 100ms)) << "a shut-down engine took a connection";
+      if (round % 10 == 0) {
+        EXPECT_FALSE(Connects(port, 100ms)) << "a shut-down engine took a connection";
+      }
     }
     transport.reset();
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));

@@ -1,0 +1,73 @@
+// The copy engine's shared state, internal to copy_engine.cc (which tracks batches to their
+// completion) and copy_post.cc (which enqueues them). See copy_engine.h.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "cuda/copy_engine.h"
+#include "cuda/copy_kernels.h"
+
+namespace ferry::cuda {
+
+// Descriptor ring, in pieces (24 bytes each), page-locked on the host and mirrored on the
+// device.
+inline constexpr size_t kRingPieces = size_t{1} << 17;
+
+// The engine's state, shared by the handle, its completer thread and running pollers, so that
+// it lives until the last of them lets go.
+struct CopyEngine::Core {
+  // A span of stream work that ends with an event, in stream order.
+  struct Segment {
+    cudaEvent_t event = nullptr;
+    bool uses_ring = false;
+    size_t ring_end = 0;                     // ring index after this segment's descriptors
+    std::shared_ptr<Completion> completion;  // set on the last segment of a batch
+    Status error;                            // an enqueue error of that batch
+  };
+  using Done = std::vector<std::pair<std::shared_ptr<Completion>, Status>>;
+
+  ~Core();
+  Status Init(int ordinal);
+  // Source: std::span<const Copy> or OffsetBatch (size() and operator[] giving a Copy).
+  template <typename Source>
+  Result<std::shared_ptr<Completion>> Post(const std::shared_ptr<Core>& self, const Source& copies,
+                                           PostOptions options);
+  void Poll();
+  void CompleterLoop();
+
+  // REQUIRES (every *Locked method): mu held.
+  Status EnqueueDmaLocked(const std::vector<Copy>& dma, bool batched, bool* enqueued);
+  Status PushSegmentLocked(bool uses_ring, size_t ring_end, std::shared_ptr<Completion> completion,
+                           Status error);
+  bool AllocRingLocked(size_t n, size_t* at);
+  void ReleaseEventLocked(cudaEvent_t event);
+  void ReapLocked(Done* done, const Status* force);
+  static void RunDone(Done& done) {
+    for (auto& [completion, status] : done) completion->Finish(status);
+  }
+
+  int device = 0;
+  uint32_t max_blocks = 0;
+  cudaStream_t stream = nullptr;
+  Piece* host_ring = nullptr;
+  Piece* device_ring = nullptr;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Segment> in_flight;          // GUARDED_BY(mu)
+  std::vector<cudaEvent_t> free_events;   // GUARDED_BY(mu)
+  size_t head = 0, tail = 0;              // GUARDED_BY(mu): ring [tail, head) in use, may wrap
+  size_t ring_users = 0;                  // GUARDED_BY(mu): segments in flight that use the ring
+  cudaEvent_t completer_event = nullptr;  // GUARDED_BY(mu): the event the completer sleeps on
+  bool completer_event_released = false;  // GUARDED_BY(mu): its segment was reaped meanwhile
+  bool stop = false;                      // GUARDED_BY(mu)
+};
+
+}  // namespace ferry::cuda
