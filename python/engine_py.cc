@@ -119,7 +119,7 @@ auto Call(const PyEngine& self, F&& f) {
 
 std::unique_ptr<PyEngine> MakeEngine(std::string key, double default_deadline_ms, int copy_threads,
                                      uint64_t parallel_copy_bytes, bool pin_host_memory,
-                                     std::vector<std::string> transports,
+                                     bool merge_adjacent_ops, std::vector<std::string> transports,
                                      size_t max_notification_bytes,
                                      size_t max_pending_notifications) {
   EngineOptions o;
@@ -128,6 +128,7 @@ std::unique_ptr<PyEngine> MakeEngine(std::string key, double default_deadline_ms
   o.copy_threads = copy_threads;
   o.parallel_copy_bytes = parallel_copy_bytes;
   o.pin_host_memory = pin_host_memory;
+  o.merge_adjacent_ops = merge_adjacent_ops;
   o.transports = std::move(transports);
   o.max_notification_bytes = max_notification_bytes;
   o.max_pending_notifications = max_pending_notifications;
@@ -153,7 +154,8 @@ void BindEngine(py::module_& m) {
                std::chrono::duration<double, std::milli>(d.default_deadline).count(),
            py::arg("copy_threads") = d.copy_threads,
            py::arg("parallel_copy_bytes") = d.parallel_copy_bytes,
-           py::arg("pin_host_memory") = d.pin_host_memory, py::arg("transports") = d.transports,
+           py::arg("pin_host_memory") = d.pin_host_memory,
+           py::arg("merge_adjacent_ops") = d.merge_adjacent_ops, py::arg("transports") = d.transports,
            py::arg("max_notification_bytes") = d.max_notification_bytes,
            py::arg("max_pending_notifications") = d.max_pending_notifications)
       .def_property_readonly(
@@ -242,10 +244,12 @@ void BindEngine(py::module_& m) {
             py::dict out;
             out["rejected_messages"] = st.rejected_messages;
             out["dropped_notifications"] = st.dropped_notifications;
+            out["merged_ops"] = st.merged_ops;
             return out;
           },
           "Counters: {'rejected_messages': malformed or out-of-bounds messages from peers,\n"
-          "'dropped_notifications': notifications refused here (backlog full, too big)}.")
+          "'dropped_notifications': notifications refused here (backlog full, too big),\n"
+          "'merged_ops': ops of posted batches that travelled as part of the op before them}.")
       .def("close", &PyEngine::Close,
            "Shuts the engine down (its sessions' transfers then fail with ABORTED) and releases\n"
            "the buffers it holds. Later calls on the engine raise ferry.Error (ABORTED).")

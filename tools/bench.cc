@@ -43,6 +43,8 @@ struct BenchFlags {
   int ucx_workers = 1;
   int pings = 0;  // notification round trips to time (two processes)
   int ping_cpu = -1;  // CPU of the thread that pings or answers (-1: any)
+  uint64_t run = 1;      // pieces lie in runs of this many adjacent slots on both sides
+  bool no_merge = false;  // EngineOptions::merge_adjacent_ops off
 };
 
 struct Grid {
@@ -141,7 +143,9 @@ Status WriteJson(const std::string& path, const BenchFlags& f, const Link& link,
                                   {"min_time_s", f.min_time_s},
                                   {"copy_threads", f.threads},
                                   {"parallel_copy_bytes", f.parallel_bytes},
-                                  {"deadline_s", f.deadline_s}}},
+                                  {"deadline_s", f.deadline_s},
+                                  {"run", f.run},
+                                  {"merge_adjacent_ops", !f.no_merge}}},
                                 {"points", points},
                                 {"skipped", skipped}};
   std::ofstream out(path);
@@ -165,6 +169,7 @@ Result<EngineOptions> MakeEngineOptions(const BenchFlags& f) {
                                      : UcxOptions::Rma::kAuto;
   e.ucx.lanes = f.ucx_lanes;
   e.ucx.workers = f.ucx_workers;
+  e.merge_adjacent_ops = !f.no_merge;
   return e;
 }
 
@@ -198,6 +203,7 @@ Result<std::unique_ptr<Link>> MakeLink(const BenchFlags& f, uint64_t bytes) {
   o.bytes = bytes;
   o.engine.copy_threads = f.threads;
   o.engine.parallel_copy_bytes = parallel_bytes;
+  o.engine.merge_adjacent_ops = engine.merge_adjacent_ops;
   return MakeInProcessLink(o);
 }
 
@@ -245,7 +251,7 @@ int Run(const BenchFlags& f) {
   for (const PointSpec& spec : grid->points) {
     progress.Update(results.size(),
                     fmt::format("{} x {}", FormatBytes(spec.piece_bytes), spec.batch));
-    std::vector<TransferOp> ops = PlanScatteredOps(spec.piece_bytes, spec.batch);
+    std::vector<TransferOp> ops = PlanScatteredOps(spec.piece_bytes, spec.batch, f.run);
     auto r = MeasurePoint((*link)->session(), spec, ops);
     if (!r.ok()) {
       progress.Done();
@@ -310,6 +316,12 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--deadline", f->deadline_s, "Seconds each batch may take before it fails")
       ->capture_default_str();
+  cmd->add_option("--run", f->run,
+                  "Pieces lie in runs of this many adjacent slots, locally and remotely (runs "
+                  "shuffled remotely); 1 = every piece on its own")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
+  cmd->add_flag("--no-merge", f->no_merge, "Keep adjacent ops apart (EngineOptions::merge_adjacent_ops off)");
   cmd->add_option("--json", f->json, "Write every point to this JSON file");
   cmd->add_option("--listen", f->listen,
                   "Two processes: serve a buffer of --max-bytes for one --peer run; side channel "

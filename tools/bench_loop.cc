@@ -8,14 +8,24 @@
 
 namespace ferry::tools {
 
-std::vector<TransferOp> PlanScatteredOps(uint64_t piece_bytes, uint64_t batch, uint64_t seed) {
-  std::vector<uint64_t> slot(batch);
-  std::iota(slot.begin(), slot.end(), 0);
+std::vector<TransferOp> PlanScatteredOps(uint64_t piece_bytes, uint64_t batch, uint64_t run, uint64_t seed) {
+  if (run == 0) run = 1;
+  const uint64_t runs = (batch + run - 1) / run;
+  std::vector<uint64_t> order(runs);
+  std::iota(order.begin(), order.end(), 0);
   std::mt19937_64 rng(seed);
-  std::shuffle(slot.begin(), slot.end(), rng);
+  std::shuffle(order.begin(), order.end(), rng);
+  // Run r lands at the slots of the runs shuffled before it, so runs stay whole and the last,
+  // shorter one fits wherever it falls.
+  std::vector<uint64_t> start(runs);
+  uint64_t next = 0;
+  for (uint64_t r : order) {
+    start[r] = next;
+    next += std::min(run, batch - r * run);
+  }
   std::vector<TransferOp> ops(batch);
   for (uint64_t i = 0; i < batch; ++i)
-    ops[i] = {i * piece_bytes, slot[i] * piece_bytes, piece_bytes};
+    ops[i] = {i * piece_bytes, (start[i / run] + i % run) * piece_bytes, piece_bytes};
   return ops;
 }
 

@@ -34,8 +34,11 @@ struct PointResult {
 };
 
 // The ops of one batch: piece i at local offset i * piece, and at a shuffled slot on the remote
-// side (a fixed permutation from `seed`), so the remote pieces are scattered.
-std::vector<TransferOp> PlanScatteredOps(uint64_t piece_bytes, uint64_t batch, uint64_t seed = 1);
+// side (a fixed permutation from `seed`), so the remote pieces are scattered. With `run` > 1
+// the slots move in runs of `run` adjacent ones (the last run may be shorter): KV blocks
+// allocated in runs, which the engine merges (EngineOptions::merge_adjacent_ops).
+std::vector<TransferOp> PlanScatteredOps(uint64_t piece_bytes, uint64_t batch, uint64_t run = 1,
+                                         uint64_t seed = 1);
 
 // Runs warm-up then timed batches of `ops`. REQUIRES: every op lies inside both regions.
 // The first failed batch ends the point with its status.

@@ -96,6 +96,11 @@ struct EngineOptions {
   // Page-lock host regions at registration when a CUDA device is present, so GPU copies and
   // kernels can reach them directly.
   bool pin_host_memory = true;
+  // Merge a batch's runs of adjacent ops (each starting where the previous one ended, on both
+  // sides) into one op per run before they reach a transport, when at least one op in eight
+  // joins its predecessor. The bytes moved are the same; KV blocks allocated in runs then travel
+  // as one piece per run.
+  bool merge_adjacent_ops = true;
   // Transports to start, by name; empty = every transport compiled in and usable here.
   std::vector<std::string> transports;
   // Largest notification accepted, and how many undelivered ones an engine keeps.
@@ -192,6 +197,9 @@ struct EngineStats {
   uint64_t rejected_messages = 0;
   // Notifications from peers that this engine refused (backlog full, too big) and dropped.
   uint64_t dropped_notifications = 0;
+  // Ops of posted batches that joined the op before them and travelled as part of it
+  // (EngineOptions::merge_adjacent_ops).
+  uint64_t merged_ops = 0;
 };
 
 class Engine {

@@ -170,6 +170,65 @@ TEST_P(Conformance, LargeBatchesSplitAcrossThreadsStayExact) {
   EXPECT_EQ(p->a_buf, p->b_buf);
 }
 
+// KV blocks allocated in runs: adjacent ops are merged before they reach the transport
+// (EngineOptions::merge_adjacent_ops), and every byte still lands where its op says, with the
+// gaps between runs untouched; with merging off the same batch gives the same bytes.
+TEST_P(Conformance, RunsOfAdjacentOpsTravelMergedAndExact) {
+  const size_t kBytes = 4 << 20;
+  const uint64_t kBlock = 4096;
+  // 64 runs of 1..15 blocks, a block's gap between runs locally, runs shuffled remotely.
+  std::mt19937_64 rng(17);
+  std::vector<uint64_t> run_blocks;
+  for (int r = 0; r < 64; ++r) run_blocks.push_back(1 + rng() % 15);
+  std::vector<size_t> order(run_blocks.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<uint64_t> remote_start(run_blocks.size());
+  uint64_t ro = 0;
+  for (size_t r : order) {
+    remote_start[r] = ro;
+    ro += (run_blocks[r] + 1) * kBlock;
+  }
+  std::vector<TransferOp> ops;
+  uint64_t lo = 0, joins = 0;
+  for (size_t r = 0; r < run_blocks.size(); ++r) {
+    for (uint64_t b = 0; b < run_blocks[r]; ++b) ops.push_back({lo + b * kBlock, remote_start[r] + b * kBlock, kBlock});
+    joins += run_blocks[r] - 1;
+    lo += (run_blocks[r] + 1) * kBlock;
+  }
+  ops.push_back({0, 0, 0});  // an empty op joins too
+  ++joins;
+  ASSERT_LE(lo, kBytes);
+  ASSERT_LE(ro, kBytes);
+
+  for (bool merge : {true, false}) {
+    SCOPED_TRACE(merge ? "merging" : "not merging");
+    EngineOptions options;
+    options.merge_adjacent_ops = merge;
+    auto p = Pair(kBytes, options);
+    ASSERT_TRUE(p);
+    testing::Fill(p->a_buf, 21);
+    Transfer t = p->session.WriteBatch(ops);
+    ASSERT_TRUE(t.Wait().ok()) << t.status().ToString();
+    EXPECT_EQ(t.bytes(), ops.size() > 0 ? (ops.size() - 1) * kBlock : 0);
+    ExpectApplied(p->a_buf, p->b_buf, ops, true);
+    // The block after each run, remotely, was not written.
+    for (size_t r = 0; r < run_blocks.size(); ++r) {
+      const uint64_t gap = remote_start[r] + run_blocks[r] * kBlock;
+      ASSERT_TRUE(std::all_of(p->b_buf.begin() + gap, p->b_buf.begin() + gap + kBlock, [](uint8_t v) { return v == 0; }))
+          << "run " << r;
+    }
+    EXPECT_EQ(p->a->stats().merged_ops, merge ? joins : 0);
+
+    // And back: reads of the same runs.
+    std::fill(p->a_buf.begin(), p->a_buf.end(), 0);
+    Transfer r = p->session.ReadBatch(ops);
+    ASSERT_TRUE(r.Wait().ok()) << r.status().ToString();
+    ExpectApplied(p->b_buf, p->a_buf, ops, false);
+    EXPECT_EQ(p->a->stats().merged_ops, merge ? 2 * joins : 0);
+  }
+}
+
 TEST_P(Conformance, OutOfRangeMovesNothing) {
   auto p = Pair(4096);
   ASSERT_TRUE(p);

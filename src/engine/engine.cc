@@ -110,6 +110,7 @@ EngineStats EngineCore::stats() const {
   EngineStats s;
   for (const auto& t : transports_) s.rejected_messages += t->rejected_messages();
   s.dropped_notifications = inbox_->dropped();
+  s.merged_ops = merged_ops_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -49,6 +49,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // then looks again.
   std::vector<Notification> PopNotifications();
   EngineStats stats() const;
+  // Ops that Session::Post merged into the op before them (EngineStats::merged_ops).
+  void CountMerged(uint64_t n) { merged_ops_.fetch_add(n, std::memory_order_relaxed); }
 
  private:
   explicit EngineCore(const EngineOptions& options);
@@ -68,6 +70,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::atomic<bool> closed_{false};
   std::atomic<uint64_t> next_region_{1};
   std::atomic<uint64_t> next_transfer_{1};
+  std::atomic<uint64_t> merged_ops_{0};
 
   std::mutex mu_;
   std::unordered_map<uint64_t, RegionEntry> regions_;                          // GUARDED_BY(mu_)

@@ -1,5 +1,6 @@
 #include <string>
 
+#include "engine/coalesce.h"
 #include "engine/engine_core.h"
 
 namespace ferry {
@@ -40,6 +41,7 @@ Transfer SessionCore::Post(Op op, std::span<const TransferOp> ops,
   const uint64_t local_size = local_.size;
   const uint64_t remote_size = remote_.size;
   uint64_t total = 0;
+  JoinCounter joins;
   for (size_t i = 0; i < ops.size(); ++i) {
     const TransferOp& o = ops[i];
     if (!InBounds(o.local_offset, o.size, local_size)) [[unlikely]]
@@ -49,6 +51,13 @@ Transfer SessionCore::Post(Op op, std::span<const TransferOp> ops,
     if (__builtin_add_overflow(total, o.size, &total)) [[unlikely]]
       return Transfer(TransferState::Failed(
           Status(Code::kOutOfRange, "batch size overflows 64 bits"), id, path_));
+    joins.Add(o);
+  }
+  std::vector<TransferOp> merged;
+  if (engine_->options().merge_adjacent_ops && WorthCoalescing(joins.joins(), ops.size())) {
+    merged = CoalesceOps(ops);
+    engine_->CountMerged(ops.size() - merged.size());
+    ops = merged;
   }
 
   Duration deadline = options.deadline ? *options.deadline : engine_->options().default_deadline;

@@ -96,7 +96,9 @@ inline std::unique_ptr<Local> ShmOnlyTo(const PeerProcess& peer) {
   EngineOptions only_shm;
   only_shm.transports = {"shm"};
   auto l = MakeLocal(4096, true, only_shm);
-  if (l) EXPECT_TRUE(l->engine->AddPeer(peer.engine).ok());
+  if (l) {
+    EXPECT_TRUE(l->engine->AddPeer(peer.engine).ok());
+  }
   return l;
 }
 
