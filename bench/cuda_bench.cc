@@ -16,7 +16,7 @@
 // GB/s is bytes moved per second (counter bytes_per_second), never read + written.
 // Run: build/<preset>/bench/ferry_bench_cuda [--benchmark_filter=...]; FERRY_BENCH_HOST_MEM=thp
 // puts the pinned host buffers on transparent huge pages (cudaHostRegister) instead of cudaHostAlloc;
-// FERRY_BENCH_PIECES sets the pieces per batch (default 80,000).
+// FERRY_BENCH_PIECES sets the pieces per batch (default 80,000), FERRY_BENCH_RUN their runs.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_loop.h"  // PlanScatteredOps
 #include "cuda/copy_kernels.h"
 #include "cuda/runtime.h"
 #include "engine/peer_process.h"
@@ -46,15 +47,15 @@ const uint64_t kPieces = [] {
 constexpr uint64_t kOneGiB = 1ull << 30;
 using Clock = std::chrono::steady_clock;
 
-std::vector<ferry::TransferOp> KvOps(uint64_t piece) {
-  std::vector<uint64_t> slot(kPieces);
-  std::iota(slot.begin(), slot.end(), 0);
-  std::mt19937_64 rng(42);
-  std::shuffle(slot.begin(), slot.end(), rng);
-  std::vector<ferry::TransferOp> ops(kPieces);
-  for (uint64_t i = 0; i < kPieces; ++i) ops[i] = {i * piece, slot[i] * piece, piece};
-  return ops;
-}
+// FERRY_BENCH_RUN: the pieces lie in runs of this many adjacent slots on both sides (as KV
+// blocks allocated in runs), which the engine merges (EngineOptions::merge_adjacent_ops); the
+// kernel and cudaMemcpyBatchAsync cases copy the pieces as they are. Default 1: all scattered.
+const uint64_t kRun = [] {
+  const char* n = std::getenv("FERRY_BENCH_RUN");
+  return n != nullptr && std::atoll(n) > 0 ? static_cast<uint64_t>(std::atoll(n)) : uint64_t{1};
+}();
+
+std::vector<ferry::TransferOp> KvOps(uint64_t piece) { return ferry::tools::PlanScatteredOps(piece, kPieces, kRun, 42); }
 
 struct DeviceBuffer {
   DeviceBuffer(int device, uint64_t bytes) : size(bytes) {
