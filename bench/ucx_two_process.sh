@@ -51,15 +51,18 @@ echo
 if [ "${ONLY:-}" != latency ]; then
 # ucx_perftest keeps a window of messages in flight; ferry's side posts batches of 16 pieces of
 # 1 MiB (and of 4 pieces of 64 MiB), so that both have several messages in flight.
-echo "| link | piece | ferry write GB/s | ucp_put_bw GB/s | tag_bw GB/s | ferry / put_bw | ferry / tag_bw |"
-echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
+# tag_bw -e: endpoints with peer-failure handling, as ferry's (with which UCX 1.13 gives TCP no
+# zero-copy RMA lane, so rendezvous data is copied once more at the receiver).
+echo "| link | piece | ferry write GB/s | ucp_put_bw GB/s | tag_bw GB/s | tag_bw -e GB/s | ferry / put_bw | ferry / tag_bw | ferry / tag_bw -e |"
+echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 for tls in "all" "tcp"; do
   for size in 1048576 67108864; do
     iters=$([ "$size" -gt 1048576 ] && echo 20 || echo 200)
     put=$(mb_to_gb "$(perftest "$tls" ucp_put_bw "$size" "$iters")")
     tag=$(mb_to_gb "$(perftest "$tls" tag_bw "$size" "$iters")")
+    tage=$(mb_to_gb "$(perftest "$tls" tag_bw "$size" "$iters" -e -e)")
     fw=$(ferry_bw "$tls" "$size" "$([ "$size" -gt 1048576 ] && echo 4 || echo 16)")
-    echo "| UCX_TLS=$tls | $((size >> 20)) MiB | $fw | $put | $tag | $(ratio "$fw" "$put") | $(ratio "$fw" "$tag") |"
+    echo "| UCX_TLS=$tls | $((size >> 20)) MiB | $fw | $put | $tag | $tage | $(ratio "$fw" "$put") | $(ratio "$fw" "$tag") | $(ratio "$fw" "$tage") |"
   done
 done
 echo
@@ -70,6 +73,16 @@ for tls in "all" "tcp"; do
   w1=$(ferry_bw "$tls" 1048576 16 --ucx-lanes 2 --ucx-workers 1)
   w2=$(ferry_bw "$tls" 1048576 16 --ucx-lanes 2 --ucx-workers 2)
   echo "| UCX_TLS=$tls | 1 MiB | $w1 | $w2 |"
+done
+echo
+# KV blocks in runs: 1024 pieces of 16 KiB in runs of N adjacent slots on both sides, with the
+# engine merging each run into one op (the default) and with --no-merge.
+echo "| link | 16 KiB pieces in runs of | merged GB/s | --no-merge GB/s | merged / not |"
+echo "| --- | ---: | ---: | ---: | ---: |"
+for run in 1 4 16 64; do
+  m=$(ferry_bw tcp 16384 1024 --run "$run")
+  n=$(ferry_bw tcp 16384 1024 --run "$run" --no-merge)
+  echo "| UCX_TLS=tcp | $run | $m | $n | $(ratio "$m" "$n") |"
 done
 echo
 echo
