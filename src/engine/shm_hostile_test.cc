@@ -54,6 +54,7 @@ class RawClient {
     ADD_FAILURE() << "no reply";
     return {};
   }
+  int fd() const { return fd_; }
   // kUnavailable once the engine closed the connection, kInProgress while it is open; other
   // messages are consumed.
   Code Poll() {
@@ -295,6 +296,62 @@ TEST(ShmHostile, AScribbledRingIsRejectedAndTheEngineKeepsServing) {
   EXPECT_EQ(peer->Command("notes"), "NOTES " + std::to_string(notes + 2) + " batch-after");
   EXPECT_EQ(peer->Command(HashCmd(0, 4096)), HashOf(l->data(), 4096));
   EXPECT_EQ(peer->Command("stats"), "STATS " + std::to_string(rejected) + " 0");
+}
+
+// A peer that publishes many acked notifications and then stops reading its socket (a stopped
+// process): the application thread that drains the ring (PopNotifications) sends the acks only
+// where they go at once and hands the rest to the I/O thread, so it never waits for the peer
+// (before, it waited up to the 1 s send timeout). Every ack still arrives once the peer reads.
+TEST(ShmHostile, APeerThatStopsReadingDoesNotHoldThePollingThread) {
+  using namespace internal::shm;
+  auto l = MakeLocal(4096, true);
+  ASSERT_TRUE(l);
+  RawClient raw(l->engine->Describe());
+  auto ring = Hello(raw, "stopped-peer");
+  ASSERT_TRUE(ring);
+  // Far more acks than a Unix socket holds (a few hundred small messages).
+  const uint64_t n = std::min<uint64_t>(3000, ring->capacity / RecordSpan(8) - 1);
+  ASSERT_GT(n, 1000u);
+  uint64_t head = 0;
+  for (uint64_t i = 1; i <= n; ++i) {
+    const std::string m = "n" + std::to_string(i);
+    PutRecord(ring->records(), head, m, i, true);
+    head += RecordSpan(m.size());
+  }
+  ring->Publish(head);  // no kWake: the application thread, polling, finds them first
+  size_t got = 0;
+  Clock::duration longest{};
+  const auto until = Clock::now() + std::chrono::seconds(5);
+  while (got < n && Clock::now() < until) {
+    const auto start = Clock::now();
+    got += l->engine->PopNotifications().size();
+    longest = std::max(longest, Clock::now() - start);
+  }
+  EXPECT_EQ(got, n);
+  EXPECT_LT(longest, std::chrono::milliseconds(300)) << "PopNotifications waited for a peer that does not read";
+  // The peer reads again: every ack arrives, each token once.
+  std::vector<bool> seen(n + 1, false);
+  uint64_t acks = 0;
+  const auto read_until = Clock::now() + std::chrono::seconds(5);
+  while (acks < n && Clock::now() < read_until) {
+    auto r = ReceiveMessage(raw.fd(), 1 << 16);
+    if (!r.ok()) {
+      ASSERT_EQ(r.status().code(), Code::kInProgress) << r.status().ToString();
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      continue;
+    }
+    auto h = DecodeHeader(r->bytes.data(), r->bytes.size());
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    ASSERT_EQ(h->type, MsgType::kAck);
+    ASSERT_GE(h->token, 1u);
+    ASSERT_LE(h->token, n);
+    EXPECT_FALSE(seen[h->token]) << "ack " << h->token << " twice";
+    seen[h->token] = true;
+    EXPECT_EQ(h->code, 0);
+    ++acks;
+  }
+  EXPECT_EQ(acks, n);
+  EXPECT_EQ(l->engine->stats().rejected_messages, 0u);
 }
 
 TEST(ShmHostile, NotificationLargerThanTheReceiverTakesIsRefused) {

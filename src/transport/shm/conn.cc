@@ -21,6 +21,17 @@ Status Conn::Send(const Header& h, std::string_view payload, std::span<const int
   return s;
 }
 
+Status Conn::TrySend(const Header& h) {
+  if (failed()) return failure();
+  Status s = SendMessage(fd_, Encode(h), {}, Deadline::After(Clock::duration::zero()));
+  if (s.code() == Code::kDeadlineExceeded) return Status(Code::kResourceExhausted, "the peer's socket is full");
+  if (!s.ok() && s.code() != Code::kInvalidArgument) {
+    Fail(s.WithContext("connection to " + peer_key_));
+    return failure();
+  }
+  return s;
+}
+
 Status Conn::failure() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (failure_.ok()) return Status(Code::kUnavailable, "connection to peer " + peer_key_ + " is closed");

@@ -80,6 +80,10 @@ void Core::Shutdown() {
     std::lock_guard<std::mutex> lock(drain_mu_);
     rings_.clear();
   }
+  {
+    std::lock_guard<std::mutex> lock(deferred_mu_);
+    deferred_acks_.clear();
+  }
   unmapped_cv_.notify_all();
 }
 

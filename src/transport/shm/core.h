@@ -59,6 +59,11 @@ class Conn {
   const std::string& peer_key() const { return peer_key_; }
 
   Status Send(const Header& h, std::string_view payload = {}, std::span<const int> pass_fds = {});
+  // Sends `h` only if it goes at once, never waiting (for application threads): when the
+  // peer's socket is full, returns kResourceExhausted and sends nothing, leaving the connection
+  // up. Other failures fail the connection, as Send does. One seqpacket message is atomic, so
+  // it needs no lock against concurrent senders.
+  Status TrySend(const Header& h);
   // First call wins: marks the connection failed (kUnavailable unless `why` is kAborted), shuts
   // the socket down, fails every call waiting and every transfer tracked, revokes mappings.
   void Fail(Status why);
@@ -186,7 +191,11 @@ class Core : public std::enable_shared_from_this<Core> {
   };
   bool DrainLocked(AfterDrain* after);
   void DrainRing(RingEntry& e, AfterDrain* after);
-  void Finish(AfterDrain& after);
+  // Sends the acks and fails the broken connections. On the I/O thread (`may_wait`) an ack
+  // waits for room in the peer's socket up to the send timeout; on an application thread
+  // (Poll) it goes only if it can at once, and otherwise is handed to the I/O thread
+  // (deferred_acks_), so that a stopped peer never holds the thread that polls.
+  void Finish(AfterDrain& after, bool may_wait);
   // The I/O thread, before it sleeps: drains, and asks to be woken unless threads poll.
   // Returns the poll timeout in ms.
   int PrepareToSleep();
@@ -219,6 +228,8 @@ class Core : public std::enable_shared_from_this<Core> {
 
   std::mutex drain_mu_;            // one drainer of the rings at a time; held briefly
   std::vector<RingEntry> rings_;  // GUARDED_BY(drain_mu_)
+  std::mutex deferred_mu_;
+  std::vector<AfterDrain::Ack> deferred_acks_;  // GUARDED_BY(deferred_mu_): for the I/O thread
 
   std::mutex mu_;
   std::condition_variable unmapped_cv_;

@@ -63,14 +63,22 @@ bool Core::DrainLocked(AfterDrain* after) {
   return any;
 }
 
-void Core::Finish(AfterDrain& after) {
+void Core::Finish(AfterDrain& after, bool may_wait) {
+  bool deferred = false;
   for (auto& a : after.acks) {
     Header ack;
     ack.type = MsgType::kAck;
     ack.token = a.token;
     ack.code = static_cast<uint8_t>(a.code);
-    (void)a.conn->Send(ack);
+    if (may_wait) {
+      (void)a.conn->Send(ack);
+    } else if (a.conn->TrySend(ack).code() == Code::kResourceExhausted) {
+      std::lock_guard<std::mutex> lock(deferred_mu_);
+      deferred_acks_.push_back(std::move(a));
+      deferred = true;
+    }
   }
+  if (deferred) Wake();
   for (auto& c : after.broken) c->Fail(Status(Code::kUnavailable, "the peer corrupted its notification ring"));
 }
 
@@ -82,7 +90,7 @@ bool Core::Poll() {
     std::lock_guard<std::mutex> lock(drain_mu_);
     any = DrainLocked(&after);
   }
-  if (any) Finish(after);
+  if (any) Finish(after, /*may_wait=*/false);
   return any;
 }
 
@@ -91,6 +99,11 @@ int Core::PrepareToSleep() {
   const bool polled = calls != poll_calls_seen_;
   poll_calls_seen_ = calls;
   AfterDrain after;
+  {
+    // Acks that application threads could not send at once.
+    std::lock_guard<std::mutex> lock(deferred_mu_);
+    after.acks.swap(deferred_acks_);
+  }
   int timeout = polled ? kPolledMs : kPollMs;
   {
     std::lock_guard<std::mutex> lock(drain_mu_);
@@ -103,7 +116,7 @@ int Core::PrepareToSleep() {
         if (e.reader->Arm()) timeout = 0;
     }
   }
-  Finish(after);
+  Finish(after, /*may_wait=*/true);
   return timeout;
 }
 
