@@ -1,11 +1,13 @@
 // GPU -> pinned host, a batch of scattered pieces: one warp per piece with 16-byte stores (as
-// ferry's copy kernel) against bulk copies from shared memory (cp.async.bulk, sm_90), against
+// ferry's copy kernel) against bulk copies from shared memory (cp.async.bulk, sm_90) and
+// against cudaMemcpyBatchAsync of the pieces dealt over 1-8 streams (the copy engines), against
 // one 1 GiB cudaMemcpy. Prints GB/s (median of 7 launches) and checks the bytes. A probe, not
 // part of the build (results in bench/results/cuda_ipc.md):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -o /tmp/bulk_store_probe bench/bulk_store_probe.cu && /tmp/bulk_store_probe [pieces]
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
@@ -144,6 +146,42 @@ int main(int argc, char** argv) {
         check(name);
       }
     };
+    // The DMA engines: the pieces dealt round-robin over k streams, one batch call per stream,
+    // all started before any is waited for. Timed on the host (post to the last stream done).
+    {
+      std::vector<cudaStream_t> streams(8);
+      for (auto& x : streams) CK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
+      int engines = 0;
+      CK(cudaDeviceGetAttribute(&engines, cudaDevAttrAsyncEngineCount, 0));
+      std::printf("  (async engines: %d)\n", engines);
+      for (int k : {1, 2, 4, 8}) {
+        std::vector<std::vector<void*>> dsts(k);
+        std::vector<std::vector<const void*>> srcs(k);
+        std::vector<std::vector<size_t>> sizes(k);
+        for (unsigned i = 0; i < n; ++i) {
+          dsts[i % k].push_back(reinterpret_cast<void*>(ps[i].dst));
+          srcs[i % k].push_back(reinterpret_cast<const void*>(ps[i].src));
+          sizes[i % k].push_back(piece);
+        }
+        cudaMemcpyAttributes attr{};
+        attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+        size_t attr_index = 0;
+        std::vector<double> secs;
+        for (int r = 0; r < 6; ++r) {
+          auto t0 = std::chrono::steady_clock::now();
+          for (int j = 0; j < k; ++j)
+            CK(cudaMemcpyBatchAsync(dsts[j].data(), srcs[j].data(), sizes[j].data(), dsts[j].size(), &attr, &attr_index, 1, streams[j]));
+          for (int j = 0; j < k; ++j) CK(cudaStreamSynchronize(streams[j]));
+          if (r > 0) secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+        std::sort(secs.begin(), secs.end());
+        const double t = secs[secs.size() / 2];
+        std::printf("  batch DMA over %d streams: %.2f GB/s (%.3f)\n", k, bytes / t / 1e9, (bytes / t) / (gib / base));
+        check("dma");
+      }
+      for (auto& x : streams) CK(cudaStreamDestroy(x));
+    }
     bulk(BulkCopy<4096>, 4096, "4K");
     bulk(BulkCopy<8192>, 8192, "8K");
     bulk(BulkCopy<16384>, 16384, "16K");

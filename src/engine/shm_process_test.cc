@@ -7,6 +7,7 @@
 
 #include <thread>
 
+#include "base/tsan.h"
 #include "engine/shm_test_util.h"
 
 namespace ferry {
@@ -82,26 +83,40 @@ TEST(ShmProcess, MemoryThatIsNotShareableGoesOverUcx) {
 }
 
 TEST(ShmProcess, KilledTargetEndsEveryTransferAndOthersGoOn) {
-  const size_t kBytes = 64 << 20;
+  // 64 batches of 64 KiB blocks (runs the engine merges), in flight on two copy threads when
+  // the target dies. Each batch writes the whole 64 MiB region; under TSan, batches writing the
+  // same bytes from two threads are racing writes that it checks one by one, slowly enough to
+  // stall the test, so there each batch writes 4 MiB of a slice of its own (TSan copies slowly
+  // enough that batches are still in flight when the peer dies).
+#ifdef FERRY_TSAN
+  constexpr bool kOwnSlices = true;
+#else
+  constexpr bool kOwnSlices = false;
+#endif
+  const size_t kBatches = 64, kBatchBytes = kOwnSlices ? 4 << 20 : 64 << 20;
+  const size_t kBytes = kOwnSlices ? kBatches * kBatchBytes : kBatchBytes;
   auto victim = PeerProcess::Start(kBytes, kSharedTarget);
   auto bystander = PeerProcess::Start(1 << 20, kSharedTarget);
   ASSERT_TRUE(victim && bystander);
   EngineOptions options;
   options.copy_threads = 2;
   options.parallel_copy_bytes = 1 << 20;
-  auto l = MakeLocal(kBytes, false, options);
+  auto l = MakeLocal(kBatchBytes, false, options);
   ASSERT_TRUE(l);
   ASSERT_TRUE(l->engine->AddPeer(victim->engine).ok());
   ASSERT_TRUE(l->engine->AddPeer(bystander->engine).ok());
   auto to_victim = l->engine->OpenSession(l->desc, victim->memory);
   ASSERT_TRUE(to_victim.ok());
   ASSERT_EQ(to_victim->path().transport, "shm");
-  std::vector<TransferOp> ops;
-  for (uint64_t off = 0; off < kBytes; off += 64 << 10) ops.push_back({off, off, 64 << 10});
   TransferOptions deadline;
   deadline.deadline = std::chrono::seconds(20);
   std::vector<Transfer> transfers;
-  for (int i = 0; i < 64; ++i) transfers.push_back(to_victim->WriteBatch(ops, deadline));
+  for (size_t b = 0; b < kBatches; ++b) {
+    const uint64_t slice = kOwnSlices ? b * kBatchBytes : 0;
+    std::vector<TransferOp> ops;
+    for (uint64_t off = 0; off < kBatchBytes; off += 64 << 10) ops.push_back({off, slice + off, 64 << 10});
+    transfers.push_back(to_victim->WriteBatch(ops, deadline));
+  }
   ASSERT_TRUE(transfers[0].Wait().ok());
   victim->Kill(SIGKILL);
   auto start = Clock::now();

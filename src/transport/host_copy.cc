@@ -75,21 +75,36 @@ struct Job {
   bool write;
   bool streaming;
 
-  // Stops early once the transfer has finished (its deadline passed): nobody waits for it.
+  // Stops early once the transfer has finished (failed, or its deadline passed): nobody waits
+  // for it. Looks every 64 ops and every kCheckBytes, so that one large op (merged runs of
+  // blocks are) stops as soon as a small one would.
   void CopyRange(uint64_t begin, uint64_t end, const TransferState& state) const {
+    constexpr uint64_t kCheckBytes = 4 << 20;
     size_t i = std::upper_bound(starts.begin(), starts.end(), begin) - starts.begin() - 1;
+    uint64_t since_check = kCheckBytes;  // look before the first byte
     for (; i < ops.size() && starts[i] < end; ++i) {
-      if ((i & 63) == 0 && state.finished()) break;
       const TransferOp& op = ops[i];
       uint64_t from = std::max(begin, starts[i]) - starts[i];
-      uint64_t to = std::min(end, starts[i] + op.size) - starts[i];
-      if (to <= from) continue;
-      std::byte* l = local + op.local_offset + from;
-      std::byte* r = remote + op.remote_offset + from;
-      std::byte* dst = write ? r : l;
-      const std::byte* src = write ? l : r;
-      if (streaming) StreamingCopy(dst, src, to - from);
-      else std::memcpy(dst, src, to - from);
+      const uint64_t to = std::min(end, starts[i] + op.size) - starts[i];
+      if ((i & 63) == 0) since_check = kCheckBytes;
+      while (from < to) {
+        if (since_check >= kCheckBytes) {
+          if (state.finished()) {
+            if (streaming) StreamingFence();
+            return;
+          }
+          since_check = 0;
+        }
+        const uint64_t n = std::min(to - from, kCheckBytes - since_check);
+        std::byte* l = local + op.local_offset + from;
+        std::byte* r = remote + op.remote_offset + from;
+        std::byte* dst = write ? r : l;
+        const std::byte* src = write ? l : r;
+        if (streaming) StreamingCopy(dst, src, n);
+        else std::memcpy(dst, src, n);
+        from += n;
+        since_check += n;
+      }
     }
     if (streaming) StreamingFence();  // the stores are visible before the part reports done
   }
