@@ -30,6 +30,7 @@ template <typename Source>
 struct PieceCursor {
   const Source& copies;
   bool all_dma;
+  bool large_to_dma;
   std::vector<Copy>* dma;
   size_t index = 0;     // copy being cut
   uint64_t offset = 0;  // bytes of it already handed out
@@ -45,7 +46,7 @@ struct PieceCursor {
         ++index;
         continue;
       }
-      if (all_dma || c.size >= kLargePieceBytes) {
+      if (all_dma || (large_to_dma && c.size >= kLargePieceBytes)) {
         dma->push_back(c);
         ++index;
         continue;
@@ -115,7 +116,7 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
   // aside for the DMA engines, which are enqueued after the last launch.
   const bool all_dma = !options.kernel_ok || copies.size() <= kFewPieces;
   std::vector<Copy> dma;
-  PieceCursor<Source> cursor{copies, all_dma, &dma};
+  PieceCursor<Source> cursor{copies, all_dma, options.large_to_dma, &dma};
   auto completion = std::make_shared<Completion>();
   completion->engine_ = self;
   completion->on_done_ = std::move(options.on_done);

@@ -23,13 +23,17 @@ class Copier {
   // `on_done` runs once when all are complete (or failed). `kernel_ok`: kernels on `device`
   // address every source and destination (KernelReaches). Returns an error, without calling
   // on_done, when nothing was enqueued.
-  virtual Status Post(int device, const cuda::OffsetBatch& batch, bool kernel_ok, Deadline deadline,
-                      std::function<void(const Status&)> on_done) = 0;
+  // `same_device`: both sides are `device`'s own memory (large pieces then stay in the kernel,
+  // cuda::PostOptions::large_to_dma).
+  virtual Status Post(int device, const cuda::OffsetBatch& batch, bool kernel_ok, bool same_device,
+                      Deadline deadline, std::function<void(const Status&)> on_done) = 0;
   // Drives completion of `device`'s batches (for TransferState::SetPoller); may be empty.
   virtual std::function<void()> Poller(int device) = 0;
   // Whether kernels on `device` can address memory mapped at `ptr` (the mapped IPC allocation
   // of a peer), so that small pieces may go to one kernel launch.
   virtual bool KernelReaches(int device, const void* ptr) = 0;
+  // Whether memory mapped at `ptr` is `device`'s own (a peer process's allocation on the same GPU).
+  virtual bool OnDevice(int /*device*/, const void* /*ptr*/) { return false; }
 };
 
 // REQUIRES nothing; kUnsupported without CUDA or without a device.

@@ -11,11 +11,12 @@ namespace {
 class CudaCopier final : public Copier {
  public:
 
-  Status Post(int device, const cuda::OffsetBatch& batch, bool kernel_ok, Deadline deadline,
+  Status Post(int device, const cuda::OffsetBatch& batch, bool kernel_ok, bool same_device, Deadline deadline,
               std::function<void(const Status&)> on_done) override {
     FERRY_ASSIGN_OR_RETURN(cuda::CopyEngine * engine, engines_.For(device));
     cuda::PostOptions options;
     options.kernel_ok = kernel_ok;
+    options.large_to_dma = !same_device;
     options.deadline = deadline;
     options.on_done = std::move(on_done);
     auto posted = engine->Post(batch, std::move(options));
@@ -33,6 +34,11 @@ class CudaCopier final : public Copier {
     auto info = cuda::QueryPointer(ptr);
     if (!info.ok() || !info->device_memory) return false;
     return info->device == device || cuda::EnablePeerAccess(device, info->device).ok();
+  }
+
+  bool OnDevice(int device, const void* ptr) override {
+    auto info = cuda::QueryPointer(ptr);
+    return info.ok() && info->device_memory && info->device == device;
   }
 
  private:

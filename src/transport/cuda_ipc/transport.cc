@@ -80,6 +80,7 @@ struct Peer {
   struct Entry {
     std::shared_ptr<Mapping> mapping;
     bool kernel_ok = false;
+    bool same_device = false;  // the allocation is the mapping device's own memory
     std::vector<std::pair<uint32_t, uint64_t>> regions;  // (slot, region) reached through it
   };
   std::mutex mu;
@@ -101,7 +102,12 @@ struct Peer {
   }
 
   // The mapping of `a`'s allocation on `device`, opened on first use.
-  Result<std::pair<std::shared_ptr<Mapping>, bool>> Map(const RegionAccess& a, int device) {
+  struct Mapped {
+    std::shared_ptr<Mapping> mapping;
+    bool kernel_ok;
+    bool same_device;
+  };
+  Result<Mapped> Map(const RegionAccess& a, int device) {
     std::lock_guard<std::mutex> lock(mu);
     SweepLocked();
     std::string handle(reinterpret_cast<const char*>(a.handle.bytes.data()), a.handle.bytes.size());
@@ -112,12 +118,13 @@ struct Peer {
       Entry e;
       e.mapping = std::make_shared<Mapping>(shared->api, base);
       e.kernel_ok = shared->copier->KernelReaches(device, base);
+      e.same_device = shared->copier->OnDevice(device, base);
       it = mappings.emplace(k, std::move(e)).first;
     }
     auto& regions = it->second.regions;
     auto r = std::make_pair(a.lease_slot, a.region);
     if (std::find(regions.begin(), regions.end(), r) == regions.end()) regions.push_back(r);
-    return std::make_pair(it->second.mapping, it->second.kernel_ok);
+    return Mapped{it->second.mapping, it->second.kernel_ok, it->second.same_device};
   }
 
   size_t mapped() {
@@ -133,9 +140,10 @@ Status RegionGone(uint64_t region) {
 class IpcChannel final : public Channel {
  public:
   IpcChannel(std::shared_ptr<Peer> peer, std::shared_ptr<Region> local, RegionAccess remote,
-             std::weak_ptr<Mapping> mapping, std::byte* remote_base, bool kernel_ok)
+             std::weak_ptr<Mapping> mapping, std::byte* remote_base, bool kernel_ok, bool same_device)
       : peer_(std::move(peer)), local_(std::move(local)), remote_(std::move(remote)),
-        mapping_(std::move(mapping)), remote_base_(remote_base), kernel_ok_(kernel_ok) {}
+        mapping_(std::move(mapping)), remote_base_(remote_base), kernel_ok_(kernel_ok),
+        same_device_(same_device) {}
 
   Status Post(Op op, std::span<const TransferOp> ops, uint64_t total_bytes,
               const std::shared_ptr<TransferState>& state) override {
@@ -168,7 +176,7 @@ class IpcChannel final : public Channel {
     state->Hold(std::move(mapping));
     if (auto poller = copier.Poller(local_->device)) state->SetPoller(std::move(poller));
     state->AddParts(1);
-    Status posted = copier.Post(local_->device, batch, kernel_ok_, state->deadline(),
+    Status posted = copier.Post(local_->device, batch, kernel_ok_, same_device_, state->deadline(),
                                 [state](const Status& s) { state->PartDone(s); });
     if (!posted.ok()) state->PartDone(posted);
     return posted;
@@ -183,6 +191,7 @@ class IpcChannel final : public Channel {
   std::weak_ptr<Mapping> mapping_;  // the peer's cache owns it; revocation drops it
   std::byte* const remote_base_;    // the region inside the mapping
   const bool kernel_ok_;
+  const bool same_device_;  // the peer's region is local_'s device's own memory
 };
 
 class IpcEndpoint final : public Endpoint {
@@ -204,9 +213,9 @@ class IpcEndpoint final : public Endpoint {
       return Status(Code::kFailedPrecondition, "remote region " + std::to_string(access.region) +
                                                    " is not registered");
     FERRY_ASSIGN_OR_RETURN(auto mapped, peer_->Map(access, local->device));
-    std::byte* remote_base = static_cast<std::byte*>(mapped.first->base) + access.offset;
-    return std::unique_ptr<Channel>(new IpcChannel(peer_, local, std::move(access), mapped.first,
-                                                   remote_base, mapped.second));
+    std::byte* remote_base = static_cast<std::byte*>(mapped.mapping->base) + access.offset;
+    return std::unique_ptr<Channel>(new IpcChannel(peer_, local, std::move(access), mapped.mapping,
+                                                   remote_base, mapped.kernel_ok, mapped.same_device));
   }
 
   Status Notify(std::string_view) override {

@@ -74,7 +74,7 @@ class FakeCopier final : public Copier {
     int last_device = -1;
   };
   explicit FakeCopier(std::shared_ptr<Gate> gate) : gate_(std::move(gate)) {}
-  Status Post(int device, const cuda::OffsetBatch& ops, bool, Deadline,
+  Status Post(int device, const cuda::OffsetBatch& ops, bool, bool, Deadline,
               std::function<void(const Status&)> on_done) override {
     std::vector<cuda::Copy> batch;  // the ops live only during the call
     for (size_t i = 0; i < ops.size(); ++i)

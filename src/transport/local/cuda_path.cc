@@ -32,6 +32,7 @@ class CudaPathImpl final : public CudaPath {
     options.kernel_ok = src_reached && dst_reached;
     options.pageable = (src.kind == MemoryKind::kHost && !src_reached) ||
                        (dst.kind == MemoryKind::kHost && !dst_reached);
+    options.large_to_dma = !(src.kind == MemoryKind::kCuda && dst.kind == MemoryKind::kCuda && src.device == dst.device);
     options.deadline = state->deadline();
     options.on_done = [state](const Status& s) { state->PartDone(s); };
     // The poster's own part keeps the transfer open until Post returns, so the poller and the

@@ -81,9 +81,12 @@ TEST(CudaRuntime, BatchesLandInTheOrderPosted) {
   auto at = [](void* base, size_t i) { return static_cast<char*>(base) + i * kPiece; };
   cuda::PostOptions options;
   options.kernel_ok = true;
-  for (int round = 0; round < 4; ++round) {
-    // Round 0-1: batch 1 is kernel launches; round 2-3: a few 40 MB pieces on the DMA engines.
+  for (int round = 0; round < 6; ++round) {
+    // Round 0-1: batch 1 is kernel launches; round 2-3: a few 40 MB pieces on the DMA engines;
+    // round 4-5: the same large pieces cut for the kernel (large_to_dma off, as for copies
+    // within one device's memory).
     const bool dma_first = round >= 2;
+    options.large_to_dma = round < 4;
     std::vector<cuda::Copy> first, second;
     if (dma_first) {
       for (size_t q = 0; q < 4; ++q)
