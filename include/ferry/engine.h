@@ -61,8 +61,10 @@ struct UcxOptions {
   // UCX workers, each with its own progress thread (1..16). Connections to peers, and their
   // lanes, are spread over them; connections that peers open to this engine are served by
   // the first. Known problem: with more than one worker, a peer killed mid-transfer once
-  // aborted the process inside UCX 1.13's async event handling (an assertion in async.c during
-  // ucp_worker_progress); keep 1 where peers may fail until that is resolved.
+  // aborted the process inside UCX 1.13's async event handling (`handler->async == async` in
+  // async.c during ucp_worker_progress). UCX keys its async handlers by file descriptor, and a
+  // missed event queued by one worker for a socket that closed can reach the handler another
+  // worker registered for the reused descriptor. Keep 1 where peers may fail.
   int workers = 1;
   // Ops posted to UCX before the progress thread lets the worker make progress.
   int post_batch = 256;
