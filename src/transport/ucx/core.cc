@@ -182,8 +182,9 @@ void Core::CloseListener() {
   if (listener_ == nullptr) return;
   using Clock = std::chrono::steady_clock;
   ucp_worker_h worker = shards_[0]->worker->handle();  // stopped: this thread is its only user
-  // Until every connection the listener took is closed: the requests still to come are
-  // received (and rejected), the endpoints Shutdown closed finish closing. A peer that
+  // Until every connection the listener took is closed, but for the refused requests held in
+  // refused_: the requests still to come are received (and held), the endpoints Shutdown closed
+  // finish closing. Then the held requests are rejected, just before the listener goes. A peer that
   // connected but sends nothing is waited for at most kLinger.
   constexpr auto kLinger = std::chrono::milliseconds(200);
   const auto start = Clock::now();
@@ -192,12 +193,14 @@ void Core::CloseListener() {
     if (ucp_worker_progress(worker) != 0) continue;
     if (now - checked >= std::chrono::milliseconds(1) || now == start) {
       checked = now;
-      if (CountAcceptedConnections(listen_port_) == 0 &&
+      if (CountAcceptedConnections(listen_port_) <= static_cast<int>(refused_.size()) &&
           now - std::max(start, last_conn_request_) >= std::chrono::milliseconds(1))
         break;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
+  for (ucp_conn_request_h r : refused_) ucp_listener_reject(listener_, r);
+  refused_.clear();
   ucp_listener_destroy(listener_);
   listener_ = nullptr;
 }
@@ -388,7 +391,7 @@ void Core::OnConnRequest(ucp_conn_request_h request, void* arg) {
   auto* core = static_cast<Core*>(arg);
   if (!core->accepting_) {
     core->last_conn_request_ = std::chrono::steady_clock::now();
-    ucp_listener_reject(core->listener_, request);
+    core->refused_.push_back(request);
     return;
   }
   ucp_ep_params_t params = {};

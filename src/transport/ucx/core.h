@@ -185,6 +185,11 @@ class Core : public std::enable_shared_from_this<Core> {
   uint16_t listen_port_ = 0;
   bool accepting_ = true;  // shard 0's progress thread
   std::chrono::steady_clock::time_point last_conn_request_;  // shard 0's progress thread
+  // Connection requests that arrived while shutting down, rejected only once the listener is
+  // drained (CloseListener): a reject closes the request's socket, and UCX 1.13 could hand an
+  // async event still queued for that descriptor to the endpoint of a connection accepted
+  // meanwhile on the reused descriptor (an assertion in tcp_sockcm_ep.c).
+  std::vector<ucp_conn_request_h> refused_;  // shard 0's progress thread
   std::vector<std::string> addresses_;
   std::atomic<uint64_t> rejected_{0};
   bool shut_down_ = false;
