@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -101,7 +102,7 @@ int main(int argc, char** argv) {
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const size_t gib = size_t(1) << 30;
-  for (size_t piece : {size_t(16) << 10, size_t(32) << 10}) {
+  for (size_t piece : {size_t(16) << 10, size_t(32) << 10, size_t(128) << 10}) {
     const size_t bytes = piece * n;
     const size_t alloc = std::max(bytes, gib);
     unsigned char *src, *host;
@@ -182,6 +183,46 @@ int main(int argc, char** argv) {
       }
       for (auto& x : streams) CK(cudaStreamDestroy(x));
     }
+    // The copy engines and the SMs together: the first share of the pieces goes to one batch
+    // call per DMA stream, the rest to the warp kernel, all posted before any is waited for.
+    {
+      std::vector<cudaStream_t> streams(2);
+      for (auto& x : streams) CK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
+      cudaMemcpyAttributes attr{};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      attr.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+      size_t attr_index = 0;
+      for (int k : {1, 2}) {
+        for (int pct : {0, 20, 30, 40, 50, 60, 70}) {
+          const unsigned nd = static_cast<unsigned>(size_t(n) * pct / 100);
+          std::vector<std::vector<void*>> dsts(k);
+          std::vector<std::vector<const void*>> srcs(k);
+          std::vector<std::vector<size_t>> sizes(k);
+          for (unsigned i = 0; i < nd; ++i) {
+            dsts[i % k].push_back(reinterpret_cast<void*>(ps[i].dst));
+            srcs[i % k].push_back(reinterpret_cast<const void*>(ps[i].src));
+            sizes[i % k].push_back(piece);
+          }
+          std::vector<double> secs;
+          for (int r = 0; r < 8; ++r) {
+            auto t0 = std::chrono::steady_clock::now();
+            if (nd < n) WarpCopy<<<sms * 2, 256, 0, st>>>(dp + nd, n - nd);
+            for (int j = 0; j < k; ++j)
+              if (!dsts[j].empty())
+                CK(cudaMemcpyBatchAsync(dsts[j].data(), srcs[j].data(), sizes[j].data(), dsts[j].size(), &attr, &attr_index, 1, streams[j]));
+            CK(cudaStreamSynchronize(st));
+            for (int j = 0; j < k; ++j) CK(cudaStreamSynchronize(streams[j]));
+            if (r > 1) secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+          }
+          std::sort(secs.begin(), secs.end());
+          const double t = secs[secs.size() / 2];
+          std::printf("  split %d%% to DMA over %d streams: %.2f GB/s (%.3f)\n", pct, k, bytes / t / 1e9, (bytes / t) / (gib / base));
+          check("split");
+        }
+      }
+      for (auto& x : streams) CK(cudaStreamDestroy(x));
+    }
+    if (std::getenv("PROBE_SPLIT_ONLY")) { CK(cudaFree(dp)); CK(cudaFree(src)); CK(cudaFreeHost(host)); continue; }
     bulk(BulkCopy<4096>, 4096, "4K");
     bulk(BulkCopy<8192>, 8192, "8K");
     bulk(BulkCopy<16384>, 16384, "16K");

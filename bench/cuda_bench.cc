@@ -8,8 +8,8 @@
 //    uploaded once, timed by CUDA events around one launch): what ferry's path adds to it
 //    (posting, the launches of the ramp, completion) is the difference to .../ferry, whose
 //    counter post_ms is the time WriteBatch() takes to return.
-//  - kv_gpu0_to_gpu1/<piece>/ferry and peer_1GiB/cudaMemcpyPeer: where two GPUs exist (the
-//    cases report an error and move nothing otherwise).
+//  - kv_gpu0_to_gpu1/<piece>/{ferry,cudaMemcpyBatchAsync} and peer_1GiB/cudaMemcpyPeer: where
+//    two GPUs exist (the cases report an error and move nothing otherwise).
 //  - kv_cuda_ipc/<piece>/ferry: the same batch from this process's GPU memory into a
 //    ferry_test_peer child's GPU memory on the same GPU, through cuda_ipc; baseline
 //    d2d_1GiB/cudaMemcpy: one 1 GiB copy inside one GPU.
@@ -251,17 +251,19 @@ void KernelKv(benchmark::State& state, uint64_t piece) {
   Finish(state, bytes, kPieces, "");
 }
 
-void BatchAsyncKv(benchmark::State& state, uint64_t piece) {
+// One cudaMemcpyBatchAsync of the same pieces into pinned host memory or GPU 1.
+void BatchAsyncKv(benchmark::State& state, Target target, uint64_t piece) {
   const uint64_t bytes = kPieces * piece;
-  Rig* rig = GetRig(Target::kHost, bytes);
+  Rig* rig = GetRig(target, bytes);
   if (!rig->error.empty()) return state.SkipWithError(rig->error.c_str());
 #if CUDART_VERSION >= 13000
   const auto ops = KvOps(piece);
   std::vector<void*> dsts(kPieces);
   std::vector<const void*> srcs(kPieces);
   std::vector<size_t> sizes(kPieces, piece);
+  char* dst = static_cast<char*>(target == Target::kHost ? rig->host->ptr : rig->gpu1->ptr);
   for (uint64_t i = 0; i < kPieces; ++i) {
-    dsts[i] = static_cast<char*>(rig->host->ptr) + ops[i].remote_offset;
+    dsts[i] = dst + ops[i].remote_offset;
     srcs[i] = static_cast<const char*>(rig->gpu0->ptr) + ops[i].local_offset;
   }
   cudaStream_t stream = nullptr;
@@ -326,12 +328,15 @@ void Register() {
     const std::string p = std::to_string(kib) + "KiB";
     opts(benchmark::RegisterBenchmark(("kv_gpu_to_host/" + p + "/ferry").c_str(), FerryKv, Target::kHost, piece));
     opts(benchmark::RegisterBenchmark(("kv_gpu_to_host/" + p + "/kernel").c_str(), KernelKv, piece));
-    opts(benchmark::RegisterBenchmark(("kv_gpu_to_host/" + p + "/cudaMemcpyBatchAsync").c_str(), BatchAsyncKv, piece));
+    opts(benchmark::RegisterBenchmark(("kv_gpu_to_host/" + p + "/cudaMemcpyBatchAsync").c_str(), BatchAsyncKv,
+                                      Target::kHost, piece));
   }
   opts(benchmark::RegisterBenchmark("peer_1GiB/cudaMemcpyPeer", OneCopy, 1));
-  for (uint64_t kib : {16, 32, 128})
-    opts(benchmark::RegisterBenchmark(("kv_gpu0_to_gpu1/" + std::to_string(kib) + "KiB/ferry").c_str(), FerryKv,
-                                      Target::kGpu1, kib << 10));
+  for (uint64_t kib : {16, 32, 128}) {
+    const std::string p = "kv_gpu0_to_gpu1/" + std::to_string(kib) + "KiB/";
+    opts(benchmark::RegisterBenchmark((p + "ferry").c_str(), FerryKv, Target::kGpu1, kib << 10));
+    opts(benchmark::RegisterBenchmark((p + "cudaMemcpyBatchAsync").c_str(), BatchAsyncKv, Target::kGpu1, kib << 10));
+  }
   opts(benchmark::RegisterBenchmark("d2d_1GiB/cudaMemcpy", OneCopy, 2));
   for (uint64_t kib : {16, 32, 128})
     opts(benchmark::RegisterBenchmark(("kv_cuda_ipc/" + std::to_string(kib) + "KiB/ferry").c_str(), FerryKv,
