@@ -13,23 +13,22 @@ Status Conn::Send(const Header& h, std::string_view payload, std::span<const int
   if (failed()) return failure();
   std::string bytes = Encode(h, payload);
   std::lock_guard<std::mutex> lock(send_mu_);
-  Status s = SendMessage(fd_, bytes, pass_fds, Deadline::After(send_timeout_));
-  if (!s.ok() && s.code() != Code::kInvalidArgument) {
-    Fail(s.WithContext("connection to " + peer_key_));
-    return failure();
-  }
-  return s;
+  return Sent(SendMessage(fd_, bytes, pass_fds, Deadline::After(send_timeout_)));
 }
 
 Status Conn::TrySend(const Header& h) {
   if (failed()) return failure();
   Status s = SendMessage(fd_, Encode(h), {}, Deadline::After(Clock::duration::zero()));
   if (s.code() == Code::kDeadlineExceeded) return Status(Code::kResourceExhausted, "the peer's socket is full");
-  if (!s.ok() && s.code() != Code::kInvalidArgument) {
-    Fail(s.WithContext("connection to " + peer_key_));
-    return failure();
-  }
-  return s;
+  return Sent(std::move(s));
+}
+
+Status Conn::Sent(Status s) {
+  // kInvalidArgument: this message cannot go (too large, too many descriptors); the
+  // connection is fine.
+  if (s.ok() || s.code() == Code::kInvalidArgument) return s;
+  Fail(s.WithContext("connection to " + peer_key_));
+  return failure();
 }
 
 Status Conn::failure() const {

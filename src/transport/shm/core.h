@@ -113,6 +113,8 @@ class Conn {
     ReplyFn reply;
     Deadline deadline;
   };
+  // What a send returned, after failing the connection when the socket itself failed.
+  Status Sent(Status s);
   const int fd_;
   const Role role_;
   std::string peer_key_;  // target side: written by the I/O thread before any use

@@ -4,6 +4,9 @@
 
 #include <cstring>
 #include <random>
+#include <unordered_set>
+
+#include "transport/ucx/core.h"
 
 namespace ferry::internal::ucx {
 namespace {
@@ -62,6 +65,27 @@ TEST(AmWire, RandomHeadersNeverCrash) {
     if (i % 2) buf[0] = kWireVersion;
     (void)DecodeHeader(buf, rng() % sizeof(buf), rng() % 64);
   }
+}
+
+// Answers are matched to requests by token, so a peer must not be able to predict the tokens of
+// requests sent to other peers: no two in a row differ by a small step, none repeats, none is 0,
+// and two sources (two engines) do not produce the same sequence.
+TEST(TokenSource, TokensAreUniqueNonZeroAndUnpredictable) {
+  TokenSource a, b;
+  std::unordered_set<uint64_t> seen;
+  uint64_t prev = a.Next();
+  int near = 0, same_as_b = 0;
+  for (int i = 0; i < 200000; ++i) {
+    uint64_t t = a.Next();
+    ASSERT_NE(t, 0u);
+    ASSERT_TRUE(seen.insert(t).second) << "token repeated after " << i;
+    uint64_t d = t > prev ? t - prev : prev - t;
+    if (d < (uint64_t{1} << 32)) ++near;
+    if (b.Next() == t) ++same_as_b;
+    prev = t;
+  }
+  EXPECT_LE(near, 2) << "consecutive tokens are close: a peer could guess the next one";
+  EXPECT_EQ(same_as_b, 0);
 }
 
 }  // namespace

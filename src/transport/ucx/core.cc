@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include "base/log.h"
@@ -331,8 +332,24 @@ bool Core::UseRma(const Conn& conn) const {
   return rma_.network_native;
 }
 
+TokenSource::TokenSource() {
+  std::random_device rd;
+  key_ = (uint64_t{rd()} << 32) ^ rd();
+}
+
+uint64_t TokenSource::Next() {
+  for (;;) {
+    // The splitmix64 finalizer: a bijection of 64-bit words.
+    uint64_t z = ++counter_ ^ key_;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    if (z != 0) return z;
+  }
+}
+
 uint64_t Shard::AddPending(Pending p) {
-  uint64_t token = next_token++;
+  uint64_t token = tokens.Next();
   pending.emplace(token, std::move(p));
   return token;
 }

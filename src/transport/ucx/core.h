@@ -93,6 +93,20 @@ struct Pending {
   std::function<void(Status)> on_data = nullptr;  // staged reads: runs instead of completing the part
 };
 
+// Tokens that match answers to requests. A peer sees only the tokens of its own requests, and
+// must not be able to guess another peer's (and so complete that peer's transfers with a forged
+// ack or read response): each token is a keyed bijective mix of a counter, so none repeats
+// before 2^64 requests and none is 0 (0 marks a one-way message).
+class TokenSource {
+ public:
+  TokenSource();
+  uint64_t Next();
+
+ private:
+  uint64_t key_;
+  uint64_t counter_ = 0;
+};
+
 // One UCX worker, its progress thread and the state of the worker's callbacks. Everything
 // but `worker` is for the thread that holds the worker (Worker::Held()).
 struct Shard {
@@ -103,7 +117,7 @@ struct Shard {
   std::set<ucp_ep_h> accepted;                     // shard 0: endpoints peers connected
   std::unordered_map<ucp_ep_h, Conn*> conn_by_ep;  // our endpoints, for messages they carry
   std::unordered_map<uint64_t, Pending> pending;
-  uint64_t next_token = 1;
+  TokenSource tokens;
   uint64_t sends_in_flight = 0;
 
   uint64_t AddPending(Pending p);

@@ -182,6 +182,10 @@ void Core::HandleWrite(Shard& s, const AmHeader& h, void* data, const ucp_am_rec
     Reject("write out of a region's bounds");
     return s.SendAck(reply, h.token, Code::kOutOfRange);
   }
+  if (region->kind != MemoryKind::kHost) {  // GPU memory: only staged messages reach it
+    Reject("plain write to GPU memory");
+    return s.SendAck(reply, h.token, Code::kUnsupported);
+  }
   auto hold = RegionUse::Make(region);
   if (!hold) return s.SendAck(reply, h.token, Code::kFailedPrecondition);
   auto* ctx = new RecvCtx{&s, hold, reply, h.token, nullptr, nullptr};
@@ -196,10 +200,11 @@ void Core::HandleReadReq(Shard& s, const AmHeader& h, ucp_ep_h reply) {
   Code code = Code::kOk;
   if (!region) code = Code::kFailedPrecondition;
   else if (!InBounds(h.offset, h.size, region->size)) code = Code::kOutOfRange;
+  else if (region->kind != MemoryKind::kHost) code = Code::kUnsupported;  // staged reads only
   auto hold = code == Code::kOk ? RegionUse::Make(region) : nullptr;
   if (code == Code::kOk && !hold) code = Code::kFailedPrecondition;
   if (code != Code::kOk) {
-    Reject("read outside the registered regions");
+    Reject(code == Code::kUnsupported ? "plain read of GPU memory" : "read outside the registered regions");
     return s.SendAck(reply, h.token, code);
   }
   AmHeader resp;
@@ -237,6 +242,7 @@ void Core::HandleAck(Shard& s, const AmHeader& h) {
     case Code::kFailedPrecondition: st = Status(Code::kFailedPrecondition, "the target region is not registered"); break;
     case Code::kResourceExhausted: st = Status(Code::kResourceExhausted, "the receiver's notification backlog is full"); break;
     case Code::kInvalidArgument: st = Status(Code::kInvalidArgument, "the receiver rejected the notification"); break;
+    case Code::kUnsupported: st = Status(Code::kUnsupported, "the target cannot take this access to that region"); break;
     default: st = Status(static_cast<Code>(h.code), "the target failed the operation"); break;
   }
   it->second.state->PartDone(st);

@@ -203,6 +203,44 @@ TEST_F(StagedPipelineTest, GpuToHost) { RoundTrip(MemoryKind::kCuda, MemoryKind:
 TEST_F(StagedPipelineTest, HostToGpu) { RoundTrip(MemoryKind::kHost, MemoryKind::kCuda); }
 TEST_F(StagedPipelineTest, GpuToGpu) { RoundTrip(MemoryKind::kCuda, MemoryKind::kCuda); }
 
+// GPU memory is reached only through the staged protocol. A descriptor that claims host memory
+// for a GPU region makes the initiator send plain writes and reads (received with a CPU copy
+// straight into the region): the target rejects and counts each, and no byte moves.
+TEST_F(StagedPipelineTest, PlainAccessToGpuMemoryIsRejected) {
+  auto a = Make("pa", MemoryKind::kHost);
+  auto b = Make("pb", MemoryKind::kCuda);
+  ASSERT_TRUE(a && b);
+  MemoryDesc forged = b->desc;
+  forged.kind = MemoryKind::kHost;
+  auto ep = a->transport->Connect(Describe(*b));
+  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
+  auto ch = (*ep)->OpenChannel(a->region, forged);
+  ASSERT_TRUE(ch.ok()) << ch.status().ToString();
+  EXPECT_FALSE((*ch)->path().staged);
+  std::memset(a->buf.data(), 0x5A, kBytes);
+  const std::vector<TransferOp> small{{0, 0, 4096}};
+  const std::vector<TransferOp> large{{0, 4096, 1 << 20}};  // rendezvous
+  for (const auto* ops : {&small, &large}) {
+    auto w = Post(**ch, Op::kWrite, *ops);
+    Status st = w->Wait(Deadline::After(20s));
+    EXPECT_EQ(st.code(), Code::kUnsupported) << st.ToString();
+  }
+  std::vector<uint8_t> zeros(kBytes, 0);
+  EXPECT_EQ(b->buf, zeros) << "a plain write reached GPU memory";
+  std::memset(b->buf.data(), 0x33, kBytes);
+  auto r = Post(**ch, Op::kRead, small);
+  EXPECT_EQ(r->Wait(Deadline::After(20s)).code(), Code::kUnsupported);
+  EXPECT_EQ(a->buf[0], 0x5A) << "a plain read took GPU memory";
+  EXPECT_EQ(b->transport->rejected_messages(), 3u);
+  EXPECT_EQ(b->copier->posted(), 0);
+  // The honest descriptor still works on the same connection.
+  auto honest = (*ep)->OpenChannel(a->region, b->desc);
+  ASSERT_TRUE(honest.ok()) << honest.status().ToString();
+  auto w = Post(**honest, Op::kWrite, small);
+  ASSERT_TRUE(w->Wait(Deadline::After(20s)).ok()) << w->status().ToString();
+  EXPECT_EQ(b->buf[0], 0x5A);
+}
+
 TEST_F(StagedPipelineTest, ChunksArePipelined) {
   auto a = Make("pa", MemoryKind::kCuda);
   auto b = Make("pb", MemoryKind::kHost);
