@@ -127,7 +127,9 @@ struct TransferOptions {
   // Id reported by Transfer::id(); default = Engine::AllocateTransferId().
   std::optional<TransferId> id;
   // Writes only: a notification delivered to the remote engine after all of this batch's data
-  // is in place at the target.
+  // is in place at the target, and after every write this session posted before it has
+  // finished (layer-by-layer pushes may complete out of order). If one of those earlier writes
+  // fails, the notification is not sent and this transfer fails with that write's error.
   std::optional<std::string> notification;
 };
 

@@ -113,6 +113,13 @@ class SessionCore {
   std::unique_ptr<Channel> channel_;
   std::shared_ptr<Endpoint> notify_;
   TransferPath path_;
+  // Writes posted and not yet finished, oldest first: a batch's notification leaves only once
+  // every write posted before it has finished (its data is in place), so that a receiver that
+  // has the notification has every byte the session wrote before it, whatever the order in
+  // which lanes, workers or copy engines complete the batches.
+  mutable std::mutex writes_mu_;
+  mutable std::vector<std::weak_ptr<TransferState>> writes_;  // GUARDED_BY(writes_mu_)
+  mutable size_t prune_at_ = 64;                              // GUARDED_BY(writes_mu_)
 };
 
 }  // namespace ferry::internal

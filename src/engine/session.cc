@@ -1,3 +1,5 @@
+#include <algorithm>
+#include <mutex>
 #include <string>
 
 #include "engine/coalesce.h"
@@ -17,6 +19,56 @@ Status OutOfRange(size_t index, const TransferOp& op, const MemoryDesc& local,
                     " bytes exceeds region " + std::to_string(static_cast<uint64_t>(d.region)) +
                     " of " + std::to_string(d.size) + " bytes");
 }
+
+// Holds a write batch's notification until every write posted before the batch has finished
+// and the batch's own data is in place (Arrive once for each). If one of those writes failed,
+// the notification is not sent and the batch fails with that write's error.
+class NotifyGate {
+ public:
+  NotifyGate(std::shared_ptr<Endpoint> endpoint, std::string message, int arrivals)
+      : endpoint_(std::move(endpoint)), message_(std::move(message)), left_(arrivals) {}
+
+  // The batch's continuation: its data is in place. Holds a part of the batch until the
+  // notification is handed to the endpoint.
+  void DataPlaced(const std::shared_ptr<TransferState>& batch) {
+    batch->AddParts(1);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      batch_ = batch;
+    }
+    Arrive(Status::Ok());
+  }
+  // An earlier write finished with `status`.
+  void EarlierFinished(const Status& status, TransferId id) {
+    Arrive(status.ok() ? status
+                       : Status(status.code(), "notification not sent: earlier write " +
+                                                   std::to_string(static_cast<uint64_t>(id)) +
+                                                   " of this session failed: " + std::string(status.message())));
+  }
+
+ private:
+  void Arrive(const Status& status) {
+    std::shared_ptr<TransferState> batch;
+    Status error;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!status.ok() && error_.ok()) error_ = status;
+      if (--left_ > 0) return;
+      batch = std::move(batch_);
+      error = error_;
+    }
+    if (!error.ok()) return batch->PartDone(error);
+    if (!batch->finished()) endpoint_->NotifyPart(std::move(message_), batch);
+    batch->PartDone(Status::Ok());
+  }
+
+  const std::shared_ptr<Endpoint> endpoint_;
+  std::string message_;
+  std::mutex mu_;
+  int left_;                             // GUARDED_BY(mu_)
+  Status error_;                         // GUARDED_BY(mu_)
+  std::shared_ptr<TransferState> batch_;  // GUARDED_BY(mu_)
+};
 
 }  // namespace
 
@@ -62,13 +114,41 @@ Transfer SessionCore::Post(Op op, std::span<const TransferOp> ops,
 
   Duration deadline = options.deadline ? *options.deadline : engine_->options().default_deadline;
   auto state = std::make_shared<TransferState>(id, total, path_, Deadline::After(deadline));
-  if (options.notification) {
-    // The notification leaves once every byte of the batch is in place at the target; the
-    // transfer completes when the receiver has it.
-    state->SetContinuation([endpoint = notify_, message = *options.notification](
-                               const std::shared_ptr<TransferState>& s) {
-      endpoint->NotifyPart(message, s);
-    });
+  if (op == Op::kWrite) {
+    std::vector<std::shared_ptr<TransferState>> earlier;
+    {
+      std::lock_guard<std::mutex> lock(writes_mu_);
+      if (options.notification || writes_.size() >= prune_at_) {
+        // Drop the finished writes; a notification waits for the rest.
+        size_t kept = 0;
+        for (auto& w : writes_) {
+          std::shared_ptr<TransferState> live = w.lock();
+          if (!live || live->finished()) continue;
+          if (options.notification) earlier.push_back(live);
+          writes_[kept++] = std::move(w);
+        }
+        writes_.resize(kept);
+        prune_at_ = std::max<size_t>(64, 2 * kept);
+      }
+      writes_.push_back(state);
+    }
+    if (options.notification) {
+      // The notification leaves once every byte of the batch is in place at the target and
+      // every earlier write of the session has finished; the transfer completes when the
+      // receiver has it.
+      if (earlier.empty()) {
+        state->SetContinuation([endpoint = notify_, message = *options.notification](
+                                   const std::shared_ptr<TransferState>& s) {
+          endpoint->NotifyPart(message, s);
+        });
+      } else {
+        auto gate = std::make_shared<NotifyGate>(notify_, *options.notification,
+                                                 static_cast<int>(earlier.size()) + 1);
+        state->SetContinuation([gate](const std::shared_ptr<TransferState>& s) { gate->DataPlaced(s); });
+        for (const auto& w : earlier)
+          w->OnFinish([gate, id = w->id()](const Status& st) { gate->EarlierFinished(st, id); });
+      }
+    }
   }
   if (!ops.empty()) {
     Status posted = channel_->Post(op, ops, total, state);

@@ -1,5 +1,6 @@
 #include "transport/transfer_state.h"
 
+#include <string>
 #include <thread>
 
 namespace ferry::internal {
@@ -7,7 +8,24 @@ namespace ferry::internal {
 TransferState::TransferState(TransferId id, uint64_t bytes, TransferPath path, Deadline deadline)
     : id_(id), bytes_(bytes), path_(std::move(path)), deadline_(deadline) {}
 
-TransferState::~TransferState() = default;
+TransferState::~TransferState() {
+  if (!on_finish_.empty()) {
+    const Status dropped(Code::kAborted, "transfer " + std::to_string(static_cast<uint64_t>(id_)) +
+                                             " was dropped before it finished");
+    for (auto& fn : on_finish_) fn(dropped);
+  }
+}
+
+void TransferState::OnFinish(std::function<void(const Status&)> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (phase_.load(std::memory_order_relaxed) == kRunning) {
+      on_finish_.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn(status());
+}
 
 std::shared_ptr<TransferState> TransferState::Failed(Status status, TransferId id,
                                                      TransferPath path) {
@@ -47,13 +65,16 @@ void TransferState::PartDone(const Status& status) {
 }
 
 bool TransferState::Finish(Status status) {
+  std::vector<std::function<void(const Status&)>> observers;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (phase_.load(std::memory_order_relaxed) != kRunning) return false;
     status_ = std::move(status);
     phase_.store(kFinished, std::memory_order_release);
+    observers.swap(on_finish_);
   }
   cv_.notify_all();
+  for (auto& fn : observers) fn(status_);  // status_ is immutable once finished
   return true;
 }
 

@@ -50,6 +50,10 @@ class TransferState : public std::enable_shared_from_this<TransferState> {
   void SetContinuation(std::function<void(const std::shared_ptr<TransferState>&)> next) {
     continuation_ = std::move(next);
   }
+  // Runs `fn` with the final status once the transfer finishes (at once, on this thread, if it
+  // has), on the thread that finishes it, with no lock held. A transfer destroyed unfinished
+  // runs it with kAborted.
+  void OnFinish(std::function<void(const Status&)> fn);
   // Called by Test/Wait to drive completion. Set before posting.
   void SetPoller(std::function<void()> poller) { poller_ = std::move(poller); }
   // Keeps `hold` alive until every part is done.
@@ -77,6 +81,7 @@ class TransferState : public std::enable_shared_from_this<TransferState> {
   std::function<void(const std::shared_ptr<TransferState>&)> continuation_;
   std::function<void()> poller_;
   std::vector<std::shared_ptr<void>> holds_;  // released when parts_ reaches zero
+  std::vector<std::function<void(const Status&)>> on_finish_;  // GUARDED_BY(mu_)
 
   std::atomic<int> phase_{kRunning};
   std::atomic<int64_t> parts_{1};  // one extra part held by the poster until posting is done
