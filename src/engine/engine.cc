@@ -1,6 +1,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <random>
 
 #include "base/log.h"
@@ -53,6 +54,7 @@ Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& opti
   core->inbox_ = std::make_shared<Inbox>(options.max_pending_notifications, options.max_notification_bytes);
 
   TransportContext ctx{core->options_.key, &core->options_, core->inbox_};
+  std::map<std::string, Status, std::less<>> unusable;  // why each transport asked for failed
   for (const TransportEntry& entry : entries) {
     if (!options.transports.empty() &&
         std::find(options.transports.begin(), options.transports.end(), entry.name) ==
@@ -61,6 +63,7 @@ Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& opti
     auto transport = entry.make(ctx);
     if (!transport.ok()) {
       FERRY_LOG_INFO("transport {} is not usable here: {}", entry.name, transport.status().ToString());
+      unusable.emplace(std::string(entry.name), transport.status());
       continue;
     }
     core->transports_.push_back(std::move(transport).value());
@@ -68,8 +71,11 @@ Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& opti
   for (const std::string& wanted : options.transports) {
     bool found = std::any_of(core->transports_.begin(), core->transports_.end(),
                              [&](const auto& t) { return t->name() == wanted; });
-    if (!found)
-      return Status(Code::kUnavailable, "transport '" + wanted + "' is not available in this build or here");
+    if (found) continue;
+    auto why = unusable.find(wanted);
+    if (why != unusable.end())
+      return Status(Code::kUnavailable, "transport '" + wanted + "' is not usable here: " + why->second.ToString());
+    return Status(Code::kUnavailable, "transport '" + wanted + "' is not in this build");
   }
   if (core->transports_.empty()) return Status(Code::kUnavailable, "no transport is usable");
   std::stable_sort(core->transports_.begin(), core->transports_.end(),

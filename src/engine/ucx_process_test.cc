@@ -7,6 +7,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <cstdlib>
+
 #include "engine/peer_process.h"
 #include "engine/test_util.h"
 #include "transport/ucx/am_wire.h"
@@ -42,6 +44,41 @@ Local MakeLocal(size_t bytes, UcxOptions::Rma rma = UcxOptions::Rma::kAuto, int 
   testing::Fill(l.buf, 42);
   l.desc = *l.engine->RegisterMemory(l.buf.data(), bytes);
   return l;
+}
+
+// UCX's own variables still reach UCX beside ferry's options: one that names no transport
+// makes the ucx transport unusable, with UCX's reason in the error; UCX_TLS=tcp carries a
+// batch to a child process that inherits it. First in this binary: setenv runs before any
+// UCX thread exists.
+TEST(UcxEnvironment, UcxVariablesStillApply) {
+  struct Restore {  // UCX_TLS as it was, however the test ends
+    const char* old = std::getenv("UCX_TLS");
+    std::string saved = old != nullptr ? old : "";
+    ~Restore() {
+      if (old != nullptr) setenv("UCX_TLS", saved.c_str(), 1);
+      else unsetenv("UCX_TLS");
+    }
+  } restore;
+  setenv("UCX_TLS", "ferry_no_such_transport", 1);
+  {
+    EngineOptions options;
+    options.transports = {"ucx"};
+    auto e = Engine::Create(options);
+    ASSERT_FALSE(e.ok());
+    EXPECT_EQ(e.status().code(), Code::kUnavailable);
+    EXPECT_NE(e.status().message().find("'ucx' is not usable here"), std::string_view::npos) << e.status().ToString();
+  }
+  setenv("UCX_TLS", "tcp", 1);
+  {
+    auto peer = PeerProcess::Start(1 << 20);
+    ASSERT_TRUE(peer);
+    Local l = MakeLocal(1 << 20);
+    ASSERT_TRUE(l.engine->AddPeer(peer->engine).ok());
+    auto s = l.engine->OpenSession(l.desc, peer->memory);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE(s->Write(0, 0, 1 << 20).Wait().ok());
+    EXPECT_EQ(peer->Command("hash 0 " + std::to_string(1 << 20)), "HASH " + std::to_string(Fnv(l.buf.data(), 1 << 20)));
+  }
 }
 
 const char* RmaArg(UcxOptions::Rma rma) {
