@@ -136,9 +136,13 @@ TEST(ShmProcess, KilledTargetEndsEveryTransferAndOthersGoOn) {
   ASSERT_TRUE(to_bystander->Write(0, 0, 1 << 20).Wait().ok());
   EXPECT_EQ(bystander->Command(HashCmd(0, 1 << 20)), HashOf(l->data(), 1 << 20));
 
-  // The peer restarts with a new descriptor: AddPeer reconnects.
-  auto reborn = PeerProcess::Start(1 << 20, kSharedTarget);
+  // The peer restarts under the same key with a new descriptor: AddPeer reconnects.
+  std::vector<std::string> args = kSharedTarget;
+  args.insert(args.end(), {"--key", victim->engine.key});
+  auto reborn = PeerProcess::Start(1 << 20, args);
   ASSERT_TRUE(reborn);
+  EXPECT_EQ(reborn->engine.key, victim->engine.key);
+  EXPECT_NE(reborn->engine.pid, victim->engine.pid);
   ASSERT_TRUE(l->engine->AddPeer(reborn->engine).ok());
   auto again = l->engine->OpenSession(l->desc, reborn->memory);
   ASSERT_TRUE(again.ok()) << again.status().ToString();

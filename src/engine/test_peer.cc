@@ -75,7 +75,7 @@ void Fill(Buf& buf, uint64_t seed) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: ferry_test_peer BYTES [--rma auto|always|never] [--listen HOST] [--workers N]\n");
+    std::fprintf(stderr, "usage: ferry_test_peer BYTES [--rma auto|always|never] [--key KEY] [--listen HOST] [--workers N]\n");
     return 2;
   }
   ferry::EngineOptions options;
@@ -89,6 +89,8 @@ int main(int argc, char** argv) {
       options.ucx.rma = value == "always" ? ferry::UcxOptions::Rma::kAlways
                         : value == "never" ? ferry::UcxOptions::Rma::kNever
                                            : ferry::UcxOptions::Rma::kAuto;
+    } else if (flag == "--key") {
+      options.key = value;
     } else if (flag == "--listen") {
       options.ucx.listen_host = value;
     } else if (flag == "--kind") {

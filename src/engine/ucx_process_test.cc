@@ -177,9 +177,14 @@ TEST_P(UcxProcess, KilledPeerEndsEveryTransferAndOthersGoOn) {
   ASSERT_TRUE(to_bystander->Write(0, 0, 1 << 20).Wait().ok());
   EXPECT_EQ(bystander->Command("hash 0 65536"), "HASH " + std::to_string(Fnv(l.buf.data(), 1 << 16)));
 
-  // The peer restarts with a new descriptor: AddPeer reconnects.
-  auto reborn = PeerProcess::Start(1 << 20, PeerArgs());
+  // The peer restarts under the same key with a new descriptor (a new port): AddPeer
+  // replaces the dead connection.
+  auto args = PeerArgs();
+  args.insert(args.end(), {"--key", victim->engine.key});
+  auto reborn = PeerProcess::Start(1 << 20, args);
   ASSERT_TRUE(reborn);
+  EXPECT_EQ(reborn->engine.key, victim->engine.key);
+  EXPECT_NE(reborn->engine.addresses, victim->engine.addresses);
   ASSERT_TRUE(l.engine->AddPeer(reborn->engine).ok());
   auto again = l.engine->OpenSession(l.desc, reborn->memory);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
