@@ -23,11 +23,13 @@ using testing::RandomBytes;
 
 // A transport, the kind of host memory, and for `ucx` how many workers: with more than one,
 // three lanes per peer are dealt over them (2 + 1), so batches are split over two connections
-// on two threads.
+// on two threads; optionally a number of lanes and a posting batch of their own.
 struct Param {
   std::string transport;
   HostAlloc alloc;
   int workers = 1;
+  int lanes = 0;       // 0: 3 with several workers, else the default
+  int post_batch = 0;  // 0: the default
 };
 
 class Conformance : public ::testing::TestWithParam<Param> {
@@ -70,6 +72,8 @@ class Conformance : public ::testing::TestWithParam<Param> {
   std::unique_ptr<EnginePair> Pair(size_t bytes, EngineOptions options = {}) {
     options.ucx.workers = GetParam().workers;
     if (GetParam().workers > 1) options.ucx.lanes = 3;
+    if (GetParam().lanes > 0) options.ucx.lanes = GetParam().lanes;
+    if (GetParam().post_batch > 0) options.ucx.post_batch = GetParam().post_batch;
     auto p = EnginePair::Make(transport(), bytes, options, GetParam().alloc);
     if (p) {
       EXPECT_EQ(p->session.path().transport, transport());
@@ -476,7 +480,10 @@ std::vector<Param> Params(HostAlloc alloc) {
   std::vector<Param> out;
   for (const auto& e : internal::RegisteredTransports()) {
     out.push_back(Param{std::string(e.name), alloc, 1});
-    if (std::string(e.name) == "ucx") out.push_back(Param{std::string(e.name), alloc, 2});
+    if (std::string(e.name) != "ucx") continue;
+    out.push_back(Param{std::string(e.name), alloc, 2});
+    // Two lanes on one worker, the worker stepped after every op posted.
+    out.push_back(Param{std::string(e.name), alloc, 1, 2, 1});
   }
   return out;
 }
@@ -484,6 +491,8 @@ std::vector<Param> Params(HostAlloc alloc) {
 std::string ParamName(const ::testing::TestParamInfo<Param>& info) {
   std::string name = info.param.transport;
   if (info.param.transport == "ucx") name += "_w" + std::to_string(info.param.workers);
+  if (info.param.lanes > 0) name += "_l" + std::to_string(info.param.lanes);
+  if (info.param.post_batch > 0) name += "_pb" + std::to_string(info.param.post_batch);
   return name;
 }
 
