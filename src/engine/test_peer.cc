@@ -11,7 +11,7 @@
 // session -> "DONE <code>", "writes COUNT SIZE" (COUNT writes of SIZE at offset 0) ->
 // "DONE <code of the first failure, or OK>".
 // With --kind cuda the buffer is GPU memory of --device (default 0), registered as such.
-// Usage: ferry_test_peer BYTES [--rma auto|always|never] [--listen HOST] [--kind host|cuda]
+// Usage: ferry_test_peer BYTES [--key KEY] [--rma auto|always|never] [--listen HOST] [--kind host|cuda]
 //                              [--device N] [--transports a,b,...] (default ucx)
 //                              [--alloc heap|shared] (default heap) [--fill SEED] [--workers N]
 //                              [--progress event|poll|shared] (UcxOptions::progress)
