@@ -41,6 +41,7 @@ struct BenchFlags {
   std::string ucx_rma = "auto";
   int ucx_lanes = 1;
   int ucx_workers = 1;
+  int ucx_post_batch = UcxOptions{}.post_batch;
   int pings = 0;  // notification round trips to time (two processes)
   int ping_cpu = -1;  // CPU of the thread that pings or answers (-1: any)
   uint64_t run = 1;      // pieces lie in runs of this many adjacent slots on both sides
@@ -169,6 +170,7 @@ Result<EngineOptions> MakeEngineOptions(const BenchFlags& f) {
                                      : UcxOptions::Rma::kAuto;
   e.ucx.lanes = f.ucx_lanes;
   e.ucx.workers = f.ucx_workers;
+  e.ucx.post_batch = f.ucx_post_batch;
   e.merge_adjacent_ops = !f.no_merge;
   return e;
 }
@@ -336,6 +338,9 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::IsMember({"auto", "always", "never"}))
       ->capture_default_str();
   cmd->add_option("--ucx-lanes", f->ucx_lanes, "ucx endpoints per peer")->capture_default_str();
+  cmd->add_option("--ucx-post-batch", f->ucx_post_batch, "ucx ops posted before the worker makes progress")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   cmd->add_option("--ucx-workers", f->ucx_workers, "ucx workers (progress threads); a peer's lanes are dealt over them")
       ->capture_default_str();
   cmd->add_option("--pings", f->pings,

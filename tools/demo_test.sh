@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ctest demo_test: `ferry demo` with a small cache, in one process and as a producer and a
 # consumer process over each host transport that reaches another process (shm with shared
-# caches, ucx); each run must end with every byte verified on the consumer's side.
+# caches, ucx); each run must end with every byte verified on the consumer's side. Then
+# `ferry bench --listen/--peer` over the same transports, writes and reads.
 # Usage: tools/demo_test.sh FERRY_BINARY
 set -euo pipefail
 ferry=$1
@@ -31,4 +32,38 @@ for transport in shm ucx; do
   grep -q "round 0: notification received, .* verified" "$tmp/consumer" ||
     { cat "$tmp/consumer"; echo "$transport: the consumer verified nothing"; exit 1; }
   echo "$transport: $(grep '^total' "$tmp/producer")"
+done
+
+# `ferry bench` in its two-process mode (--listen / --peer) over the same transports, a small
+# grid of writes and reads: every point moves bytes, on the path asked for.
+for transport in shm ucx; do
+  how=(--transport "$transport")
+  [ "$transport" = shm ] && how+=(--alloc shared)
+  for op in write read; do
+    "$ferry" bench --listen 127.0.0.1:0 "${how[@]}" --max-bytes 4M > "$tmp/listener" 2>&1 &
+    listener=$!
+    address=""
+    for _ in $(seq 100); do
+      address=$(grep -o 'side channel on [0-9.:]*' "$tmp/listener" | awk '{print $4}' || true)
+      [ -n "$address" ] && break
+      sleep 0.1
+    done
+    [ -n "$address" ] || { cat "$tmp/listener"; echo "bench $transport: the listener did not start"; exit 1; }
+    extra=()
+    [ "$transport" = ucx ] && extra=(--ucx-lanes 2 --ucx-post-batch 4)
+    timeout 60 "$ferry" bench --peer "$address" "${how[@]}" "${extra[@]}" --op "$op" --sizes 4K,64K --batches 1,16 \
+      --max-bytes 4M --min-time 0.02 --json "$tmp/bench.json" > "$tmp/bench" 2>&1 ||
+      { cat "$tmp/bench" "$tmp/listener"; echo "bench $transport $op: the peer failed"; exit 1; }
+    wait "$listener" || { cat "$tmp/listener"; echo "bench $transport $op: the listener failed"; exit 1; }
+    grep -q "two processes, .*, $transport (direct)" "$tmp/bench" ||
+      { cat "$tmp/bench"; echo "bench $transport $op: another path ran"; exit 1; }
+    python3 - "$tmp/bench.json" "$op" <<'PY' || { cat "$tmp/bench"; exit 1; }
+import json, sys
+points = json.load(open(sys.argv[1]))["points"]
+assert len(points) == 4, f"{len(points)} points, expected 4"
+for p in points:
+    assert p["op"] == sys.argv[2] and p["iters"] > 0 and p["gbps"] > 0, p
+PY
+    echo "bench $transport $op: $(grep -c 'KiB' "$tmp/bench") points"
+  done
 done
