@@ -6,12 +6,17 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <thread>
 
 #include "engine/peer_process.h"
 #include "engine/test_util.h"
 #include "transport/ucx/am_wire.h"
+#include "transport/ucx/listen_socket.h"
 
 namespace ferry {
 namespace {
@@ -79,6 +84,49 @@ TEST(UcxEnvironment, UcxVariablesStillApply) {
     ASSERT_TRUE(s->Write(0, 0, 1 << 20).Wait().ok());
     EXPECT_EQ(peer->Command("hash 0 " + std::to_string(1 << 20)), "HASH " + std::to_string(Fnv(l.buf.data(), 1 << 20)));
   }
+}
+
+// The listener takes the port asked for and EngineDesc advertises it; AddPeer connects
+// nothing; the first session to a peer opens one connection and every later session to that
+// peer reuses it (counted at the listener: its accepted TCP connections).
+TEST(UcxConnections, LazyAndSharedBySessionsOnTheListenPortAskedFor) {
+  int probe = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(probe, 0);
+  sockaddr_in any = {};
+  any.sin_family = AF_INET;
+  any.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&any), sizeof(any)), 0);
+  socklen_t len = sizeof(any);
+  ASSERT_EQ(getsockname(probe, reinterpret_cast<sockaddr*>(&any), &len), 0);
+  const uint16_t port = ntohs(any.sin_port);
+  close(probe);  // free again: the target listens there
+
+  std::vector<uint8_t> tbuf(1 << 16, 0);  // outlives the target engine
+  EngineOptions options;
+  options.transports = {"ucx"};
+  options.ucx.listen_host = "127.0.0.1";
+  options.ucx.listen_port = port;
+  auto target = Engine::Create(options);
+  ASSERT_TRUE(target.ok()) << target.status().ToString();
+  const EngineDesc d = (*target)->Describe();
+  ASSERT_EQ(d.addresses.size(), 1u);
+  EXPECT_EQ(d.addresses[0], "127.0.0.1:" + std::to_string(port));
+  auto tdesc = (*target)->RegisterMemory(tbuf.data(), tbuf.size());
+  ASSERT_TRUE(tdesc.ok());
+
+  Local l = MakeLocal(1 << 16);
+  ASSERT_TRUE(l.engine->AddPeer(d).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(internal::ucx::CountAcceptedConnections(port), 0) << "AddPeer connected";
+  std::vector<Session> sessions;
+  for (int i = 0; i < 4; ++i) {
+    auto s = l.engine->OpenSession(l.desc, *tdesc);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    ASSERT_TRUE(s->Write(0, static_cast<uint64_t>(i) * 4096, 4096).Wait().ok());
+    sessions.push_back(*s);
+    EXPECT_EQ(internal::ucx::CountAcceptedConnections(port), 1) << "session " << i;
+  }
+  EXPECT_EQ(std::memcmp(tbuf.data() + 3 * 4096, l.buf.data(), 4096), 0);
 }
 
 const char* RmaArg(UcxOptions::Rma rma) {
