@@ -11,6 +11,7 @@
 
 #include "engine/engine_core.h"
 #include "engine/test_util.h"
+#include "engine/wrapped_transport.h"
 
 namespace ferry::internal {
 
@@ -82,22 +83,12 @@ class HeldEndpoint final : public Endpoint {
   std::shared_ptr<Endpoint> inner_;
 };
 
-class HeldTransport final : public Transport {
+class HeldTransport final : public WrappedTransport {
  public:
-  explicit HeldTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
-  std::string_view name() const override { return inner_->name(); }
-  Capabilities caps() const override { return inner_->caps(); }
-  TransportData Describe() const override { return inner_->Describe(); }
-  Result<TransportData> Register(const std::shared_ptr<Region>& r) override { return inner_->Register(r); }
-  void Deregister(const Region& r) override { inner_->Deregister(r); }
-  bool CanReach(const EngineDesc& peer) const override { return inner_->CanReach(peer); }
-  Result<std::shared_ptr<Endpoint>> Connect(const EngineDesc& peer) override {
-    FERRY_ASSIGN_OR_RETURN(auto ep, inner_->Connect(peer));
-    return std::shared_ptr<Endpoint>(std::make_shared<HeldEndpoint>(std::move(ep)));
-  }
+  using WrappedTransport::WrappedTransport;
 
- private:
-  std::unique_ptr<Transport> inner_;
+ protected:
+  std::shared_ptr<Endpoint> Wrap(std::shared_ptr<Endpoint> ep) override { return std::make_shared<HeldEndpoint>(std::move(ep)); }
 };
 
 Result<std::unique_ptr<Transport>> MakeHeld(const TransportContext& ctx) {

@@ -9,6 +9,7 @@
 
 #include "engine/engine_core.h"
 #include "engine/test_util.h"
+#include "engine/wrapped_transport.h"
 
 namespace ferry::internal {
 
@@ -42,26 +43,17 @@ class MuteEndpoint final : public Endpoint {
 };
 
 // The local transport, declaring no notifications and refusing to send any.
-class MuteTransport final : public Transport {
+class MuteTransport final : public WrappedTransport {
  public:
-  explicit MuteTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
-  std::string_view name() const override { return inner_->name(); }
+  using WrappedTransport::WrappedTransport;
   Capabilities caps() const override {
-    Capabilities c = inner_->caps();
+    Capabilities c = WrappedTransport::caps();
     c.notifications = false;
     return c;
   }
-  TransportData Describe() const override { return inner_->Describe(); }
-  Result<TransportData> Register(const std::shared_ptr<Region>& r) override { return inner_->Register(r); }
-  void Deregister(const Region& r) override { inner_->Deregister(r); }
-  bool CanReach(const EngineDesc& peer) const override { return inner_->CanReach(peer); }
-  Result<std::shared_ptr<Endpoint>> Connect(const EngineDesc& peer) override {
-    FERRY_ASSIGN_OR_RETURN(auto ep, inner_->Connect(peer));
-    return std::shared_ptr<Endpoint>(std::make_shared<MuteEndpoint>(std::move(ep)));
-  }
 
- private:
-  std::unique_ptr<Transport> inner_;
+ protected:
+  std::shared_ptr<Endpoint> Wrap(std::shared_ptr<Endpoint> ep) override { return std::make_shared<MuteEndpoint>(std::move(ep)); }
 };
 
 Result<std::unique_ptr<Transport>> MakeMute(const TransportContext& ctx) {
