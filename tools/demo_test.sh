@@ -9,17 +9,9 @@ ferry=$1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; kill $(jobs -p) 2>/dev/null || true' EXIT
 shape=(--layers 3 --blocks 16 --block-bytes 8K --deadline 10)
-
-# side_channel FILE: the address a --listen process printed to FILE (waits up to 10 s).
-side_channel() {
-  local address=""
-  for _ in $(seq 100); do
-    address=$(grep -o 'side channel on [0-9.:]*' "$1" | awk '{print $4}' || true)
-    [ -n "$address" ] && break
-    sleep 0.1
-  done
-  echo "$address"
-}
+# listen_address FILE: the side-channel address a --listen process printed to FILE.
+# shellcheck source=../bench/two_process_lib.sh
+source "$(dirname "$0")/../bench/two_process_lib.sh"
 
 "$ferry" demo "${shape[@]}" > "$tmp/one" || { cat "$tmp/one"; exit 1; }
 grep -q "verified" "$tmp/one" || { cat "$tmp/one"; echo "one process: nothing verified"; exit 1; }
@@ -29,7 +21,7 @@ for transport in shm ucx; do
   [ "$transport" = shm ] && how+=(--alloc shared)
   "$ferry" demo --role consumer --listen 127.0.0.1:0 "${how[@]}" "${shape[@]}" > "$tmp/consumer" 2>&1 &
   consumer=$!
-  address=$(side_channel "$tmp/consumer")
+  address=$(listen_address "$tmp/consumer")
   [ -n "$address" ] || { cat "$tmp/consumer"; echo "$transport: the consumer did not start"; exit 1; }
   timeout 60 "$ferry" demo --role producer --peer "$address" "${how[@]}" "${shape[@]}" > "$tmp/producer" 2>&1 ||
     { cat "$tmp/producer" "$tmp/consumer"; echo "$transport: the producer failed"; exit 1; }
@@ -48,7 +40,7 @@ for transport in shm ucx; do
   for op in write read; do
     "$ferry" bench --listen 127.0.0.1:0 "${how[@]}" --max-bytes 4M > "$tmp/listener" 2>&1 &
     listener=$!
-    address=$(side_channel "$tmp/listener")
+    address=$(listen_address "$tmp/listener")
     [ -n "$address" ] || { cat "$tmp/listener"; echo "bench $transport: the listener did not start"; exit 1; }
     extra=()
     [ "$transport" = ucx ] && extra=(--ucx-lanes 2 --ucx-post-batch 4)
