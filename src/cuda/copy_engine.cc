@@ -196,6 +196,11 @@ std::function<void()> CopyEngine::Poller() const {
 
 int CopyEngine::device() const { return core_->device; }
 
+CopyStats CopyEngine::stats() const {
+  std::lock_guard<std::mutex> lock(core_->mu);
+  return core_->stats;
+}
+
 // Completion.
 
 bool Completion::Test() {

@@ -72,6 +72,15 @@ struct PostOptions {
 
 class Completion;
 
+// What an engine has enqueued since it was made: how a batch of pieces became GPU work.
+struct CopyStats {
+  uint64_t batches = 0;          // Post() calls that enqueued work
+  uint64_t kernel_launches = 0;  // copy kernel launches (each with one descriptor upload)
+  uint64_t kernel_pieces = 0;    // pieces those launches copied
+  uint64_t dma_calls = 0;        // cudaMemcpyBatchAsync / cudaMemcpyAsync calls
+  uint64_t dma_copies = 0;       // copies those calls carried
+};
+
 class CopyEngine {
  public:
   // REQUIRES: cuda::Available() and 0 <= device < cuda::DeviceCount().
@@ -94,6 +103,7 @@ class CopyEngine {
   // strong reference, so it may outlive the engine.
   std::function<void()> Poller() const;
   int device() const;
+  CopyStats stats() const;
 
  private:
   friend class Completion;

@@ -68,6 +68,7 @@ struct CopyEngine::Core {
   cudaEvent_t completer_event = nullptr;  // GUARDED_BY(mu): the event the completer sleeps on
   bool completer_event_released = false;  // GUARDED_BY(mu): its segment was reaped meanwhile
   bool stop = false;                      // GUARDED_BY(mu)
+  CopyStats stats;                        // GUARDED_BY(mu)
 };
 
 }  // namespace ferry::cuda

@@ -95,6 +95,8 @@ Status CopyEngine::Core::EnqueueDmaLocked(const std::vector<Copy>& dma, bool bat
 #endif
     if (error == cudaSuccess) {
       *enqueued = true;
+      ++stats.dma_calls;
+      stats.dma_copies += dma.size();
       return Status::Ok();
     }
     (void)cudaGetLastError();  // e.g. a driver without batch copies: one call per piece
@@ -104,6 +106,8 @@ Status CopyEngine::Core::EnqueueDmaLocked(const std::vector<Copy>& dma, bool bat
     FERRY_RETURN_IF_ERROR(
         ToStatus(cudaMemcpyAsync(c.dst, c.src, c.size, cudaMemcpyDefault, stream), "cudaMemcpyAsync"));
     *enqueued = true;
+    ++stats.dma_calls;
+    ++stats.dma_copies;
   }
   return Status::Ok();
 }
@@ -168,6 +172,10 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
       error = ToStatus(static_cast<cudaError_t>(LaunchBatchCopy(device_ring + at, static_cast<uint32_t>(n),
                                                                 max_blocks, stream)),
                        "launch batch copy kernel");
+      if (error.ok()) {
+        ++stats.kernel_launches;
+        stats.kernel_pieces += n;
+      }
     }
     launch = std::min(launch * 2, kMaxLaunchPieces);
     const bool last = (cursor.done() && dma.empty()) || !error.ok();
@@ -181,6 +189,7 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
     placed = last;
   }
   if (error.ok() && !dma.empty()) error = EnqueueDmaLocked(dma, /*batched=*/!options.pageable, &enqueued);
+  if (enqueued) ++stats.batches;
   if (!placed) {
     if (!enqueued) {
       if (!error.ok()) return error;  // nothing moves: the caller learns it from Post

@@ -113,6 +113,62 @@ TEST(CudaRuntime, BatchesLandInTheOrderPosted) {
   for (void* p : {*a, *b, *dst}) EXPECT_TRUE(cuda::Free(p).ok());
 }
 
+// No call per piece: a batch of small scattered pieces is a few kernel launches (the first of
+// 2,048 pieces, each later one twice the last, at most a quarter of the descriptor ring), and
+// pieces of 1 MiB or more go to the DMA engines in one batched call beside them.
+TEST(CudaRuntime, ABatchIsAFewLaunchesAndOneDmaCall) {
+  FERRY_SKIP_WITHOUT_CUDA(1);
+  auto engine = cuda::CopyEngine::Create(0);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  constexpr size_t kPiece = 4096, kPieces = 80'000, kBig = 2 << 20, kBytes = kPiece * kPieces + 2 * kBig;
+  auto src = cuda::Malloc(0, kBytes), dst = cuda::Malloc(0, kBytes);
+  ASSERT_TRUE(src.ok() && dst.ok());
+  auto data = RandomBytes(kBytes, 5);
+  ASSERT_TRUE(cuda::CopySync(*src, data.data(), kBytes).ok());
+  auto at = [](void* base, size_t off) { return static_cast<char*>(base) + off; };
+  std::vector<cuda::Copy> copies;
+  for (size_t i = 0; i < kPieces; ++i)
+    copies.push_back({at(*dst, (kPieces - 1 - i) * kPiece), at(*src, i * kPiece), kPiece});
+  const size_t big = kPieces * kPiece;
+  copies.push_back({at(*dst, big), at(*src, big + kBig), kBig});
+  copies.push_back({at(*dst, big + kBig), at(*src, big), kBig});
+  cuda::PostOptions options;
+  options.kernel_ok = true;
+  auto wait = [](const std::shared_ptr<cuda::Completion>& c) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!c->Test() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    return c->status();
+  };
+  auto c = (*engine)->Post(copies, options);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(wait(*c).ok());
+  cuda::CopyStats s = (*engine)->stats();
+  EXPECT_EQ(s.batches, 1u);
+  // 2,048 + 4,096 + 8,192 + 16,384 + 32,768 + 16,512: six launches for 80,000 pieces.
+  EXPECT_EQ(s.kernel_launches, 6u);
+  EXPECT_EQ(s.kernel_pieces, kPieces);
+  EXPECT_EQ(s.dma_calls, 1u);
+  EXPECT_EQ(s.dma_copies, 2u);
+  std::vector<uint8_t> out(kBytes);
+  ASSERT_TRUE(cuda::CopySync(out.data(), *dst, kBytes).ok());
+  for (size_t i = 0; i < kPieces; i += 997)
+    ASSERT_EQ(std::memcmp(out.data() + (kPieces - 1 - i) * kPiece, data.data() + i * kPiece, kPiece), 0) << i;
+  EXPECT_EQ(std::memcmp(out.data() + big, data.data() + big + kBig, kBig), 0);
+  EXPECT_EQ(std::memcmp(out.data() + big + kBig, data.data() + big, kBig), 0);
+
+  // A handful of pieces goes to the DMA engines whole (a launch would cost more).
+  std::vector<cuda::Copy> few(copies.begin(), copies.begin() + 3);
+  auto f = (*engine)->Post(few, options);
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE(wait(*f).ok());
+  s = (*engine)->stats();
+  EXPECT_EQ(s.kernel_launches, 6u);
+  EXPECT_EQ(s.dma_calls, 2u);
+  EXPECT_EQ(s.dma_copies, 5u);
+  engine->reset();
+  for (void* p : {*src, *dst}) EXPECT_TRUE(cuda::Free(p).ok());
+}
+
 #endif  // FERRY_HAVE_CUDA
 
 TEST(CudaRuntime, ReportsWhyItIsUnavailable) {
