@@ -18,6 +18,12 @@ int main(int argc, char** argv) {
   r.lease_slot = 3;
   r.region = 9;
   std::ofstream(dir + "/region") << cuda_ipc::PackRegionAccess(r);
+  // VMM memory: runs of descriptors (12..14 of 4 MiB, 20 of 4 MiB)
+  r.pid = 77;
+  r.export_id = 5;
+  r.pieces = {{12, 4 << 20}, {13, 4 << 20}, {14, 4 << 20}, {20, 4 << 20}};
+  r.allocation_size = 16 << 20;
+  std::ofstream(dir + "/region_vmm") << cuda_ipc::PackRegionAccess(r);
   std::ofstream(dir + "/engine") << cuda_ipc::PackEngineAccess({"77:00112233", "/ferry-ipc-77-0a0b"});
   std::vector<ucx::StagedPiece> pieces = {{0, 100}, {4096, 32768}};
   std::string table(ucx::PieceTableBytes(pieces.size()), '\0');

@@ -1,10 +1,49 @@
 #include "cuda/ipc_api.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
 namespace ferry::cuda {
 namespace {
 
+// Takes the descriptors `fds` of process `pid` into this one (pidfd_getfd: same user, and
+// ptrace rights over that process where Yama restricts them).
+Result<std::vector<int>> TakeDescriptors(int pid, const std::vector<VmmPiece>& pieces) {
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0)
+    return Status(Code::kUnavailable, "pidfd_open(" + std::to_string(pid) + "): " + std::strerror(errno));
+  std::vector<int> fds;
+  for (const auto& p : pieces) {
+    const int fd = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, p.fd, 0));
+    if (fd < 0) {
+      const int e = errno;
+      for (int x : fds) close(x);
+      close(pidfd);
+      return Status(e == EPERM ? Code::kPermissionDenied : Code::kUnavailable,
+                    "pidfd_getfd of the peer's allocation: " + std::string(std::strerror(e)));
+    }
+    fds.push_back(fd);
+  }
+  close(pidfd);
+  return fds;
+}
+
 class RuntimeIpcApi final : public IpcApi {
  public:
+  Result<VmmExport> ExportVmm(const void* ptr, uint64_t bytes) override { return VmmExportRange(ptr, bytes); }
+  Result<void*> OpenVmm(int pid, const std::vector<VmmPiece>& pieces, int device) override {
+    FERRY_ASSIGN_OR_RETURN(std::vector<int> fds, TakeDescriptors(pid, pieces));
+    std::vector<VmmPiece> mine = pieces;
+    for (size_t i = 0; i < fds.size(); ++i) mine[i].fd = fds[i];
+    auto mapped = VmmMapPieces(mine, device);
+    for (int fd : fds) close(fd);
+    return mapped;
+  }
+  Status CloseVmm(void* mapped_base, uint64_t size) override { return VmmUnmap(mapped_base, size); }
   Result<AllocationRange> GetAllocationRange(const void* ptr) override { return cuda::GetAllocationRange(ptr); }
   Result<IpcHandle> GetHandle(void* allocation_base) override { return IpcGetHandle(allocation_base); }
   Result<void*> OpenHandle(const IpcHandle& handle, int device) override { return IpcOpenHandle(handle, device); }
@@ -12,6 +51,14 @@ class RuntimeIpcApi final : public IpcApi {
 };
 
 }  // namespace
+
+Result<VmmExport> IpcApi::ExportVmm(const void*, uint64_t) {
+  return Status(Code::kUnsupported, "this IPC api does not export VMM memory");
+}
+Result<void*> IpcApi::OpenVmm(int, const std::vector<VmmPiece>&, int) {
+  return Status(Code::kUnsupported, "this IPC api does not map VMM memory");
+}
+Status IpcApi::CloseVmm(void*, uint64_t) { return Status(Code::kUnsupported, "this IPC api does not map VMM memory"); }
 
 IpcApi& IpcApi::Default() {
   static IpcApi* api = new RuntimeIpcApi();  // never destroyed: transports may outlive statics

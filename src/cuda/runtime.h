@@ -74,4 +74,31 @@ Result<IpcHandle> IpcGetHandle(void* allocation_base);
 Result<void*> IpcOpenHandle(const IpcHandle& handle, int device);
 Status IpcCloseHandle(void* mapped_base);
 
+// GPU memory mapped with the VMM API (cuMemCreate + cuMemMap: PyTorch's expandable segments,
+// sleep-mode allocators) has no IPC handle. Its physical allocations are shared instead as
+// POSIX file descriptors, one per allocation the range spans, mapped in order.
+struct VmmPiece {
+  int fd = -1;        // a descriptor of the allocation, in the process that holds it
+  uint64_t size = 0;  // bytes of it that are mapped
+  friend bool operator==(const VmmPiece&, const VmmPiece&) = default;
+};
+struct VmmExport {
+  void* base = nullptr;  // where the first allocation is mapped (at or before the range)
+  uint64_t size = 0;     // the pieces' sizes added up
+  std::vector<VmmPiece> pieces;
+};
+// Exports the allocations that back [ptr, ptr + bytes): kUnsupported when that is not VMM
+// memory, or its allocations were not made shareable as descriptors; kInvalidArgument when
+// the range has a hole. The caller owns (and closes) the descriptors.
+Result<VmmExport> VmmExportRange(const void* ptr, uint64_t bytes);
+// Maps the allocations of `pieces` (descriptors of this process, left open) one after the
+// other into a new range, readable and writable from `device`. Returns its base.
+Result<void*> VmmMapPieces(const std::vector<VmmPiece>& pieces, int device);
+// Unmaps a range VmmMapPieces made (`size`: the pieces' sizes added up).
+Status VmmUnmap(void* base, uint64_t size);
+// `bytes` (rounded up) of memory on `device` made of `pieces` allocations, shareable as
+// descriptors, mapped as one range: memory as a VMM allocator makes it (tests, tools).
+Result<void*> VmmAlloc(int device, uint64_t bytes, int pieces);
+Status VmmFree(void* base);
+
 }  // namespace ferry::cuda

@@ -23,5 +23,10 @@ Result<AllocationRange> GetAllocationRange(const void*) { return NoCuda(); }
 Result<IpcHandle> IpcGetHandle(void*) { return NoCuda(); }
 Result<void*> IpcOpenHandle(const IpcHandle&, int) { return NoCuda(); }
 Status IpcCloseHandle(void*) { return NoCuda(); }
+Result<VmmExport> VmmExportRange(const void*, uint64_t) { return NoCuda(); }
+Result<void*> VmmMapPieces(const std::vector<VmmPiece>&, int) { return NoCuda(); }
+Status VmmUnmap(void*, uint64_t) { return NoCuda(); }
+Result<void*> VmmAlloc(int, uint64_t, int) { return NoCuda(); }
+Status VmmFree(void*) { return NoCuda(); }
 
 }  // namespace ferry::cuda

@@ -48,7 +48,8 @@ struct Rig {
 // This process: an engine on `transports` with a buffer at `loc`; the peer: `peer_kind`
 // memory, started with `peer_transports`.
 std::unique_ptr<Rig> MakeRig(size_t bytes, Loc loc, std::vector<std::string> transports, const std::string& peer_kind,
-                             const std::string& peer_transports, int peer_device = 0) {
+                             const std::string& peer_transports, int peer_device = 0,
+                             std::vector<std::string> peer_extra = {}) {
   signal(SIGPIPE, SIG_IGN);  // a command to a peer a test killed must fail, not end this process
   auto r = std::make_unique<Rig>();
   r->buf = Buffer::Make(loc, bytes);
@@ -64,8 +65,10 @@ std::unique_ptr<Rig> MakeRig(size_t bytes, Loc loc, std::vector<std::string> tra
   EXPECT_TRUE(d.ok()) << d.status().ToString();
   if (!d.ok()) return nullptr;
   r->local = *d;
-  r->peer = PeerProcess::Start(bytes, {"--kind", peer_kind, "--device", std::to_string(peer_device),
-                                       "--transports", peer_transports});
+  std::vector<std::string> args = {"--kind", peer_kind, "--device", std::to_string(peer_device),
+                                   "--transports", peer_transports};
+  args.insert(args.end(), peer_extra.begin(), peer_extra.end());
+  r->peer = PeerProcess::Start(bytes, args);
   EXPECT_TRUE(r->peer) << "ferry_test_peer did not start";
   if (!r->peer) return nullptr;
   EXPECT_TRUE(r->engine->AddPeer(r->peer->engine).ok());
@@ -123,6 +126,22 @@ TEST_F(CudaIpcProcess, RevokedRegionFailsFurtherBatches) {
   ASSERT_EQ(r->peer->Command("dereg"), "DEREG OK");
   EXPECT_EQ(r->session.Write(0, 0, 4096).Wait().code(), Code::kFailedPrecondition);
   EXPECT_EQ(r->session.Read(0, 0, 4096).Wait().code(), Code::kFailedPrecondition);
+}
+
+// GPU memory that the peer mapped from three cuMem allocations (as PyTorch's expandable
+// segments and sleep-mode allocators make it) has no IPC handle: it is carried as the
+// allocations' descriptors, mapped here through pidfd_getfd, and goes direct through cuda_ipc.
+TEST_F(CudaIpcProcess, VmmMemoryGoesDirect) {
+  const size_t kBytes = 24 << 20;
+  auto r = MakeRig(kBytes, kGpu0, {"cuda_ipc", "ucx"}, "cuda", "cuda_ipc,ucx", 0, {"--alloc", "vmm"});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->session.path().transport, "cuda_ipc");
+  EXPECT_FALSE(r->session.path().staged);
+  WriteReadVerify(*r, Scattered(kBytes, 4000, 12 << 10, 7), 41);  // across the allocations' ends
+  std::vector<TransferOp> whole = {{0, 0, kBytes}};
+  WriteReadVerify(*r, whole, 42);
+  ASSERT_EQ(r->peer->Command("dereg"), "DEREG OK");
+  EXPECT_EQ(r->session.Write(0, 0, 4096).Wait().code(), Code::kFailedPrecondition);
 }
 
 TEST_F(CudaIpcProcess, TwoGpusOneProcessEach) {

@@ -13,7 +13,8 @@
 // With --kind cuda the buffer is GPU memory of --device (default 0), registered as such.
 // Usage: ferry_test_peer BYTES [--key KEY] [--rma auto|always|never] [--listen HOST] [--kind host|cuda]
 //                              [--device N] [--transports a,b,...] (default ucx)
-//                              [--alloc heap|shared] (default heap) [--fill SEED] [--workers N]
+//                              [--alloc heap|shared|vmm] (default heap; vmm: GPU memory mapped from
+//                              3 cuMem allocations) [--fill SEED] [--workers N]
 //                              [--progress event|poll|shared] (UcxOptions::progress)
 // (--fill 0: the buffer starts zeroed, quick for benchmarks of many GiB; default seed 1)
 #include <cstdio>
@@ -83,6 +84,7 @@ int main(int argc, char** argv) {
   int device = 0;
   uint64_t fill_seed = 1;
   bool shared = false;
+  bool vmm = false;  // --kind cuda: GPU memory of 3 VMM allocations (as PyTorch's expandable segments)
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--rma") {
@@ -108,6 +110,7 @@ int main(int argc, char** argv) {
       }
     } else if (flag == "--alloc") {
       shared = value == "shared";
+      vmm = value == "vmm";
     } else if (flag == "--workers") {
       options.ucx.workers = std::stoi(value);
     } else if (flag == "--progress") {
@@ -137,7 +140,7 @@ int main(int argc, char** argv) {
   // GPU mode: `buf` mirrors the device buffer; commands upload and download it whole.
   void* dev = nullptr;
   if (gpu) {
-    auto p = ferry::cuda::Malloc(device, buf.size());
+    auto p = vmm ? ferry::cuda::VmmAlloc(device, buf.size(), 3) : ferry::cuda::Malloc(device, buf.size());
     if (!p.ok() || !(fill_seed != 0 ? ferry::cuda::CopySync(*p, buf.data(), buf.size())
                                     : ferry::cuda::MemsetSync(*p, 0, buf.size()))
                         .ok()) {

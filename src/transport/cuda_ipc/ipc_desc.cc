@@ -1,5 +1,6 @@
 #include "transport/cuda_ipc/ipc_desc.h"
 
+#include <array>
 #include <cstring>
 
 #include "base/codec.h"
@@ -14,10 +15,10 @@ constexpr uint64_t kVersion = 1;
 
 codec::Limits AccessLimits() {
   codec::Limits limits;
-  limits.max_bytes = 4096;
-  limits.max_array = 16;
+  limits.max_bytes = 8192;
+  limits.max_array = kMaxVmmRuns;
   limits.max_str = 1024;
-  limits.max_depth = 2;
+  limits.max_depth = 3;  // root, the VMM runs, one run
   return limits;
 }
 
@@ -58,8 +59,18 @@ Result<EngineAccess> UnpackEngineAccess(std::string_view bytes) {
 }
 
 std::string PackRegionAccess(const RegionAccess& a) {
+  // VMM pieces as runs: consecutive descriptors of one size.
+  std::vector<std::array<uint64_t, 3>> runs;  // first fd, count, size
+  for (const auto& p : a.pieces) {
+    if (!runs.empty() && runs.back()[2] == p.size &&
+        runs.back()[0] + runs.back()[1] == static_cast<uint64_t>(p.fd)) {
+      ++runs.back()[1];
+    } else {
+      runs.push_back({static_cast<uint64_t>(p.fd), 1, p.size});
+    }
+  }
   codec::Writer w;
-  w.Array(8);
+  w.Array(a.vmm() ? 11 : 8);
   w.Str(kRegionMagic);
   w.UInt(kVersion);
   w.Str(a.process_token);
@@ -68,13 +79,29 @@ std::string PackRegionAccess(const RegionAccess& a) {
   w.UInt(a.allocation_size);
   w.UInt(a.lease_slot);
   w.UInt(a.region);
+  if (a.vmm()) {
+    w.UInt(a.pid);
+    w.UInt(a.export_id);
+    w.Array(static_cast<uint32_t>(runs.size()));
+    for (const auto& r : runs) {
+      w.Array(3);
+      for (uint64_t v : r) w.UInt(v);
+    }
+  }
   return w.Take();
+}
+
+// Packs only while the runs fit a descriptor.
+bool FitsRegionAccess(const RegionAccess& a) {
+  return PackRegionAccess(a).size() <= AccessLimits().max_bytes && a.pieces.size() <= kMaxVmmPieces;
 }
 
 Result<RegionAccess> UnpackRegionAccess(std::string_view bytes, uint64_t region_size) {
   FERRY_ASSIGN_OR_RETURN(codec::Reader reader, codec::Reader::Parse(bytes, AccessLimits()));
   codec::ArrayReader r = reader.root();
-  if (r.size() != 8) return Status(Code::kInvalidArgument, "cuda_ipc region entry has the wrong field count");
+  if (r.size() != 8 && r.size() != 11)
+    return Status(Code::kInvalidArgument, "cuda_ipc region entry has the wrong field count");
+  const bool vmm = r.size() == 11;
   FERRY_RETURN_IF_ERROR(CheckHeader(r, kRegionMagic));
   RegionAccess a;
   FERRY_ASSIGN_OR_RETURN(std::string_view token, r.Bytes("process token", kMaxTokenBytes));
@@ -91,6 +118,34 @@ Result<RegionAccess> UnpackRegionAccess(std::string_view bytes, uint64_t region_
   a.lease_slot = static_cast<uint32_t>(slot);
   FERRY_ASSIGN_OR_RETURN(a.region, r.UInt("region"));
   if (a.region == 0) return Status(Code::kInvalidArgument, "cuda_ipc region entry names region 0");
+  if (vmm) {
+    if (a.handle != cuda::IpcHandle{}) return Status(Code::kInvalidArgument, "cuda_ipc VMM entry with an IPC handle");
+    FERRY_ASSIGN_OR_RETURN(uint64_t pid, r.UInt("pid"));
+    if (pid == 0 || pid > INT32_MAX) return Status(Code::kInvalidArgument, "cuda_ipc VMM entry with a bad pid");
+    a.pid = static_cast<uint32_t>(pid);
+    FERRY_ASSIGN_OR_RETURN(a.export_id, r.UInt("export id"));
+    if (a.export_id == 0) return Status(Code::kInvalidArgument, "cuda_ipc VMM entry with export id 0");
+    FERRY_ASSIGN_OR_RETURN(codec::ArrayReader runs, r.Array("pieces", kMaxVmmRuns));
+    if (runs.size() == 0) return Status(Code::kInvalidArgument, "cuda_ipc VMM entry without pieces");
+    uint64_t total = 0;
+    while (!runs.done()) {
+      FERRY_ASSIGN_OR_RETURN(codec::ArrayReader run, runs.Array("run", 3));
+      if (run.size() != 3) return Status(Code::kInvalidArgument, "cuda_ipc VMM run has the wrong field count");
+      FERRY_ASSIGN_OR_RETURN(uint64_t fd, run.UInt("fd"));
+      FERRY_ASSIGN_OR_RETURN(uint64_t count, run.UInt("count"));
+      FERRY_ASSIGN_OR_RETURN(uint64_t size, run.UInt("size"));
+      if (count == 0 || size == 0 || fd > INT32_MAX || count > INT32_MAX - fd ||
+          a.pieces.size() + count > kMaxVmmPieces)
+        return Status(Code::kInvalidArgument, "cuda_ipc VMM run out of range");
+      for (uint64_t i = 0; i < count; ++i) {
+        if (__builtin_add_overflow(total, size, &total))
+          return Status(Code::kInvalidArgument, "cuda_ipc VMM pieces overflow 64 bits");
+        a.pieces.push_back(cuda::VmmPiece{static_cast<int>(fd + i), size});
+      }
+    }
+    if (total != a.allocation_size)
+      return Status(Code::kInvalidArgument, "cuda_ipc VMM pieces do not add up to the allocation size");
+  }
   if (!InBounds(a.offset, region_size, a.allocation_size))
     return Status(Code::kInvalidArgument, "cuda_ipc region lies outside its allocation");
   return a;

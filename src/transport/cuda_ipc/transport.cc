@@ -41,15 +41,25 @@ struct Shared {
 // peer's cache, channels, and batches still copying).
 // (Types with side-effecting destructors have constructors, so they are built in place.)
 struct Mapping {
-  Mapping(cuda::IpcApi* a, void* b) : api(a), base(b) {}
+  // vmm_size: 0 for an IPC handle's mapping, else the size of a VMM mapping.
+  Mapping(cuda::IpcApi* a, void* b, uint64_t vmm = 0) : api(a), base(b), vmm_size(vmm) {}
   Mapping(const Mapping&) = delete;
   cuda::IpcApi* const api;
   void* const base;
+  const uint64_t vmm_size;
   ~Mapping() {
-    Status s = api->CloseHandle(base);
+    Status s = vmm_size != 0 ? api->CloseVmm(base, vmm_size) : api->CloseHandle(base);
     if (!s.ok()) FERRY_LOG_WARN("cuda_ipc: closing a peer's allocation: {}", s.ToString());
   }
 };
+
+// The pid at the front of a process token ("<pid>:<random>"), or 0.
+uint32_t TokenPid(std::string_view token) {
+  uint64_t pid = 0;
+  size_t i = 0;
+  for (; i < token.size() && token[i] >= '0' && token[i] <= '9' && pid <= INT32_MAX; ++i) pid = pid * 10 + (token[i] - '0');
+  return i > 0 && i < token.size() && token[i] == ':' && pid <= INT32_MAX ? static_cast<uint32_t>(pid) : 0;
+}
 
 // This process's row in a peer's lease table; given back when nothing uses it any more.
 struct Row {
@@ -110,13 +120,22 @@ struct Peer {
   Result<Mapped> Map(const RegionAccess& a, int device) {
     std::lock_guard<std::mutex> lock(mu);
     SweepLocked();
-    std::string handle(reinterpret_cast<const char*>(a.handle.bytes.data()), a.handle.bytes.size());
+    // The key: the IPC handle, or for VMM memory the owner's export id.
+    std::string handle = a.vmm() ? "vmm:" + std::to_string(a.export_id)
+                                 : std::string(reinterpret_cast<const char*>(a.handle.bytes.data()),
+                                               a.handle.bytes.size());
     auto k = std::make_pair(handle, device);
     auto it = mappings.find(k);
     if (it == mappings.end()) {
-      FERRY_ASSIGN_OR_RETURN(void* base, shared->api->OpenHandle(a.handle, device));
       Entry e;
-      e.mapping = std::make_shared<Mapping>(shared->api, base);
+      if (a.vmm()) {
+        FERRY_ASSIGN_OR_RETURN(void* base, shared->api->OpenVmm(static_cast<int>(a.pid), a.pieces, device));
+        e.mapping = std::make_shared<Mapping>(shared->api, base, a.allocation_size);
+      } else {
+        FERRY_ASSIGN_OR_RETURN(void* base, shared->api->OpenHandle(a.handle, device));
+        e.mapping = std::make_shared<Mapping>(shared->api, base);
+      }
+      void* base = e.mapping->base;
       e.kernel_ok = shared->copier->KernelReaches(device, base);
       e.same_device = shared->copier->OnDevice(device, base);
       it = mappings.emplace(k, std::move(e)).first;
@@ -209,6 +228,9 @@ class IpcEndpoint final : public Endpoint {
       return Status(Code::kInvalidArgument, "remote region does not belong to peer " + peer_->key);
     if (access.region != static_cast<uint64_t>(remote.region))
       return Status(Code::kInvalidArgument, "remote descriptor does not match its cuda_ipc entry");
+    // VMM memory is taken from the owner's process by pid: only from the peer's own.
+    if (access.vmm() && access.pid != TokenPid(peer_->access.process_token))
+      return Status(Code::kInvalidArgument, "remote VMM region names another process than peer " + peer_->key);
     if (!peer_->table->Live(access.lease_slot, access.region))
       return Status(Code::kFailedPrecondition, "remote region " + std::to_string(access.region) +
                                                    " is not registered");
@@ -247,6 +269,56 @@ class IpcTransport final : public Transport {
 
   Result<TransportData> Register(const std::shared_ptr<Region>& region) override {
     if (region->kind != MemoryKind::kCuda) return Status(Code::kUnsupported, "cuda_ipc carries GPU memory");
+    auto ipc = RegisterIpc(region);
+    if (ipc.ok()) return ipc;
+    // No IPC handle (memory mapped with the VMM API has none): its allocations' descriptors.
+    auto vmm = RegisterVmm(region);
+    if (vmm.ok() || vmm.status().code() != Code::kUnsupported) return vmm;
+    return ipc.status();
+  }
+
+  Result<TransportData> RegisterVmm(const std::shared_ptr<Region>& region) {
+    FERRY_ASSIGN_OR_RETURN(cuda::VmmExport ex, shared_->api->ExportVmm(region->base, region->size));
+    auto close_all = [&] {
+      for (const auto& p : ex.pieces) close(p.fd);
+    };
+    const auto base = reinterpret_cast<uint64_t>(ex.base);
+    const auto at = reinterpret_cast<uint64_t>(region->base);
+    const uint32_t pid = TokenPid(shared_->token);
+    RegionAccess a;
+    a.process_token = shared_->token;
+    a.offset = at - base;
+    a.allocation_size = ex.size;
+    a.region = static_cast<uint64_t>(region->id);
+    a.pid = pid;
+    a.pieces = ex.pieces;
+    if (at < base || !InBounds(at - base, region->size, ex.size) || pid == 0) {
+      close_all();
+      return Status(Code::kInternal, "the VMM export does not cover the region");
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      a.export_id = ++last_export_;
+    }
+    if (!FitsRegionAccess(a)) {
+      close_all();
+      return Status(Code::kUnsupported, "the region spans " + std::to_string(ex.pieces.size()) +
+                                            " VMM allocations, too many to describe");
+    }
+    auto slot = shared_->table->Publish(static_cast<uint64_t>(region->id));
+    if (!slot.ok()) {
+      close_all();
+      return slot.status();
+    }
+    a.lease_slot = *slot;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      slots_[static_cast<uint64_t>(region->id)] = Exported{*slot, 0, std::move(ex.pieces)};
+    }
+    return TransportData{std::string(kName), PackRegionAccess(a)};
+  }
+
+  Result<TransportData> RegisterIpc(const std::shared_ptr<Region>& region) {
     FERRY_ASSIGN_OR_RETURN(cuda::AllocationRange range, shared_->api->GetAllocationRange(region->base));
     const auto base = reinterpret_cast<uint64_t>(range.base);
     const auto at = reinterpret_cast<uint64_t>(region->base);
@@ -267,28 +339,41 @@ class IpcTransport final : public Transport {
     FERRY_ASSIGN_OR_RETURN(uint32_t slot, shared_->table->Publish(static_cast<uint64_t>(region->id)));
     {
       std::lock_guard<std::mutex> lock(mu_);
-      slots_[static_cast<uint64_t>(region->id)] = Exported{slot, base};
+      slots_[static_cast<uint64_t>(region->id)] = Exported{slot, base, {}};
       auto [it, added] = handles_.try_emplace(base, handle, 0);
       ++it->second.second;
     }
-    RegionAccess a{shared_->token, handle, at - base, range.size, slot, static_cast<uint64_t>(region->id)};
+    RegionAccess a;
+    a.process_token = shared_->token;
+    a.handle = handle;
+    a.offset = at - base;
+    a.allocation_size = range.size;
+    a.lease_slot = slot;
+    a.region = static_cast<uint64_t>(region->id);
     return TransportData{std::string(kName), PackRegionAccess(a)};
   }
 
   void Deregister(const Region& region) override {
     uint32_t slot = 0;
+    std::vector<cuda::VmmPiece> pieces;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = slots_.find(static_cast<uint64_t>(region.id));
       if (it == slots_.end()) return;
       slot = it->second.slot;
-      auto h = handles_.find(it->second.allocation);
-      if (h != handles_.end() && --h->second.second == 0) handles_.erase(h);
+      pieces = std::move(it->second.pieces);
+      if (pieces.empty()) {
+        auto h = handles_.find(it->second.allocation);
+        if (h != handles_.end() && --h->second.second == 0) handles_.erase(h);
+      }
       slots_.erase(it);
     }
     Status s = shared_->table->Revoke(slot, Deadline::After(shared_->retire_wait));
     if (!s.ok())
       FERRY_LOG_WARN("cuda_ipc: deregistering region {}: {}", static_cast<uint64_t>(region.id), s.ToString());
+    // The descriptors go once the slot is revoked: a peer that took one later finds the
+    // region gone at its next lease, whatever the number now names.
+    for (const auto& p : pieces) close(p.fd);
   }
 
   bool CanReach(const EngineDesc& peer) const override {
@@ -316,9 +401,11 @@ class IpcTransport final : public Transport {
   std::shared_ptr<Shared> shared_;
   struct Exported {
     uint32_t slot;        // in the lease table
-    uint64_t allocation;  // base of the allocation containing the region
+    uint64_t allocation;  // IPC: base of the allocation containing the region
+    std::vector<cuda::VmmPiece> pieces;  // VMM: the descriptors exported for the region
   };
   std::mutex mu_;
+  uint64_t last_export_ = 0;  // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, Exported> slots_;  // GUARDED_BY(mu_): by region id
   std::unordered_map<uint64_t, std::pair<cuda::IpcHandle, int>> handles_;  // GUARDED_BY(mu_): by allocation base
 };

@@ -1,7 +1,11 @@
 // The `cuda_ipc` transport: GPU memory between processes of one host.
 //
 // Registration exports the CUDA IPC handle of the allocation that contains a GPU region, the
-// region's offset in it, and a slot of the engine's lease table (lease_table.h). A peer on the
+// region's offset in it, and a slot of the engine's lease table (lease_table.h). Memory mapped
+// with the VMM API (cuMemMap) has no IPC handle: its allocations are exported as POSIX file
+// descriptors instead (kept open while the region is registered), which a peer takes with
+// pidfd_getfd from the owner's process (its pid is in the process token; a descriptor naming
+// another process is rejected) and maps into one range of its own. A peer on the
 // same host (same host id, another process: a process cannot open its own handles, and the
 // `local` transport covers it) opens each allocation once per peer endpoint
 // (cudaIpcOpenMemHandle with lazy peer access), caches the mapping, and closes it once every
