@@ -5,6 +5,7 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -305,6 +306,8 @@ Result<VmmExport> VmmExportRange(const void* ptr, uint64_t bytes) {
                     "a VMM allocation of the range is not shareable as a file descriptor (made without "
                     "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)");
     }
+    // Not inherited by programs this process starts (they would hold the memory).
+    (void)fcntl(fd, F_SETFD, FD_CLOEXEC);
     if (out.pieces.empty()) out.base = reinterpret_cast<void*>(base);
     out.pieces.push_back(VmmPiece{fd, size});
     out.size += size;
