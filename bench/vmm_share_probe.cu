@@ -56,6 +56,17 @@ CUdeviceptr MapRange(const std::vector<CUmemGenericAllocationHandle>& handles, s
   return va;
 }
 
+// Makes device 0's primary context current (the runtime's, too).
+CUdevice UseDevice0() {
+  CU(cuInit(0));
+  CUdevice dev;
+  CU(cuDeviceGet(&dev, 0));
+  CUcontext ctx;
+  CU(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CU(cuCtxSetCurrent(ctx));
+  return dev;
+}
+
 bool Check(CUdeviceptr va, size_t bytes, unsigned seed) {
   std::vector<unsigned> host(bytes / 4);
   CU(cuMemcpyDtoH(host.data(), va, bytes));
@@ -72,12 +83,7 @@ int Child(int argc, char** argv) {
   const size_t chunk = std::strtoull(argv[3], nullptr, 10);
   std::vector<int> remote_fds;
   for (int i = 4; i < argc; ++i) remote_fds.push_back(std::atoi(argv[i]));
-  CU(cuInit(0));
-  CUdevice dev;
-  CU(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  CU(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CU(cuCtxSetCurrent(ctx));
+  const CUdevice dev = UseDevice0();
   const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, parent, 0));
   if (pidfd < 0) {
     std::printf("child: pidfd_open: %s\n", std::strerror(errno));
@@ -111,12 +117,7 @@ int Child(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "child") == 0) return Child(argc, argv);
-  CU(cuInit(0));
-  CUdevice dev;
-  CU(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  CU(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CU(cuCtxSetCurrent(ctx));
+  const CUdevice dev = UseDevice0();
   int vmm = 0, posix = 0;
   CU(cuDeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev));
   CU(cuDeviceGetAttribute(&posix, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev));

@@ -262,6 +262,23 @@ void ClosePieces(std::vector<VmmPiece>& pieces) {
   pieces.clear();
 }
 
+// Once every piece of [va, va + total) is mapped (`error` ok), makes the range readable and
+// writable from `device`; on any error unmaps the `mapped` bytes and frees the reservation.
+Status SealRange(const VmmFns& f, CUdeviceptr va, uint64_t total, uint64_t mapped, int device, Status error) {
+  if (error.ok()) {
+    CUmemAccessDesc access = {};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = device;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    error = Cu(f.access(va, total, &access, 1), "cuMemSetAccess");
+  }
+  if (!error.ok()) {
+    if (mapped > 0) (void)f.unmap(va, mapped);
+    (void)f.free(va, total);
+  }
+  return error;
+}
+
 std::mutex g_vmm_mu;
 std::map<uint64_t, uint64_t> g_vmm_allocs;  // GUARDED_BY(g_vmm_mu): VmmAlloc's ranges, base -> size
 
@@ -341,18 +358,7 @@ Result<void*> VmmMapPieces(const std::vector<VmmPiece>& pieces, int device) {
     if (!error.ok()) break;
     mapped += p.size;
   }
-  if (error.ok()) {
-    CUmemAccessDesc access = {};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = device;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    error = Cu(f.access(va, total, &access, 1), "cuMemSetAccess");
-  }
-  if (!error.ok()) {
-    if (mapped > 0) (void)f.unmap(va, mapped);
-    (void)f.free(va, total);
-    return error;
-  }
+  FERRY_RETURN_IF_ERROR(SealRange(f, va, total, mapped, device, std::move(error)));
   return reinterpret_cast<void*>(va);
 }
 
@@ -394,18 +400,7 @@ Result<void*> VmmAlloc(int device, uint64_t bytes, int pieces) {
     (void)f.release(h);
     if (error.ok()) mapped += per;
   }
-  if (error.ok()) {
-    CUmemAccessDesc access = {};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = device;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    error = Cu(f.access(va, total, &access, 1), "cuMemSetAccess");
-  }
-  if (!error.ok()) {
-    if (mapped > 0) (void)f.unmap(va, mapped);
-    (void)f.free(va, total);
-    return error;
-  }
+  FERRY_RETURN_IF_ERROR(SealRange(f, va, total, mapped, device, std::move(error)));
   std::lock_guard<std::mutex> lock(g_vmm_mu);
   g_vmm_allocs[va] = total;
   return reinterpret_cast<void*>(va);
