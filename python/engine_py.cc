@@ -245,11 +245,17 @@ void BindEngine(py::module_& m) {
             out["rejected_messages"] = st.rejected_messages;
             out["dropped_notifications"] = st.dropped_notifications;
             out["merged_ops"] = st.merged_ops;
+            out["gpu_kernel_launches"] = st.gpu_kernel_launches;
+            out["gpu_kernel_pieces"] = st.gpu_kernel_pieces;
+            out["gpu_dma_calls"] = st.gpu_dma_calls;
+            out["gpu_dma_copies"] = st.gpu_dma_copies;
             return out;
           },
           "Counters: {'rejected_messages': malformed or out-of-bounds messages from peers,\n"
           "'dropped_notifications': notifications refused here (backlog full, too big),\n"
-          "'merged_ops': ops of posted batches that travelled as part of the op before them}.")
+          "'merged_ops': ops of posted batches that travelled as part of the op before them,\n"
+          "'gpu_kernel_launches', 'gpu_kernel_pieces', 'gpu_dma_calls', 'gpu_dma_copies': the GPU\n"
+          "copies the engine enqueued: copy kernel launches and their pieces, DMA calls and their copies}.")
       .def("close", &PyEngine::Close,
            "Shuts the engine down (its sessions' transfers then fail with ABORTED) and releases\n"
            "the buffers it holds. Later calls on the engine raise ferry.Error (ABORTED).")

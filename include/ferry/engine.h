@@ -204,6 +204,13 @@ struct EngineStats {
   // Ops of posted batches that joined the op before them and travelled as part of it
   // (EngineOptions::merge_adjacent_ops).
   uint64_t merged_ops = 0;
+  // GPU copies this engine's transports enqueued (CUDA builds): kernel launches and the pieces
+  // they copied, calls to the DMA engines and the copies they carried. A batch of many small
+  // pieces is a few launches, never a call per piece.
+  uint64_t gpu_kernel_launches = 0;
+  uint64_t gpu_kernel_pieces = 0;
+  uint64_t gpu_dma_calls = 0;
+  uint64_t gpu_dma_copies = 0;
 };
 
 class Engine {

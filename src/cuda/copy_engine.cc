@@ -271,6 +271,21 @@ bool IsMappedHost(const void* ptr, int device) {
 
 CopyEngines::CopyEngines() : engines_(static_cast<size_t>(std::max(0, DeviceCount()))) {}
 
+CopyStats CopyEngines::stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  CopyStats sum;
+  for (const auto& e : engines_) {
+    if (!e) continue;
+    CopyStats s = e->stats();
+    sum.batches += s.batches;
+    sum.kernel_launches += s.kernel_launches;
+    sum.kernel_pieces += s.kernel_pieces;
+    sum.dma_calls += s.dma_calls;
+    sum.dma_copies += s.dma_copies;
+  }
+  return sum;
+}
+
 Result<CopyEngine*> CopyEngines::For(int device) {
   if (device < 0 || device >= static_cast<int>(engines_.size()))
     return Status(Code::kInvalidArgument, "no CUDA device " + std::to_string(device));

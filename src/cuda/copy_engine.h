@@ -81,6 +81,14 @@ struct CopyStats {
   uint64_t dma_copies = 0;       // copies those calls carried
 };
 
+// Adds `s` to the gpu_* counters of `out`.
+inline void AddTo(const CopyStats& s, EngineStats* out) {
+  out->gpu_kernel_launches += s.kernel_launches;
+  out->gpu_kernel_pieces += s.kernel_pieces;
+  out->gpu_dma_calls += s.dma_calls;
+  out->gpu_dma_copies += s.dma_copies;
+}
+
 class CopyEngine {
  public:
   // REQUIRES: cuda::Available() and 0 <= device < cuda::DeviceCount().
@@ -141,6 +149,8 @@ class CopyEngines {
   // kInvalidArgument for a device that does not exist; CopyEngine::Create's errors.
   Result<CopyEngine*> For(int device);
   int devices() const { return static_cast<int>(engines_.size()); }
+  // The engines' stats added up (those not made yet count nothing).
+  CopyStats stats();
 
  private:
   std::mutex mu_;

@@ -112,6 +112,12 @@ TEST_F(CudaIpcProcess, ScatteredWritesAndReadsOnOneGpu) {
   EXPECT_EQ(r->session.path().transport, "cuda_ipc");
   EXPECT_FALSE(r->session.path().staged);
   WriteReadVerify(*r, Scattered(kBytes, 20000, 3000, 1), 2);  // small misaligned pieces: one kernel
+  // A write and a read of 20,000 pieces each: a few kernel launches, no DMA call.
+  EngineStats st = r->engine->stats();
+  EXPECT_EQ(st.gpu_kernel_pieces, 40000u);
+  EXPECT_GE(st.gpu_kernel_launches, 2u);
+  EXPECT_LE(st.gpu_kernel_launches, 8u);
+  EXPECT_EQ(st.gpu_dma_calls, 0u);
   std::vector<TransferOp> kv;  // KV-shaped: 32 KiB blocks, reversed, and a few 4 MiB pieces
   for (uint64_t i = 0; i < 1024; ++i) kv.push_back({i * 32768, (1023 - i) * 32768, 32768});
   for (uint64_t i = 0; i < 4; ++i) kv.push_back({(32 << 20) + i * (4 << 20), (32 << 20) + (3 - i) * (4 << 20), 4 << 20});

@@ -114,7 +114,10 @@ void EngineCore::Shutdown() {
 
 EngineStats EngineCore::stats() const {
   EngineStats s;
-  for (const auto& t : transports_) s.rejected_messages += t->rejected_messages();
+  for (const auto& t : transports_) {
+    s.rejected_messages += t->rejected_messages();
+    t->AddGpuStats(&s);
+  }
   s.dropped_notifications = inbox_->dropped();
   s.merged_ops = merged_ops_.load(std::memory_order_relaxed);
   return s;

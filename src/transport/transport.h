@@ -98,6 +98,8 @@ class Transport {
   virtual bool Poll() { return false; }
   // Messages from peers rejected as malformed or out of bounds.
   virtual uint64_t rejected_messages() const { return 0; }
+  // Adds the GPU copies this transport enqueued to `stats` (its gpu_* counters).
+  virtual void AddGpuStats(EngineStats* /*stats*/) const {}
   // The engine is closing: drop every connection, fail what waits on a peer (kAborted) and
   // accept nothing more. Registered regions are deregistered afterwards.
   virtual void Shutdown() {}

@@ -318,7 +318,9 @@ def test_closed_engine_raises_aborted():
 
 def test_stats_start_at_zero_and_count_nothing_for_good_traffic(transport):
     with ferry.Engine(key=fresh_key("s"), transports=[transport]) as e:
-        assert e.stats() == {"rejected_messages": 0, "dropped_notifications": 0, "merged_ops": 0}
+        assert e.stats() == {"rejected_messages": 0, "dropped_notifications": 0, "merged_ops": 0,
+                             "gpu_kernel_launches": 0, "gpu_kernel_pieces": 0, "gpu_dma_calls": 0,
+                             "gpu_dma_copies": 0}
         buf, d = register_host(e, 4096)
         e.open_session(d, d).write(0, 2048, 1024).wait()
         assert e.stats()["rejected_messages"] == 0

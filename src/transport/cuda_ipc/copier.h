@@ -34,6 +34,8 @@ class Copier {
   virtual bool KernelReaches(int device, const void* ptr) = 0;
   // Whether memory mapped at `ptr` is `device`'s own (a peer process's allocation on the same GPU).
   virtual bool OnDevice(int /*device*/, const void* /*ptr*/) { return false; }
+  // What its copy engines enqueued so far.
+  virtual cuda::CopyStats stats() { return {}; }
 };
 
 // REQUIRES nothing; kUnsupported without CUDA or without a device.

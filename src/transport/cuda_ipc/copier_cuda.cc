@@ -43,6 +43,9 @@ class CudaCopier final : public Copier {
 
  private:
   cuda::CopyEngines engines_;
+
+ public:
+  cuda::CopyStats stats() override { return engines_.stats(); }
 };
 
 }  // namespace

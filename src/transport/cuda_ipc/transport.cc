@@ -254,6 +254,7 @@ class IpcTransport final : public Transport {
   explicit IpcTransport(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
 
   std::string_view name() const override { return kName; }
+  void AddGpuStats(EngineStats* s) const override { cuda::AddTo(shared_->copier->stats(), s); }
   Capabilities caps() const override {
     Capabilities c;
     c.host_memory = false;

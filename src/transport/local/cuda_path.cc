@@ -57,6 +57,9 @@ class CudaPathImpl final : public CudaPath {
   }
 
   cuda::CopyEngines engines_;
+
+ public:
+  cuda::CopyStats stats() override { return engines_.stats(); }
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <memory>
 #include <span>
 
+#include "cuda/copy_engine.h"  // cuda::CopyStats (no CUDA header)
 #include "ferry/engine.h"
 #include "transport/region.h"
 #include "transport/transfer_state.h"
@@ -18,6 +19,8 @@ class CudaPath {
   // kUnsupported when this build has no CUDA or no device is present.
   static Result<std::unique_ptr<CudaPath>> Create();
   virtual ~CudaPath() = default;
+  // What its copy engines enqueued so far.
+  virtual cuda::CopyStats stats() { return {}; }
   // Moves validated `ops` between `local` and `remote` (at least one of them CUDA memory).
   virtual Status Post(Op op, const Region& local, const Region& remote,
                       std::span<const TransferOp> ops, uint64_t total_bytes,

@@ -171,6 +171,9 @@ class LocalTransport final : public Transport {
   ~LocalTransport() override { Directory::Get().Remove(entry_->key, entry_.get()); }
 
   std::string_view name() const override { return kName; }
+  void AddGpuStats(EngineStats* s) const override {
+    if (shared_->cuda) cuda::AddTo(shared_->cuda->stats(), s);
+  }
   Capabilities caps() const override {
     Capabilities c;
     c.host_memory = true;

@@ -110,6 +110,7 @@ class CudaStageCopier final : public StageCopier {
     auto posted = engine->Post(c, std::move(options));
     return posted.ok() ? Status::Ok() : posted.status();
   }
+  cuda::CopyStats stats() override { return engines_.stats(); }
 
  private:
   cuda::CopyEngines engines_;
@@ -293,6 +294,7 @@ Stager::~Stager() {
 }
 
 bool Stager::gpu() const { return impl_->gpu(); }
+cuda::CopyStats Stager::copy_stats() const { return impl_->copier ? impl_->copier->stats() : cuda::CopyStats{}; }
 size_t Stager::free_buffers() const { return impl_->send_pool->free() + impl_->recv_pool->free(); }
 size_t Stager::allocated_buffers() const { return impl_->send_pool->allocated() + impl_->recv_pool->allocated(); }
 

@@ -30,6 +30,7 @@
 #include <span>
 #include <vector>
 
+#include "cuda/copy_engine.h"  // cuda::CopyStats (no CUDA header)
 #include "transport/transport.h"
 #include "transport/ucx/am_wire.h"
 
@@ -83,6 +84,8 @@ class StageCopier {
   // `done` runs once, on any thread. An error means nothing was enqueued.
   virtual Status Copy(int device, std::span<const StageCopy> copies, bool pinned,
                       std::function<void(const Status&)> done) = 0;
+  // What its copy engines enqueued so far.
+  virtual cuda::CopyStats stats() { return {}; }
 };
 // One cuda::CopyEngine per device (one kernel launch per chunk); gpu() is false without CUDA.
 std::unique_ptr<StageCopier> MakeCudaStageCopier();
@@ -94,6 +97,8 @@ class Stager {
 
   // Whether this engine can stage its own GPU regions (CUDA build with a device).
   bool gpu() const;
+  // What the stage copier enqueued so far.
+  cuda::CopyStats copy_stats() const;
   // Bounce buffers (both pools) not in use, and allocated; for tests and diagnostics.
   size_t free_buffers() const;
   size_t allocated_buffers() const;

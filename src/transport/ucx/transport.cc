@@ -367,6 +367,7 @@ class UcxTransport final : public Transport {
   }
   void Deregister(const Region& region) override { core_->Deregister(region); }
   uint64_t rejected_messages() const override { return core_->rejected(); }
+  void AddGpuStats(EngineStats* s) const override { cuda::AddTo(core_->stager().copy_stats(), s); }
   bool Poll() override { return core_->Poll(); }
   bool CanReach(const EngineDesc& peer) const override { return peer.FindTransport("ucx") != nullptr; }
 
