@@ -280,42 +280,37 @@ class IpcTransport final : public Transport {
 
   Result<TransportData> RegisterVmm(const std::shared_ptr<Region>& region) {
     FERRY_ASSIGN_OR_RETURN(cuda::VmmExport ex, shared_->api->ExportVmm(region->base, region->size));
-    auto close_all = [&] {
-      for (const auto& p : ex.pieces) close(p.fd);
-    };
+    // The exported descriptors, closed unless the region ends up registered.
+    struct Descriptors {
+      std::vector<cuda::VmmPiece> pieces;
+      ~Descriptors() {
+        for (const auto& p : pieces) close(p.fd);
+      }
+    } owned{ex.pieces};
     const auto base = reinterpret_cast<uint64_t>(ex.base);
     const auto at = reinterpret_cast<uint64_t>(region->base);
-    const uint32_t pid = TokenPid(shared_->token);
+    if (at < base || !InBounds(at - base, region->size, ex.size))
+      return Status(Code::kInternal, "the VMM export does not cover the region");
     RegionAccess a;
     a.process_token = shared_->token;
     a.offset = at - base;
     a.allocation_size = ex.size;
     a.region = static_cast<uint64_t>(region->id);
-    a.pid = pid;
-    a.pieces = ex.pieces;
-    if (at < base || !InBounds(at - base, region->size, ex.size) || pid == 0) {
-      close_all();
-      return Status(Code::kInternal, "the VMM export does not cover the region");
-    }
+    a.pid = static_cast<uint32_t>(getpid());
+    a.pieces = std::move(ex.pieces);
     {
       std::lock_guard<std::mutex> lock(mu_);
       a.export_id = ++last_export_;
     }
-    if (!FitsRegionAccess(a)) {
-      close_all();
-      return Status(Code::kUnsupported, "the region spans " + std::to_string(ex.pieces.size()) +
+    if (!FitsRegionAccess(a))
+      return Status(Code::kUnsupported, "the region spans " + std::to_string(a.pieces.size()) +
                                             " VMM allocations, too many to describe");
-    }
-    auto slot = shared_->table->Publish(static_cast<uint64_t>(region->id));
-    if (!slot.ok()) {
-      close_all();
-      return slot.status();
-    }
-    a.lease_slot = *slot;
+    FERRY_ASSIGN_OR_RETURN(a.lease_slot, shared_->table->Publish(static_cast<uint64_t>(region->id)));
     {
       std::lock_guard<std::mutex> lock(mu_);
-      slots_[static_cast<uint64_t>(region->id)] = Exported{*slot, 0, std::move(ex.pieces)};
+      slots_[static_cast<uint64_t>(region->id)] = Exported{a.lease_slot, 0, std::move(owned.pieces)};
     }
+    owned.pieces.clear();
     return TransportData{std::string(kName), PackRegionAccess(a)};
   }
 
