@@ -25,7 +25,10 @@ void RaiseError(const Status& s) {
 Duration Millis(double ms, const char* what) {
   if (!std::isfinite(ms) || std::abs(ms) > 1e12)
     ThrowInvalid(std::string(what) + " must be a finite number of milliseconds");
-  return std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(ms));
+  Duration d = std::chrono::duration_cast<Duration>(std::chrono::duration<double, std::milli>(ms));
+  // A positive time under a nanosecond stays positive (a zero or negative deadline is refused).
+  if (ms > 0 && d <= Duration::zero()) d = Duration(1);
+  return d;
 }
 
 MemoryKind ParseKind(const std::string& kind) {

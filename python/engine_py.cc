@@ -121,8 +121,12 @@ std::unique_ptr<PyEngine> MakeEngine(std::string key, double default_deadline_ms
                                      uint64_t parallel_copy_bytes, bool pin_host_memory,
                                      bool merge_adjacent_ops, std::vector<std::string> transports,
                                      size_t max_notification_bytes,
-                                     size_t max_pending_notifications) {
+                                     size_t max_pending_notifications,
+                                     size_t max_pending_notification_bytes, std::string listen_host,
+                                     uint16_t listen_port) {
   EngineOptions o;
+  o.ucx.listen_host = std::move(listen_host);
+  o.ucx.listen_port = listen_port;
   o.key = std::move(key);
   o.default_deadline = Millis(default_deadline_ms, "default_deadline_ms");
   o.copy_threads = copy_threads;
@@ -132,6 +136,7 @@ std::unique_ptr<PyEngine> MakeEngine(std::string key, double default_deadline_ms
   o.transports = std::move(transports);
   o.max_notification_bytes = max_notification_bytes;
   o.max_pending_notifications = max_pending_notifications;
+  o.max_pending_notification_bytes = max_pending_notification_bytes;
   Result<std::unique_ptr<Engine>> engine = [&] {
     py::gil_scoped_release nogil;
     return Engine::Create(o);
@@ -147,8 +152,11 @@ void BindEngine(py::module_& m) {
       m, "Engine",
       "ferry's transfer engine: registered memory, peers, sessions.\n\n"
       "Engine(key='', default_deadline_ms=30000, copy_threads=0, ...) raises\n"
-      "ferry.Error when the engine cannot start. Use as a context manager or call\n"
-      "close() to shut it down before it is garbage-collected.")
+      "ferry.Error when the engine cannot start: INVALID_ARGUMENT for an option out of range\n"
+      "(copy_threads 0..1024, max_pending_notifications >= 1, ...), RESOURCE_EXHAUSTED when a\n"
+      "thread cannot start. listen_host/listen_port: where the ucx transport listens for peers\n"
+      "(default 127.0.0.1, this host only; '0.0.0.0' for every interface). Use as a context manager or call close() to shut it down before it\n"
+      "is garbage-collected.")
       .def(py::init(&MakeEngine), py::kw_only(), py::arg("key") = d.key,
            py::arg("default_deadline_ms") =
                std::chrono::duration<double, std::milli>(d.default_deadline).count(),
@@ -157,7 +165,9 @@ void BindEngine(py::module_& m) {
            py::arg("pin_host_memory") = d.pin_host_memory,
            py::arg("merge_adjacent_ops") = d.merge_adjacent_ops, py::arg("transports") = d.transports,
            py::arg("max_notification_bytes") = d.max_notification_bytes,
-           py::arg("max_pending_notifications") = d.max_pending_notifications)
+           py::arg("max_pending_notifications") = d.max_pending_notifications,
+           py::arg("max_pending_notification_bytes") = d.max_pending_notification_bytes,
+           py::arg("listen_host") = d.ucx.listen_host, py::arg("listen_port") = d.ucx.listen_port)
       .def_property_readonly(
           "key", [](const PyEngine& s) { return Call(s, [](Engine& e) { return e.key(); }); },
           "Unique key of this engine.")
@@ -184,7 +194,9 @@ void BindEngine(py::module_& m) {
           [](PyEngine& s, const MemoryDesc& d) { s.Deregister(static_cast<uint64_t>(d.region)); },
           py::arg("desc"),
           "Waits for transfers on the region to end, then deregisters it (later transfers on it\n"
-          "fail with FAILED_PRECONDITION) and releases the buffer.")
+          "fail with FAILED_PRECONDITION) and releases the buffer. Raises DEADLINE_EXCEEDED if a\n"
+          "transfer still uses it then (e.g. one waiting on a stopped peer): the region stays\n"
+          "registered, retiring, with its buffer held, and a later call retries and frees it.")
       .def("deregister_memory", &PyEngine::Deregister, py::arg("region"))
       .def(
           "add_peer",

@@ -1,5 +1,6 @@
 // ferry.Session, ferry.Transfer and ferry.TransferPath. Posting and waiting release the GIL;
-// an (n, 3) uint64 ops array is read in place, without a Python object per op.
+// an (n, 3) uint64 ops array is copied in one block (with the GIL held), without a Python
+// object per op.
 #include <pybind11/stl.h>
 
 #include <optional>
@@ -15,10 +16,13 @@ namespace ferry::python {
 namespace {
 
 static_assert(sizeof(TransferOp) == 3 * sizeof(uint64_t) && std::is_standard_layout_v<TransferOp>,
-              "an (n, 3) uint64 array is read in place as n TransferOps");
+              "an (n, 3) uint64 array is copied as n TransferOps");
 
-// The ops of a batch: a sequence of (local_offset, remote_offset, size) tuples, or an (n, 3)
-// C-contiguous uint64 array (numpy or any buffer) read in place.
+// The ops of a batch, copied into the binding's own vector while the GIL is held: a sequence
+// of (local_offset, remote_offset, size) tuples, or an (n, 3) C-contiguous uint64 array (numpy
+// or any buffer) copied in one block, without a Python object per op. The engine checks and
+// moves that copy, so a thread that changes the array while the batch is posted changes
+// nothing the engine reads.
 class Ops {
  public:
   explicit Ops(const py::object& obj) {
@@ -29,12 +33,12 @@ class Ops {
       FromSequence(obj);
     }
   }
-  std::span<const TransferOp> span() const { return span_; }
+  // The ops, moved out. Call once.
+  std::vector<TransferOp> Take() { return std::move(ops_); }
 
  private:
   void FromBuffer(const py::object& obj) {
-    buffer_ = py::reinterpret_borrow<py::buffer>(obj).request();
-    const auto& b = *buffer_;
+    py::buffer_info b = py::reinterpret_borrow<py::buffer>(obj).request();
     bool shape_ok = b.ndim == 2 && b.shape[1] == 3;
     bool type_ok = py::detail::compare_buffer_info<uint64_t>::compare(b);
     bool contiguous = shape_ok && (b.shape[0] <= 1 || b.strides[0] == 24) && b.strides[1] == 8;
@@ -42,7 +46,8 @@ class Ops {
       ThrowInvalid("an ops array must be C-contiguous uint64 of shape (n, 3); got format '" +
                    b.format + "' with " + std::to_string(b.ndim) +
                    " dimensions (use numpy.ascontiguousarray(ops, dtype=numpy.uint64))");
-    span_ = {static_cast<const TransferOp*>(b.ptr), static_cast<size_t>(b.shape[0])};
+    const auto* first = static_cast<const TransferOp*>(b.ptr);
+    ops_.assign(first, first + b.shape[0]);
   }
 
   void FromSequence(const py::object& obj) {
@@ -51,23 +56,20 @@ class Ops {
           "ops must be a sequence of (local_offset, remote_offset, size) or an "
           "(n, 3) uint64 array");
     py::sequence seq = py::reinterpret_borrow<py::sequence>(obj);
-    list_.reserve(seq.size());
+    ops_.reserve(seq.size());
     for (size_t i = 0; i < seq.size(); ++i) {
       py::object item = seq[i];
       try {
         auto [l, r, n] = item.cast<std::tuple<uint64_t, uint64_t, uint64_t>>();
-        list_.push_back({l, r, n});
+        ops_.push_back({l, r, n});
       } catch (const py::cast_error&) {
         ThrowInvalid("op " + std::to_string(i) +
                      " is not three non-negative integers: " + std::string(py::repr(item)));
       }
     }
-    span_ = list_;
   }
 
-  std::optional<py::buffer_info> buffer_;  // holds the exporter's buffer while ops are posted
-  std::vector<TransferOp> list_;
-  std::span<const TransferOp> span_;
+  std::vector<TransferOp> ops_;
 };
 
 TransferOptions MakeTransferOptions(std::optional<double> deadline_ms,
@@ -143,18 +145,18 @@ void BindSession(py::module_& m) {
                 std::optional<double> deadline_ms, std::optional<std::string> notification,
                 std::optional<uint64_t> transfer_id) {
       TransferOptions o = MakeTransferOptions(deadline_ms, std::move(notification), transfer_id);
-      TransferOp one{local_offset, remote_offset, size};
       py::gil_scoped_release nogil;
-      return s.Post(op, std::span<const TransferOp>(&one, 1), o);
+      return op == Op::kWrite ? s.Write(local_offset, remote_offset, size, o)
+                              : s.Read(local_offset, remote_offset, size, o);
     };
   };
   auto post_batch = [](Op op) {
     return [op](const Session& s, const py::object& ops, std::optional<double> deadline_ms,
                 std::optional<std::string> notification, std::optional<uint64_t> transfer_id) {
       TransferOptions o = MakeTransferOptions(deadline_ms, std::move(notification), transfer_id);
-      Ops batch(ops);
+      std::vector<TransferOp> batch = Ops(ops).Take();
       py::gil_scoped_release nogil;
-      return s.Post(op, batch.span(), o);
+      return s.Post(op, std::move(batch), o);
     };
   };
   const char* kWriteDoc =
@@ -168,7 +170,7 @@ void BindSession(py::module_& m) {
       "reported by the returned Transfer.";
   const char* kBatchDoc =
       "Posts a batch as one transfer. ops: a list of (local_offset, remote_offset, size)\n"
-      "tuples, or a C-contiguous numpy uint64 array of shape (n, 3) (read in place). If any op\n"
+      "tuples, or a C-contiguous numpy uint64 array of shape (n, 3) (copied when posted). If any op\n"
       "is out of range the whole batch fails with OUT_OF_RANGE before any byte moves. Options\n"
       "as for write() and read().";
 

@@ -54,22 +54,16 @@ struct Grid {
   uint64_t largest_batch_bytes = 0;
 };
 
-Duration Seconds(double s) {
-  return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(s));
-}
-
 Result<Grid> MakeGrid(const BenchFlags& f) {
   FERRY_ASSIGN_OR_RETURN(std::vector<uint64_t> sizes, ParseBytesList(f.sizes));
   FERRY_ASSIGN_OR_RETURN(std::vector<uint64_t> batches, ParseCountList(f.batches));
   FERRY_ASSIGN_OR_RETURN(uint64_t max_bytes, ParseBytes(f.max_bytes));
   if (f.iters == 0) return Status(Code::kInvalidArgument, "--iters must be at least 1");
-  if (f.min_time_s < 0) return Status(Code::kInvalidArgument, "--min-time must not be negative");
-  if (f.deadline_s <= 0) return Status(Code::kInvalidArgument, "--deadline must be positive");
   PointSpec base;
+  FERRY_ASSIGN_OR_RETURN(base.min_time, ParseSeconds(f.min_time_s, "--min-time", /*allow_zero=*/true));
+  FERRY_ASSIGN_OR_RETURN(base.deadline, ParseSeconds(f.deadline_s, "--deadline"));
   base.op = f.op == "read" ? Op::kRead : Op::kWrite;
   base.min_iters = f.iters;
-  base.min_time = Seconds(f.min_time_s);
-  base.deadline = Seconds(f.deadline_s);
   Grid grid;
   for (uint64_t size : sizes) {
     for (uint64_t batch : batches) {
@@ -161,7 +155,7 @@ Result<EngineOptions> MakeEngineOptions(const BenchFlags& f) {
   e.copy_threads = f.threads;
   FERRY_ASSIGN_OR_RETURN(e.parallel_copy_bytes, ParseBytes(f.parallel_bytes));
   e.transports = f.transports;
-  e.default_deadline = Seconds(f.deadline_s);
+  FERRY_ASSIGN_OR_RETURN(e.default_deadline, ParseSeconds(f.deadline_s, "--deadline"));
   e.ucx.progress = f.ucx_progress == "poll"     ? UcxOptions::Progress::kPolling
                    : f.ucx_progress == "shared" ? UcxOptions::Progress::kShared
                                                 : UcxOptions::Progress::kEvent;

@@ -8,6 +8,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -41,6 +43,7 @@ struct DemoFlags {
   uint64_t rounds = 1;
   uint64_t seed = 7;
   double deadline_s = 30;
+  double side_timeout_s = 120;
   bool per_layer = false;
   std::string role;    // "", "producer" or "consumer"
   std::string listen;  // consumer: side channel address
@@ -55,6 +58,10 @@ struct DemoConfig {
   HostAlloc alloc = HostAlloc::kHeap;
   int device = -1;
   Duration deadline{};
+  // Two processes: how long each side waits for the other through the side channel, and how
+  // long the consumer waits for a round's notification.
+  std::chrono::milliseconds side_timeout{};
+  Duration notification_wait{};
 };
 
 Result<DemoConfig> Configure(const DemoFlags& f) {
@@ -72,9 +79,13 @@ Result<DemoConfig> Configure(const DemoFlags& f) {
   if (c.kind == MemoryKind::kCuda && !CudaAvailable(&reason))
     return Status(Code::kUnsupported, "--kind cuda: " + reason);
   c.device = c.kind == MemoryKind::kCuda ? f.device : -1;
-  c.deadline = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(f.deadline_s));
-  if (c.deadline <= Duration::zero())
-    return Status(Code::kInvalidArgument, "--deadline must be positive");
+  FERRY_ASSIGN_OR_RETURN(c.deadline, ParseSeconds(f.deadline_s, "--deadline"));
+  FERRY_ASSIGN_OR_RETURN(Duration side, ParseSeconds(f.side_timeout_s, "--side-timeout"));
+  c.side_timeout = std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(side));
+  // Every layer's deadline, and 5 s for the notification; a day at most.
+  const auto layers = static_cast<int64_t>(std::min<uint64_t>(c.shape.layers, INT64_MAX));
+  c.notification_wait = c.deadline > Duration(kMaxFlagTime) / layers ? Duration(kMaxFlagTime)
+                                                                      : c.deadline * layers + std::chrono::seconds(5);
   return c;
 }
 
@@ -97,14 +108,16 @@ struct Side {
   }
 };
 
+// `listen`: the side channel's address, where the engine listens too (EngineListenHost).
 Status MakeSide(const std::string& key, int copy_threads, const DemoConfig& c, Side* side,
-                const std::vector<std::string>& transports = {}) {
+                const std::vector<std::string>& transports = {}, const std::string& listen = "") {
   const uint64_t bytes = c.shape.total_bytes();
   FERRY_ASSIGN_OR_RETURN(side->buffer, Buffer::Allocate(c.kind, c.device, bytes, c.alloc));
   EngineOptions options;
   options.key = key;
   options.copy_threads = copy_threads;
   options.transports = transports;
+  if (!listen.empty()) options.ucx.listen_host = EngineListenHost(listen, options.ucx.listen_host);
   FERRY_ASSIGN_OR_RETURN(side->engine, Engine::Create(options));
   FERRY_ASSIGN_OR_RETURN(
       side->desc, side->engine->RegisterMemory(side->buffer->data(), bytes, c.kind, c.device));
@@ -209,7 +222,6 @@ void PrintLayers(uint64_t round, const KvShape& shape, const std::vector<double>
 // ---- Two processes -----------------------------------------------------------------------
 
 constexpr std::string_view kHello = "ferry-demo/1";
-constexpr auto kSideTimeout = std::chrono::seconds(120);
 
 std::string ShapeLine(const DemoFlags& f, const DemoConfig& c) {
   return fmt::format("{} {} {} {} {} {}", c.shape.layers, c.shape.blocks, c.shape.block_bytes,
@@ -220,22 +232,24 @@ std::string ShapeLine(const DemoFlags& f, const DemoConfig& c) {
 // notification, verifies every byte and reports back.
 int RunConsumer(const DemoFlags& f, const DemoConfig& c) {
   Side consumer;
-  if (Status s = MakeSide(fmt::format("demo-decode-{}", getpid()), f.threads, c, &consumer, f.transports);
+  if (Status s = MakeSide(fmt::format("demo-decode-{}", getpid()), f.threads, c, &consumer, f.transports, f.listen);
       !s.ok())
     return Fail(kCmd, s.WithContext("consumer"));
   auto listener = SideListener::Listen(f.listen);
   if (!listener.ok()) return Fail(kCmd, listener.status());
   fmt::print("ferry demo (consumer): {} of KV cache registered; side channel on {}\n",
              FormatBytes(c.shape.total_bytes()), (*listener)->address());
+  fmt::print("ferry demo (consumer): waiting up to {} s for the producer (--side-timeout)\n",
+             c.side_timeout.count() / 1e3);
   std::fflush(stdout);
-  auto channel = (*listener)->Accept(kSideTimeout);
+  auto channel = (*listener)->Accept(c.side_timeout);
   if (!channel.ok()) return Fail(kCmd, channel.status());
   SideChannel& side = **channel;
   Status s = side.Send(kHello);
   if (s.ok()) s = side.Send(ShapeLine(f, c));
   if (s.ok()) s = side.Send(consumer.engine->Describe().Pack());
   if (s.ok()) s = side.Send(consumer.desc.Pack());
-  auto producer_bytes = side.Receive(kSideTimeout);
+  auto producer_bytes = side.Receive(c.side_timeout);
   if (!s.ok() || !producer_bytes.ok()) return Fail(kCmd, s.ok() ? producer_bytes.status() : s);
   auto producer = EngineDesc::Unpack(*producer_bytes);
   if (!producer.ok()) return Fail(kCmd, producer.status().WithContext("producer descriptor"));
@@ -251,8 +265,7 @@ int RunConsumer(const DemoFlags& f, const DemoConfig& c) {
     }
     if (Status r = side.Send(fmt::format("ready {}", round)); !r.ok()) return Fail(kCmd, r);
     const std::string message = fmt::format("round {}: {} layers written", round, c.shape.layers);
-    Status notified = AwaitNotification(*consumer.engine, producer->key, message,
-                                        c.deadline * c.shape.layers + std::chrono::seconds(5));
+    Status notified = AwaitNotification(*consumer.engine, producer->key, message, c.notification_wait);
     auto verified = VerifyConsumer(*consumer.buffer, c.shape, mapping);
     if (!verified.ok()) return Fail(kCmd, verified.status());
     bool ok = notified.ok() && verified->bad_words == 0;
@@ -270,16 +283,20 @@ int RunConsumer(const DemoFlags& f, const DemoConfig& c) {
 
 // The producer: learns of the consumer through the side channel, then pushes every round.
 int RunProducer(const DemoFlags& f, const DemoConfig& c) {
-  auto channel = SideChannel::Dial(f.peer, kSideTimeout);
-  if (!channel.ok()) return Fail(kCmd, channel.status());
+  fmt::print("ferry demo (producer): connecting to the consumer at {}, for up to {} s (--side-timeout)\n", f.peer,
+             c.side_timeout.count() / 1e3);
+  std::fflush(stdout);
+  auto channel = SideChannel::Dial(f.peer, c.side_timeout);
+  if (!channel.ok())
+    return Fail(kCmd, channel.status().WithContext("no consumer answered at " + f.peer + " within --side-timeout"));
   SideChannel& side = **channel;
-  auto hello = side.Receive(kSideTimeout);
+  auto hello = side.Receive(c.side_timeout);
   if (!hello.ok()) return Fail(kCmd, hello.status());
   if (*hello != kHello)
     return Fail(kCmd, Status(Code::kFailedPrecondition, f.peer + " is not a `ferry demo --role consumer`"));
-  auto shape = side.Receive(kSideTimeout);
-  auto engine_bytes = side.Receive(kSideTimeout);
-  auto memory_bytes = side.Receive(kSideTimeout);
+  auto shape = side.Receive(c.side_timeout);
+  auto engine_bytes = side.Receive(c.side_timeout);
+  auto memory_bytes = side.Receive(c.side_timeout);
   if (!shape.ok() || !engine_bytes.ok() || !memory_bytes.ok())
     return Fail(kCmd, Status(Code::kUnavailable, "the consumer's descriptors did not arrive"));
   if (*shape != ShapeLine(f, c))
@@ -291,7 +308,11 @@ int RunProducer(const DemoFlags& f, const DemoConfig& c) {
   if (!remote.ok()) return Fail(kCmd, remote.status().WithContext("consumer memory descriptor"));
 
   Side producer;
-  if (Status s = MakeSide(fmt::format("demo-prefill-{}", getpid()), f.threads, c, &producer, f.transports);
+  // A consumer on another host reaches this engine too (read mode): listen on every interface
+  // unless the consumer is on loopback.
+  const bool local_peer = f.peer.rfind("127.", 0) == 0 || f.peer.rfind("localhost:", 0) == 0;
+  if (Status s = MakeSide(fmt::format("demo-prefill-{}", getpid()), f.threads, c, &producer, f.transports,
+                          local_peer ? "" : "0.0.0.0:0");
       !s.ok())
     return Fail(kCmd, s.WithContext("producer"));
   if (Status s = side.Send(producer.engine->Describe().Pack()); !s.ok()) return Fail(kCmd, s);
@@ -312,7 +333,7 @@ int RunProducer(const DemoFlags& f, const DemoConfig& c) {
   double transfer_s = 0;
   uint64_t bad_rounds = 0;
   for (uint64_t round = 0; round < f.rounds; ++round) {
-    auto ready = side.Receive(kSideTimeout);
+    auto ready = side.Receive(c.side_timeout);
     if (!ready.ok()) return Fail(kCmd, ready.status().WithContext("waiting for the consumer"));
     const std::string message = fmt::format("round {}: {} layers written", round, c.shape.layers);
     Progress progress(fmt::format("round {}", round), c.shape.layers);
@@ -321,7 +342,7 @@ int RunProducer(const DemoFlags& f, const DemoConfig& c) {
     const double seconds = Since(start);
     progress.Done();
     if (!pushed.ok()) return Fail(kCmd, pushed.status().WithContext(fmt::format("round {}", round)));
-    auto report = side.Receive(kSideTimeout);
+    auto report = side.Receive(c.side_timeout);
     if (!report.ok()) return Fail(kCmd, report.status().WithContext("waiting for the consumer's check"));
     uint64_t r = 0, notified = 0, bad = 0, checked = 0;
     if (std::sscanf(report->c_str(), "verified %lu %lu %lu %lu", &r, &notified, &bad, &checked) != 4)
@@ -459,7 +480,10 @@ void AddDemoCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--rounds", f->rounds, "Times the whole cache is sent and verified")
       ->capture_default_str();
   cmd->add_option("--seed", f->seed, "Seed of the block mapping")->capture_default_str();
-  cmd->add_option("--deadline", f->deadline_s, "Seconds each layer's batch may take")
+  cmd->add_option("--deadline", f->deadline_s, "Seconds each layer's batch may take (at most a day)")
+      ->capture_default_str();
+  cmd->add_option("--side-timeout", f->side_timeout_s,
+                  "Two processes: seconds each side waits for the other on the side channel (at most a day)")
       ->capture_default_str();
   cmd->add_flag("--per-layer", f->per_layer, "Print each layer's latency and GB/s");
   cmd->add_option("--role", f->role, "Two processes: this one is the producer or the consumer")

@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <charconv>
+#include <cmath>
 
 namespace ferry::tools {
 namespace {
@@ -99,6 +100,19 @@ Result<std::vector<uint64_t>> ParseCountList(std::string_view text) {
     out.push_back(v);
   }
   return out;
+}
+
+Result<std::chrono::nanoseconds> ParseSeconds(double seconds, std::string_view flag, bool allow_zero,
+                                              std::chrono::nanoseconds max) {
+  const double max_s = std::chrono::duration<double>(max).count();
+  // Written so that NaN fails every comparison and lands here too.
+  if (!(seconds >= 0 && seconds <= max_s) || (seconds == 0 && !allow_zero))
+    return Status(Code::kInvalidArgument,
+                  fmt::format("{} must be a number of seconds in {}{}, {}], not {}", flag, allow_zero ? "[" : "(",
+                              0, max_s, seconds));
+  auto d = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(seconds));
+  if (seconds > 0 && d <= std::chrono::nanoseconds::zero()) d = std::chrono::nanoseconds(1);
+  return d;
 }
 
 std::string FormatBytes(uint64_t bytes) {

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 namespace ferry::tools {
 namespace {
 
@@ -47,6 +50,27 @@ TEST(FormatBytes, PicksTheLargestUnit) {
   EXPECT_EQ(FormatBytes(4096), "4 KiB");
   EXPECT_EQ(FormatBytes(1536), "1.5 KiB");
   EXPECT_EQ(FormatBytes(1ull << 30), "1 GiB");
+}
+
+TEST(ParseSeconds, TakesFiniteTimesInRange) {
+  using std::chrono::nanoseconds;
+  EXPECT_EQ(ParseSeconds(30, "--deadline").value(), std::chrono::seconds(30));
+  EXPECT_EQ(ParseSeconds(0.25, "--deadline").value(), std::chrono::milliseconds(250));
+  EXPECT_EQ(ParseSeconds(1e-12, "--deadline").value(), nanoseconds(1));  // positive stays positive
+  EXPECT_EQ(ParseSeconds(0, "--min-time", true).value(), nanoseconds(0));
+  EXPECT_EQ(ParseSeconds(86400, "--deadline").value(), std::chrono::hours(24));
+}
+
+TEST(ParseSeconds, RejectsNonFiniteNegativeZeroAndHugeTimes) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double bad : {std::nan(""), inf, -inf, 1e300, 86401.0, -1.0, -0.0, 0.0}) {
+    auto r = ParseSeconds(bad, "--deadline");
+    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("--deadline"), std::string_view::npos) << r.status().ToString();
+  }
+  EXPECT_EQ(ParseSeconds(-1, "--min-time", true).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ParseSeconds(std::nan(""), "--min-time", true).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ParseSeconds(10, "--x", false, std::chrono::seconds(5)).status().code(), Code::kInvalidArgument);
 }
 
 }  // namespace

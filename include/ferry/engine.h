@@ -52,10 +52,20 @@ struct UcxOptions {
     kAlways,  // always put/get
     kNever,   // always active messages
   };
-  // Where the engine listens: host (an IPv4 address; "0.0.0.0" = every interface) and port
-  // (0 = pick a free one). EngineDesc advertises the addresses peers can dial.
-  std::string listen_host = "0.0.0.0";
+  // Where the engine listens for peers' connections: host (an IPv4 address) and port (0 = pick
+  // a free one). EngineDesc advertises the addresses peers can dial. The default, loopback,
+  // serves peers on this host only; "0.0.0.0" listens on every interface (and advertises each
+  // IPv4 address), a single address on that interface alone. Until peers authenticate, anyone
+  // who can reach the port and holds a region's descriptor can reach the region.
+  std::string listen_host = "127.0.0.1";
   uint16_t listen_port = 0;
+  // A connection begins with ferry's handshake on the listening socket: at most
+  // max_pending_handshakes are in progress (a new one drops the oldest), each must finish
+  // within handshake_timeout, and at most max_connections peers' connections are served
+  // (more are refused with kResourceExhausted).
+  size_t max_pending_handshakes = 64;
+  size_t max_connections = 512;
+  std::chrono::milliseconds handshake_timeout = std::chrono::seconds(5);
   // Endpoints opened to each peer; ops of a batch are striped across them.
   int lanes = 1;
   // UCX workers, each with its own progress thread (1..16). Connections to peers, and their
@@ -86,13 +96,22 @@ struct ShmOptions {
   std::chrono::milliseconds call_timeout = std::chrono::seconds(10);
 };
 
+// Bounds of EngineOptions' counts; values outside them fail Engine::Create (kInvalidArgument).
+inline constexpr int kMaxCopyThreads = 1024;
+inline constexpr size_t kMaxPendingNotifications = size_t{1} << 24;
+inline constexpr size_t kMaxPendingNotificationBytes = size_t{1} << 40;
+
 struct EngineOptions {
   // Unique key of this engine; empty = "<hostname>:<pid>:<random>".
   std::string key;
   // Deadline of a transfer that does not set its own.
   Duration default_deadline = std::chrono::seconds(30);
-  // Threads that copy host memory for large batches (the local transport); 0 = one per core,
-  // at most 8. Batches under `parallel_copy_bytes` are copied on the posting thread.
+  // How long DeregisterMemory waits for the transfers still using a region (a transfer that
+  // passed its deadline may still be copying); unset: default_deadline, and at least 10 s.
+  std::optional<Duration> deregister_timeout;
+  // Threads that copy host memory for large batches (the local and shm transports, each its
+  // own); 0 = one per core, at most 8; at most kMaxCopyThreads. Batches under
+  // `parallel_copy_bytes` are copied on the posting thread.
   int copy_threads = 0;
   uint64_t parallel_copy_bytes = 4 << 20;
   // Page-lock host regions at registration when a CUDA device is present, so GPU copies and
@@ -105,9 +124,13 @@ struct EngineOptions {
   bool merge_adjacent_ops = true;
   // Transports to start, by name; empty = every transport compiled in and usable here.
   std::vector<std::string> transports;
-  // Largest notification accepted, and how many undelivered ones an engine keeps.
+  // Largest notification accepted (1..max_pending_notification_bytes), and how many
+  // undelivered ones an engine keeps, by count (1..kMaxPendingNotifications) and by bytes of
+  // their messages (at most kMaxPendingNotificationBytes). A notification beyond either bound
+  // is refused at the receiver (kResourceExhausted where the sender hears of it).
   size_t max_notification_bytes = 64 * 1024;
   size_t max_pending_notifications = 1 << 16;
+  size_t max_pending_notification_bytes = 64 << 20;
   UcxOptions ucx;
   ShmOptions shm;
 };
@@ -122,7 +145,8 @@ struct TransferOp {
 };
 
 struct TransferOptions {
-  // Overrides EngineOptions::default_deadline for this transfer.
+  // Overrides EngineOptions::default_deadline for this transfer. Must be positive: a zero or
+  // negative one fails the transfer with kInvalidArgument before any byte moves.
   std::optional<Duration> deadline;
   // Id reported by Transfer::id(); default = Engine::AllocateTransferId().
   std::optional<TransferId> id;
@@ -182,7 +206,12 @@ class Session {
   // whole batch fails with kOutOfRange before any byte moves.
   Transfer WriteBatch(std::span<const TransferOp> ops, const TransferOptions& options = {}) const;
   Transfer ReadBatch(std::span<const TransferOp> ops, const TransferOptions& options = {}) const;
+  // The ops are copied once, before they are checked; the transport moves that copy, so the
+  // caller's array may change (or be freed) as soon as the call returns, and a change made by
+  // another thread during the call cannot move bytes that were not checked.
   Transfer Post(Op op, std::span<const TransferOp> ops, const TransferOptions& options = {}) const;
+  // The same, taking the caller's vector instead of copying it.
+  Transfer Post(Op op, std::vector<TransferOp>&& ops, const TransferOptions& options = {}) const;
 
   const MemoryDesc& local() const;
   const MemoryDesc& remote() const;
@@ -234,9 +263,12 @@ class Engine {
   Result<MemoryDesc> RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind = MemoryKind::kHost,
                                     int device = -1);
   // Makes every later transfer on the region fail with kFailedPrecondition, then waits for the
-  // transfers still using it (up to the default deadline, and at least 10 s). For GPU memory
+  // transfers still using it (EngineOptions::deregister_timeout). For GPU memory
   // reached by other processes (cuda_ipc), that includes their copies into it: no peer copy
   // runs or starts once this returns (a peer that did not drain in time is logged).
+  // kDeadlineExceeded when a transfer still uses the region then (e.g. one waiting on a
+  // stopped peer): the region stays registered, retiring (no new session or transfer on it),
+  // and a later call waits again and frees it; the memory must stay valid until one returns OK.
   Status DeregisterMemory(RegionId region);
   Status DeregisterMemory(const MemoryDesc& desc) { return DeregisterMemory(desc.region); }
 

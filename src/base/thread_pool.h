@@ -7,16 +7,26 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "ferry/status.h"
+
 namespace ferry {
 
 class ThreadPool {
  public:
-  // REQUIRES: threads >= 1
+  // The most workers one pool may have.
+  static constexpr int kMaxThreads = 1024;
+
+  // kInvalidArgument unless 1 <= threads <= kMaxThreads; kResourceExhausted when a thread cannot
+  // start (RLIMIT_NPROC, a container's pids.max, memory): the threads that did start are joined.
+  static Result<std::unique_ptr<ThreadPool>> Create(int threads, std::string name);
+
+  // REQUIRES: 1 <= threads <= kMaxThreads, and that threads can start (tests); elsewhere use Create.
   ThreadPool(int threads, std::string name);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -26,6 +36,8 @@ class ThreadPool {
   int size() const { return static_cast<int>(workers_.size()); }
 
  private:
+  ThreadPool() = default;
+  Status Start(int threads, const std::string& name);
   void Run();
 
   std::mutex mu_;

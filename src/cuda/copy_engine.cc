@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <map>
+#include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -167,7 +169,13 @@ Result<std::unique_ptr<CopyEngine>> CopyEngine::Create(int device) {
   auto core = std::make_shared<Core>();
   FERRY_RETURN_IF_ERROR(core->Init(device));
   std::unique_ptr<CopyEngine> engine(new CopyEngine(core));
-  engine->completer_ = std::thread([core] { core->CompleterLoop(); });
+  try {
+    engine->completer_ = std::thread([core] { core->CompleterLoop(); });
+  } catch (const std::system_error& e) {
+    // ~CopyEngine finds no thread to join and releases the stream and its buffers.
+    return Status(Code::kResourceExhausted, "cannot start the CUDA copy completion thread of device " +
+                                                std::to_string(device) + ": " + e.what());
+  }
   return engine;
 }
 

@@ -42,5 +42,7 @@ inline bool WorthCoalescing(uint64_t joins, uint64_t ops) { return joins > 0 && 
 // and remote offset; ops stay in their order. The ops must lie inside their regions (no sum
 // overflows then).
 std::vector<TransferOp> CoalesceOps(std::span<const TransferOp> ops);
+// The same in place: the merged batch is the first N ops of `ops`; returns N.
+size_t CoalesceInPlace(std::span<TransferOp> ops);
 
 }  // namespace ferry::internal

@@ -3,6 +3,8 @@
 // transport compiled in, heap and shareable host buffers). Fixture: conformance.h.
 #include "engine/conformance.h"
 
+#include "base/tsan.h"
+
 namespace ferry::conformance {
 namespace {
 TEST_P(Conformance, SingleWriteAndRead) {
@@ -201,6 +203,88 @@ TEST_P(Conformance, DeadlinesEndSlowTransfers) {
   Status early = u.WaitFor(std::chrono::nanoseconds(1));
   EXPECT_TRUE(early.code() == Code::kInProgress || early.ok()) << early.ToString();
   EXPECT_TRUE(u.Wait().ok());
+}
+
+TEST_P(Conformance, NonPositiveDeadlinesAreRefusedBeforeAnyByteMoves) {
+  auto p = Pair(4096);
+  ASSERT_TRUE(p);
+  testing::Fill(p->a_buf, 9);
+  for (Duration d : {Duration::zero(), Duration(-1), Duration(std::chrono::seconds(-5))}) {
+    TransferOptions o;
+    o.deadline = d;
+    Status w = p->session.Write(0, 0, 4096, o).Wait();
+    EXPECT_EQ(w.code(), Code::kInvalidArgument) << w.ToString();
+    std::vector<TransferOp> ops = {{0, 0, 2048}, {2048, 2048, 2048}};
+    Status wb = p->session.WriteBatch(ops, o).Wait();
+    EXPECT_EQ(wb.code(), Code::kInvalidArgument) << wb.ToString();
+    Status r = p->session.Read(0, 0, 4096, o).Wait();
+    EXPECT_EQ(r.code(), Code::kInvalidArgument) << r.ToString();
+  }
+  EXPECT_TRUE(std::all_of(p->b_buf.begin(), p->b_buf.end(), [](uint8_t v) { return v == 0; }));
+  // The smallest positive deadline is a deadline like any other.
+  TransferOptions tiny;
+  tiny.deadline = Duration(1);
+  Status t = p->session.Write(0, 0, 64, tiny).Wait();
+  EXPECT_TRUE(t.ok() || t.code() == Code::kDeadlineExceeded) << t.ToString();
+}
+
+// Another thread rewrites the caller's ops while batches are posted: whatever the engine
+// checked is what moves, so no byte lands outside the 4 KiB target region, which sits between
+// guard bytes in the peer's buffer.
+TEST_P(Conformance, OpsChangedByAnotherThreadNeverMoveUncheckedBytes) {
+#ifdef FERRY_TSAN
+  GTEST_SKIP() << "the test races on the caller's ops on purpose; TSan would report the race it "
+                  "provokes (OpsCopy.* covers the same contract without one)";
+#endif
+  constexpr uint64_t kGuard = 1 << 20, kRegion = 4096, kBad = 512 << 10;
+  for (bool merge : {false, true}) {
+    SCOPED_TRACE(merge ? "merged" : "unmerged");
+    EngineOptions options;
+    options.merge_adjacent_ops = merge;
+    auto p = Pair(2 * kGuard + kRegion, options);
+    ASSERT_TRUE(p);
+    std::fill(p->a_buf.begin(), p->a_buf.end(), 0x5A);
+    std::fill(p->b_buf.begin(), p->b_buf.end(), 0xAB);
+    std::fill(p->b_buf.begin() + kGuard, p->b_buf.begin() + kGuard + kRegion, 0xCD);
+    auto target = p->b->RegisterMemory(p->b_buf.data() + kGuard, kRegion);
+    ASSERT_TRUE(target.ok()) << target.status().ToString();
+    auto s = p->a->OpenSession(p->a_desc, *MemoryDesc::Unpack(target->Pack()));
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    // op 0 is the one flipped; the others (empty, so merged away, or one byte apart, so not)
+    // make the batch long enough to be changed between any check and any use.
+    std::vector<TransferOp> ops(2048, TransferOp{0, 0, merge ? 0u : 1u});
+    ops[0] = {0, 0, kRegion};
+    std::atomic<bool> stop{false};
+    std::thread flipper([&] {
+      std::atomic_ref<uint64_t> remote(ops[0].remote_offset);
+      while (!stop.load(std::memory_order_relaxed)) {
+        remote.store(kBad, std::memory_order_relaxed);
+        remote.store(0, std::memory_order_relaxed);
+      }
+    });
+    int ok = 0, refused = 0;
+    for (int i = 0; i < 50; ++i) {
+      for (Op op : {Op::kWrite, Op::kRead}) {
+        Status st = s->Post(op, ops).Wait();
+        if (st.ok()) ++ok;
+        else if (st.code() == Code::kOutOfRange) ++refused;
+        else ADD_FAILURE() << st.ToString();
+      }
+    }
+    stop = true;
+    flipper.join();
+    EXPECT_EQ(ok + refused, 100);
+    const auto guard_changed = [&](size_t from, size_t to) {
+      return std::count_if(p->b_buf.begin() + from, p->b_buf.begin() + to, [](uint8_t v) { return v != 0xAB; });
+    };
+    EXPECT_EQ(guard_changed(0, kGuard), 0);
+    EXPECT_EQ(guard_changed(kGuard + kRegion, p->b_buf.size()), 0);
+    // Reads brought only the region's bytes (its 0xCD, or the 0x5A written there), never the
+    // guard's 0xAB, into a's buffer.
+    EXPECT_TRUE(std::all_of(p->a_buf.begin(), p->a_buf.begin() + kRegion,
+                            [](uint8_t v) { return v == 0x5A || v == 0xCD; }));
+    EXPECT_TRUE(p->b->DeregisterMemory(*target).ok());
+  }
 }
 
 std::vector<Param> Params(HostAlloc alloc) {

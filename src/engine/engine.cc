@@ -22,11 +22,43 @@ std::string DefaultKey() {
 }
 
 // How long deregistration waits for transfers still using a region: a transfer that passed its
-// deadline may still be copying, and a GPU copy always finishes, so wait at least 10 s even
-// when the engine's default deadline is shorter. A region still in use after that keeps its
-// page lock (a late copy may still touch it).
+// deadline may still be copying, and a GPU copy always finishes, so by default wait at least
+// 10 s even when the engine's default deadline is shorter. A region still in use after that
+// keeps its page lock (a late copy may still touch it).
 Deadline RetireDeadline(const EngineOptions& options) {
+  if (options.deregister_timeout) return Deadline::After(*options.deregister_timeout);
   return Deadline::After(std::max<Duration>(options.default_deadline, std::chrono::seconds(10)));
+}
+
+// Counts and sizes of EngineOptions outside their ranges are kInvalidArgument (the transports
+// check their own options).
+Status CheckOptions(const EngineOptions& o) {
+  auto invalid = [](std::string what) { return Status(Code::kInvalidArgument, std::move(what)); };
+  if (o.key.size() > kMaxKeyBytes)
+    return invalid("engine key is longer than " + std::to_string(kMaxKeyBytes));
+  if (o.default_deadline <= Duration::zero())
+    return invalid("default_deadline must be positive, not " + std::to_string(o.default_deadline.count()) + " ns");
+  if (o.deregister_timeout && *o.deregister_timeout <= Duration::zero())
+    return invalid("deregister_timeout must be positive, not " + std::to_string(o.deregister_timeout->count()) + " ns");
+  if (o.copy_threads < 0 || o.copy_threads > kMaxCopyThreads)
+    return invalid("copy_threads must be in 0.." + std::to_string(kMaxCopyThreads) + " (0: one per core, at most 8), not " +
+                   std::to_string(o.copy_threads));
+  if (o.max_pending_notifications < 1 || o.max_pending_notifications > kMaxPendingNotifications)
+    return invalid("max_pending_notifications must be in 1.." + std::to_string(kMaxPendingNotifications) + ", not " +
+                   std::to_string(o.max_pending_notifications));
+  if (o.max_notification_bytes < 1 || o.max_notification_bytes > o.max_pending_notification_bytes)
+    return invalid("max_notification_bytes must be in 1..max_pending_notification_bytes (" +
+                   std::to_string(o.max_pending_notification_bytes) + "), not " +
+                   std::to_string(o.max_notification_bytes));
+  if (o.max_pending_notification_bytes > kMaxPendingNotificationBytes)
+    return invalid("max_pending_notification_bytes must be at most " + std::to_string(kMaxPendingNotificationBytes) +
+                   ", not " + std::to_string(o.max_pending_notification_bytes));
+  constexpr auto kMaxWait = std::chrono::hours(24);
+  if (o.shm.revoke_timeout <= Duration::zero() || o.shm.revoke_timeout > kMaxWait)
+    return invalid("shm.revoke_timeout must be in (0, 24 h], not " + std::to_string(o.shm.revoke_timeout.count()) + " ms");
+  if (o.shm.call_timeout <= Duration::zero() || o.shm.call_timeout > kMaxWait)
+    return invalid("shm.call_timeout must be in (0, 24 h], not " + std::to_string(o.shm.call_timeout.count()) + " ms");
+  return Status::Ok();
 }
 
 bool Carries(const Capabilities& caps, MemoryKind kind) {
@@ -45,13 +77,11 @@ Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& opti
 
 Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& options,
                                                        std::span<const TransportEntry> entries) {
-  if (options.key.size() > kMaxKeyBytes)
-    return Status(Code::kInvalidArgument, "engine key is longer than " + std::to_string(kMaxKeyBytes));
-  if (options.default_deadline <= Duration::zero())
-    return Status(Code::kInvalidArgument, "default_deadline must be positive");
+  FERRY_RETURN_IF_ERROR(CheckOptions(options));
   std::shared_ptr<EngineCore> core(new EngineCore(options));
   if (core->options_.key.empty()) core->options_.key = DefaultKey();
-  core->inbox_ = std::make_shared<Inbox>(options.max_pending_notifications, options.max_notification_bytes);
+  core->inbox_ = std::make_shared<Inbox>(options.max_pending_notifications, options.max_notification_bytes,
+                                         options.max_pending_notification_bytes);
 
   TransportContext ctx{core->options_.key, &core->options_, core->inbox_};
   std::map<std::string, Status, std::less<>> unusable;  // why each transport asked for failed
@@ -61,6 +91,11 @@ Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& opti
             options.transports.end())
       continue;
     auto transport = entry.make(ctx);
+    // Options out of range, or threads that cannot start, are the caller's to fix: the
+    // engine does not start without the transport.
+    if (!transport.ok() && (transport.status().code() == Code::kInvalidArgument ||
+                            transport.status().code() == Code::kResourceExhausted))
+      return transport.status().WithContext("transport " + std::string(entry.name));
     if (!transport.ok()) {
       FERRY_LOG_INFO("transport {} is not usable here: {}", entry.name, transport.status().ToString());
       unusable.emplace(std::string(entry.name), transport.status());
@@ -107,7 +142,9 @@ void EngineCore::Shutdown() {
   for (auto& [id, entry] : regions) {
     Status s = entry.region->Retire(RetireDeadline(options_));
     if (!s.ok()) FERRY_LOG_WARN("engine shutdown: {}", s.ToString());
-    for (const auto& t : transports_) t->Deregister(*entry.region);
+    // A retiring region left the transports already (DeregisterMemory).
+    if (!entry.retiring)
+      for (const auto& t : transports_) t->Deregister(*entry.region);
     if (entry.region->pinned && s.ok()) (void)cuda::HostUnregister(entry.region->base);
   }
 }
@@ -199,20 +236,33 @@ Result<MemoryDesc> EngineCore::RegisterMemory(void* ptr, uint64_t bytes, MemoryK
 }
 
 Status EngineCore::DeregisterMemory(RegionId id) {
-  RegionEntry entry;
+  const uint64_t key = static_cast<uint64_t>(id);
+  std::shared_ptr<Region> region;
+  bool first = false;  // this call takes the region out of the transports
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = regions_.find(static_cast<uint64_t>(id));
+    auto it = regions_.find(key);
     if (it == regions_.end())
-      return Status(Code::kNotFound, "region " + std::to_string(static_cast<uint64_t>(id)) + " is not registered");
-    entry = std::move(it->second);
+      return Status(Code::kNotFound, "region " + std::to_string(key) + " is not registered");
+    region = it->second.region;
+    first = !it->second.retiring;
+    it->second.retiring = true;
+  }
+  if (first)
+    for (const auto& t : transports_) t->Deregister(*region);
+  // A region still in use when the wait ends stays known, retiring: a later call waits again
+  // and frees it once its last transfer let go.
+  FERRY_RETURN_IF_ERROR(region->Retire(RetireDeadline(options_))
+                            .WithContext("deregistration not finished; call DeregisterMemory again to retry"));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regions_.find(key);
+    // Another call (or Shutdown) that finished the same retirement frees it.
+    if (it == regions_.end() || it->second.region != region) return Status::Ok();
     regions_.erase(it);
   }
-  for (const auto& t : transports_) t->Deregister(*entry.region);
-  Status retired = entry.region->Retire(RetireDeadline(options_));
-  // A region still in use keeps its page lock: a late GPU copy may still read it.
-  if (retired.ok() && entry.region->pinned) (void)cuda::HostUnregister(entry.region->base);
-  return retired;
+  if (region->pinned) (void)cuda::HostUnregister(region->base);
+  return Status::Ok();
 }
 
 Status EngineCore::AddPeer(const EngineDesc& peer) {
@@ -282,6 +332,9 @@ Result<std::shared_ptr<SessionCore>> EngineCore::OpenSession(const MemoryDesc& l
     if (it == regions_.end())
       return Status(Code::kFailedPrecondition,
                     "local region " + std::to_string(static_cast<uint64_t>(local.region)) + " is not registered");
+    if (it->second.retiring)
+      return Status(Code::kFailedPrecondition,
+                    "local region " + std::to_string(static_cast<uint64_t>(local.region)) + " is being deregistered");
     region = it->second.region;
     local_desc = it->second.desc;
   }

@@ -57,6 +57,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   struct RegionEntry {
     std::shared_ptr<Region> region;
     MemoryDesc desc;
+    // DeregisterMemory began: the transports let the region go, and it is freed (erased,
+    // unpinned) once no transfer uses it; until then a retry of DeregisterMemory waits again.
+    bool retiring = false;
   };
   Result<EngineDesc> FindPeer(std::string_view key);
   Result<std::shared_ptr<Endpoint>> GetEndpoint(const EngineDesc& peer, size_t transport);
@@ -99,7 +102,12 @@ class SessionCore {
         local_region_(std::move(local_region)), endpoint_(std::move(endpoint)),
         channel_(std::move(channel)), notify_(std::move(notify)), path_(channel_->path()) {}
 
+  // Copies the caller's `ops` once, then posts the copy (PostOwned): another thread that
+  // changes the caller's array meanwhile changes nothing that is checked or moved.
   Transfer Post(Op op, std::span<const TransferOp> ops, const TransferOptions& options) const;
+  // Checks `ops` against both regions and posts them. REQUIRES: `ops` is the engine's own
+  // storage, which no other thread can reach; it may be rewritten (runs merged in place).
+  Transfer PostOwned(Op op, std::span<TransferOp> ops, const TransferOptions& options) const;
   const MemoryDesc& local() const { return local_; }
   const MemoryDesc& remote() const { return remote_; }
   const TransferPath& path() const { return path_; }

@@ -26,6 +26,61 @@ TEST(Engine, CreateValidatesOptions) {
   EXPECT_EQ(Engine::Create(options).status().code(), Code::kInvalidArgument);
 }
 
+TEST(Engine, CreateRejectsCountsAndTimesOutOfRange) {
+  auto code = [](auto change, std::vector<std::string> transports = {}) {
+    EngineOptions o;
+    o.transports = std::move(transports);
+    change(o);
+    return Engine::Create(o).status().code();
+  };
+  for (int threads : {-1, kMaxCopyThreads + 1, 100000}) {
+    SCOPED_TRACE(threads);
+    EXPECT_EQ(code([&](EngineOptions& o) { o.copy_threads = threads; }), Code::kInvalidArgument);
+    EXPECT_EQ(code([&](EngineOptions& o) { o.copy_threads = threads; }, {"local"}), Code::kInvalidArgument);
+  }
+  EXPECT_EQ(code([](EngineOptions& o) { o.max_pending_notifications = 0; }), Code::kInvalidArgument);
+  EXPECT_EQ(code([](EngineOptions& o) { o.max_pending_notifications = kMaxPendingNotifications + 1; }),
+            Code::kInvalidArgument);
+  EXPECT_EQ(code([](EngineOptions& o) { o.max_notification_bytes = 0; }), Code::kInvalidArgument);
+  EXPECT_EQ(code([](EngineOptions& o) { o.max_notification_bytes = o.max_pending_notification_bytes + 1; }),
+            Code::kInvalidArgument);
+  EXPECT_EQ(code([](EngineOptions& o) { o.max_pending_notification_bytes = kMaxPendingNotificationBytes + 1; }),
+            Code::kInvalidArgument);
+  EXPECT_EQ(code([](EngineOptions& o) { o.default_deadline = Duration(-1); }), Code::kInvalidArgument);
+  EXPECT_EQ(code([](EngineOptions& o) { o.shm.revoke_timeout = std::chrono::milliseconds(0); }),
+            Code::kInvalidArgument);
+  EXPECT_EQ(code([](EngineOptions& o) { o.shm.call_timeout = std::chrono::milliseconds(-5); }),
+            Code::kInvalidArgument);
+  EXPECT_EQ(code([](EngineOptions& o) { o.shm.call_timeout = std::chrono::hours(25); }), Code::kInvalidArgument);
+  // The bounds themselves, and the defaults, are fine.
+  EXPECT_TRUE(Engine::Create(EngineOptions{}).ok());
+  EXPECT_EQ(code([](EngineOptions& o) {
+              o.copy_threads = 16;
+              o.max_pending_notifications = 1;
+              o.max_notification_bytes = 1;
+              o.max_pending_notification_bytes = 1;
+            }, {"local"}),
+            Code::kOk);
+}
+
+TEST(Engine, TheNotificationBacklogIsBoundedByBytes) {
+  EXPECT_EQ(EngineOptions{}.max_pending_notification_bytes, size_t{64} << 20);
+  EngineOptions o;
+  o.transports = {"local"};
+  o.max_notification_bytes = 64 << 10;
+  o.max_pending_notification_bytes = 1 << 20;
+  auto e = Engine::Create(o);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const std::string big(64 << 10, 'n');
+  for (int i = 0; i < 16; ++i) ASSERT_TRUE((*e)->Notify((*e)->key(), big).ok()) << i;
+  Status full = (*e)->Notify((*e)->key(), big);
+  EXPECT_EQ(full.code(), Code::kResourceExhausted) << full.ToString();
+  EXPECT_EQ((*e)->Notify((*e)->key(), "x").code(), Code::kResourceExhausted);  // not one byte more
+  EXPECT_EQ((*e)->stats().dropped_notifications, 2u);
+  EXPECT_EQ((*e)->PopNotifications().size(), 16u);
+  EXPECT_TRUE((*e)->Notify((*e)->key(), big).ok());  // taking them frees the room
+}
+
 TEST(Engine, DescribeRoundTripsAndNamesTransports) {
   auto e = Make();
   ASSERT_TRUE(e);

@@ -72,11 +72,20 @@ class NotifyGate {
 
 }  // namespace
 
-Transfer SessionCore::Post(Op op, std::span<const TransferOp> ops,
-                           const TransferOptions& options) const {
+Transfer SessionCore::Post(Op op, std::span<const TransferOp> ops, const TransferOptions& options) const {
+  std::vector<TransferOp> owned(ops.begin(), ops.end());
+  return PostOwned(op, owned, options);
+}
+
+Transfer SessionCore::PostOwned(Op op, std::span<TransferOp> ops, const TransferOptions& options) const {
   TransferId id = options.id ? *options.id : engine_->AllocateTransferId();
   if (engine_->closed())
     return Transfer(TransferState::Failed(Status(Code::kAborted, "the engine was shut down"), id, path_));
+  if (options.deadline && *options.deadline <= Duration::zero())
+    return Transfer(TransferState::Failed(
+        Status(Code::kInvalidArgument, "a transfer's deadline must be positive, not " +
+                                           std::to_string(options.deadline->count()) + " ns"),
+        id, path_));
   if (options.notification && op != Op::kWrite)
     return Transfer(TransferState::Failed(
         Status(Code::kInvalidArgument, "only writes carry a notification"), id, path_));
@@ -89,7 +98,8 @@ Transfer SessionCore::Post(Op op, std::span<const TransferOp> ops,
                                        " (the " + path_.transport + " transport has none of its own)"),
         id, path_));
 
-  // Validate every op against both regions before any byte moves.
+  // Validate every op against both regions before any byte moves. `ops` is the engine's own
+  // copy: what is checked here is what the transport gets.
   const uint64_t local_size = local_.size;
   const uint64_t remote_size = remote_.size;
   uint64_t total = 0;
@@ -105,11 +115,10 @@ Transfer SessionCore::Post(Op op, std::span<const TransferOp> ops,
           Status(Code::kOutOfRange, "batch size overflows 64 bits"), id, path_));
     joins.Add(o);
   }
-  std::vector<TransferOp> merged;
   if (engine_->options().merge_adjacent_ops && WorthCoalescing(joins.joins(), ops.size())) {
-    merged = CoalesceOps(ops);
-    engine_->CountMerged(ops.size() - merged.size());
-    ops = merged;
+    const size_t merged = CoalesceInPlace(ops);
+    engine_->CountMerged(ops.size() - merged);
+    ops = ops.first(merged);
   }
 
   Duration deadline = options.deadline ? *options.deadline : engine_->options().default_deadline;
@@ -160,23 +169,35 @@ Transfer SessionCore::Post(Op op, std::span<const TransferOp> ops,
 
 }  // namespace internal
 
+namespace {
+std::shared_ptr<internal::TransferState> NoSession() {
+  return internal::TransferState::Failed(Status(Code::kFailedPrecondition, "empty session handle"));
+}
+}  // namespace
+
 Transfer Session::Post(Op op, std::span<const TransferOp> ops, const TransferOptions& options) const {
-  if (!core_)
-    return Transfer(internal::TransferState::Failed(
-        Status(Code::kFailedPrecondition, "empty session handle")));
+  if (!core_) return Transfer(NoSession());
   return core_->Post(op, ops, options);
+}
+
+Transfer Session::Post(Op op, std::vector<TransferOp>&& ops, const TransferOptions& options) const {
+  if (!core_) return Transfer(NoSession());
+  std::vector<TransferOp> owned = std::move(ops);
+  return core_->PostOwned(op, owned, options);
 }
 
 Transfer Session::Write(uint64_t local_offset, uint64_t remote_offset, uint64_t bytes,
                         const TransferOptions& options) const {
+  if (!core_) return Transfer(NoSession());
   TransferOp op{local_offset, remote_offset, bytes};
-  return Post(Op::kWrite, std::span<const TransferOp>(&op, 1), options);
+  return core_->PostOwned(Op::kWrite, std::span<TransferOp>(&op, 1), options);
 }
 
 Transfer Session::Read(uint64_t local_offset, uint64_t remote_offset, uint64_t bytes,
                        const TransferOptions& options) const {
+  if (!core_) return Transfer(NoSession());
   TransferOp op{local_offset, remote_offset, bytes};
-  return Post(Op::kRead, std::span<const TransferOp>(&op, 1), options);
+  return core_->PostOwned(Op::kRead, std::span<TransferOp>(&op, 1), options);
 }
 
 Transfer Session::WriteBatch(std::span<const TransferOp> ops, const TransferOptions& options) const {

@@ -85,10 +85,53 @@ def test_default_keys_are_unique():
         {"default_deadline_ms": float("nan")},
         {"default_deadline_ms": float("inf")},
         {"key": "k" * 300},
+        {"default_deadline_ms": 1e300},
+        {"copy_threads": 100000},
+        {"copy_threads": 1025},
+        {"copy_threads": -1},
+        {"copy_threads": 100000, "transports": ["local"]},
+        {"max_pending_notifications": 0},
+        {"max_notification_bytes": 0},
+        {"max_notification_bytes": 2 << 20, "max_pending_notification_bytes": 1 << 20},
     ],
 )
 def test_bad_options_are_invalid_arguments(options):
     assert error_code(ferry.Engine, **options) == "INVALID_ARGUMENT"
+
+
+def test_a_copy_thread_that_cannot_start_is_resource_exhausted():
+    # In a child whose address space has no room for 1,024 thread stacks: the engine fails
+    # to start with RESOURCE_EXHAUSTED, and the process lives on.
+    import subprocess
+    import sys
+
+    child = """
+import resource, sys
+import ferry
+with open("/proc/self/status") as f:
+    vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), resource.RLIM_INFINITY))
+try:
+    ferry.Engine(copy_threads=1024, transports=["local"])
+except ferry.Error as e:
+    print(e.code)
+    sys.exit(0)
+print("started")
+"""
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "RESOURCE_EXHAUSTED", out.stdout + out.stderr
+
+
+def test_the_notification_backlog_is_bounded_by_bytes():
+    with ferry.Engine(
+        key=fresh_key("backlog"), transports=["local"], max_pending_notification_bytes=256 << 10
+    ) as e:
+        for _ in range(4):
+            e.notify(e.key, b"n" * (64 << 10))
+        assert error_code(e.notify, e.key, b"n") == "RESOURCE_EXHAUSTED"
+        assert len(e.pop_notifications()) == 4
+        e.notify(e.key, b"n")
 
 
 def test_unknown_transport_is_unavailable():
@@ -324,3 +367,17 @@ def test_stats_start_at_zero_and_count_nothing_for_good_traffic(transport):
         buf, d = register_host(e, 4096)
         e.open_session(d, d).write(0, 2048, 1024).wait()
         assert e.stats()["rejected_messages"] == 0
+
+
+# ---- where the ucx transport listens ------------------------------------------------------
+
+
+def test_ucx_listens_on_loopback_unless_asked():
+    with ferry.Engine(key=fresh_key("listen"), transports=["ucx"]) as e:
+        addresses = e.describe().addresses
+        assert addresses and all(a.startswith("127.0.0.1:") for a in addresses), addresses
+    with ferry.Engine(key=fresh_key("listen"), transports=["ucx"], listen_host="0.0.0.0") as e:
+        addresses = e.describe().addresses
+        assert addresses[0].startswith("127.0.0.1:")
+        assert len({a.rsplit(":", 1)[1] for a in addresses}) == 1  # one port on every interface
+    assert error_code(ferry.Engine, transports=["ucx"], listen_host="not-an-ip") == "INVALID_ARGUMENT"

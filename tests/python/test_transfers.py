@@ -323,3 +323,83 @@ def test_transfer_repr_and_session_properties(make_pair, transport):
     assert p.session.path == t.path
     assert isinstance(p.session.path.staged, bool)
     assert transport in str(p.session.path)
+
+
+@pytest.mark.parametrize("merge", [False, True], ids=["unmerged", "merged"])
+def test_ops_changed_by_another_thread_never_move_unchecked_bytes(make_pair, merge):
+    # The target is 4 KiB in the middle of b's buffer, between guard bytes; a second thread
+    # flips op 0 between in range and 512 KiB past the region while batches are posted. The
+    # binding copies the array before the engine checks it, so what moves was checked.
+    guard, region, bad = 1 << 20, 4096, 512 << 10
+    p = make_pair(2 * guard + region, merge_adjacent_ops=merge)
+    a = np.frombuffer(p.a_buf, np.uint8)
+    b = np.frombuffer(p.b_buf, np.uint8)
+    a[:] = 0x5A
+    b[:] = 0xAB
+    b[guard : guard + region] = 0xCD
+    target = p.b.register_memory(b.ctypes.data + guard, region, owner=p.b_buf)
+    session = p.a.open_session(p.a_desc, ferry.MemoryDesc.unpack(target.pack()))
+    ops = np.zeros((2048, 3), np.uint64)
+    ops[:, 2] = 0 if merge else 1  # empty ops merge away; one-byte ops stay apart
+    ops[0] = (0, 0, region)
+    stop = threading.Event()
+
+    def flip():
+        while not stop.is_set():
+            ops[0, 1] = bad
+            ops[0, 1] = 0
+
+    flipper = threading.Thread(target=flip)
+    flipper.start()
+    codes = []
+    try:
+        for _ in range(50):
+            for post in (session.write_batch, session.read_batch):
+                t = post(ops)
+                try:
+                    t.wait()
+                    codes.append("OK")
+                except ferry.Error as e:
+                    codes.append(e.code)
+    finally:
+        stop.set()
+        flipper.join()
+    assert set(codes) <= {"OK", "OUT_OF_RANGE"}, set(codes)
+    assert (b[:guard] == 0xAB).all() and (b[guard + region :] == 0xAB).all(), "bytes landed outside the region"
+    assert np.isin(a[:region], [0x5A, 0xCD]).all(), "bytes read from outside the region"
+    p.b.deregister_memory(target)
+
+
+@pytest.mark.parametrize("deadline_ms", [0, -1, -1e9])
+def test_non_positive_deadlines_are_refused_before_any_byte_moves(make_pair, deadline_ms):
+    p = make_pair(4096)
+    np.frombuffer(p.a_buf, np.uint8)[:] = 7
+    for t in (
+        p.session.write(0, 0, 4096, deadline_ms=deadline_ms),
+        p.session.write_batch([(0, 0, 4096)], deadline_ms=deadline_ms),
+        p.session.read(0, 0, 4096, deadline_ms=deadline_ms),
+    ):
+        assert failure(t).code == "INVALID_ARGUMENT"
+    assert not np.frombuffer(p.b_buf, np.uint8).any()
+    # A positive deadline under a nanosecond is a deadline, not zero.
+    t = p.session.write(0, 0, 64, deadline_ms=1e-9)
+    try:
+        t.wait()
+    except ferry.Error as e:
+        assert e.code == "DEADLINE_EXCEEDED"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 1e300])
+def test_non_finite_times_are_invalid_arguments(make_pair, bad):
+    p = make_pair(4096)
+    t = p.session.write(0, 0, 64)
+    for call in (
+        lambda: t.wait(timeout_ms=bad),
+        lambda: p.session.write(0, 0, 64, deadline_ms=bad),
+        lambda: p.session.write_batch([(0, 0, 64)], deadline_ms=bad),
+        lambda: p.session.read_batch([(0, 0, 64)], deadline_ms=bad),
+    ):
+        with pytest.raises(ferry.Error) as info:
+            call()
+        assert info.value.code == "INVALID_ARGUMENT"
+    assert t.wait()

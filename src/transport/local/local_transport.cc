@@ -18,6 +18,7 @@ namespace ferry::internal {
 namespace {
 
 constexpr std::string_view kName = "local";
+static_assert(kMaxCopyThreads <= ThreadPool::kMaxThreads);
 
 const std::string& ProcessToken() {
   static const std::string token = [] {
@@ -154,15 +155,25 @@ class LocalEndpoint final : public Endpoint {
 
 class LocalTransport final : public Transport {
  public:
-  explicit LocalTransport(const TransportContext& ctx) {
-    shared_ = std::make_shared<Shared>();
-    shared_->engine_key = ctx.engine_key;
-    shared_->parallel_copy_bytes = ctx.options->parallel_copy_bytes;
+  // kInvalidArgument for a thread count out of range, kResourceExhausted when a copy thread
+  // cannot start.
+  static Result<std::unique_ptr<Transport>> Create(const TransportContext& ctx) {
+    auto shared = std::make_shared<Shared>();
+    shared->engine_key = ctx.engine_key;
+    shared->parallel_copy_bytes = ctx.options->parallel_copy_bytes;
     int threads = ctx.options->copy_threads;
-    if (threads <= 0) threads = std::clamp<int>(std::thread::hardware_concurrency(), 1, 8);
-    if (threads > 1) shared_->pool = std::make_unique<ThreadPool>(threads, "ferry-copy");
+    if (threads == 0) threads = std::clamp<int>(std::thread::hardware_concurrency(), 1, 8);
+    if (threads < 0 || threads > ThreadPool::kMaxThreads)
+      return Status(Code::kInvalidArgument, "copy_threads must be in 0.." + std::to_string(ThreadPool::kMaxThreads) +
+                                                ", not " + std::to_string(ctx.options->copy_threads));
+    if (threads > 1) {
+      FERRY_ASSIGN_OR_RETURN(shared->pool, ThreadPool::Create(threads, "ferry-copy"));
+    }
     auto cuda = CudaPath::Create();
-    if (cuda.ok()) shared_->cuda = std::move(cuda).value();
+    if (cuda.ok()) shared->cuda = std::move(cuda).value();
+    return std::unique_ptr<Transport>(new LocalTransport(std::move(shared), ctx));
+  }
+  LocalTransport(std::shared_ptr<Shared> shared, const TransportContext& ctx) : shared_(std::move(shared)) {
     entry_ = std::make_shared<EngineEntry>();
     entry_->key = ctx.engine_key;
     entry_->inbox = ctx.inbox;
@@ -215,7 +226,7 @@ class LocalTransport final : public Transport {
 }  // namespace
 
 Result<std::unique_ptr<Transport>> MakeLocalTransport(const TransportContext& ctx) {
-  return std::unique_ptr<Transport>(new LocalTransport(ctx));
+  return LocalTransport::Create(ctx);
 }
 
 }  // namespace ferry::internal
