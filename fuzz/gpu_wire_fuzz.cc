@@ -1,6 +1,7 @@
 // libFuzzer target: the decoders of what GPU transfers take from peers: cuda_ipc's descriptor
 // entries (UnpackRegionAccess / UnpackEngineAccess) and the staged path's piece tables
-// (ReadPieceTable). Every input is rejected with an error or decodes to a value that encodes
+// (ReadPieceTable); and the ucx transport's handshake frames (DecodeHello / DecodeWelcome,
+// what a peer sends to the listener or answers a dialler with). Every input is rejected with an error or decodes to a value that encodes
 // and decodes to itself and lies inside the bounds it was checked against.
 // Run: ctest -L fuzz (seeds from fuzz_make_gpu_seeds).
 #include <cstddef>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "transport/cuda_ipc/ipc_desc.h"
+#include "transport/ucx/door_wire.h"
 #include "transport/ucx/staged.h"
 
 using namespace ferry::internal;
@@ -34,6 +36,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (table > size || total > ucx::kStageChunkBytes) __builtin_trap();
     for (const auto& piece : *p)
       if (piece.offset > (1u << 20) || piece.size > (1u << 20) - piece.offset) __builtin_trap();
+  }
+  if (auto length = ucx::DoorFrameLength(bytes); length.ok() && *length > ucx::kMaxDoorFrame) __builtin_trap();
+  if (auto h = ucx::DecodeHello(bytes); h.ok()) {
+    auto again = ucx::DecodeHello(ucx::EncodeHello(*h));
+    if (!again.ok() || again->from_key != h->from_key || again->to_key != h->to_key || again->lanes != h->lanes ||
+        again->worker_address != h->worker_address || h->lanes < 1 || h->lanes > ucx::kMaxDoorLanes)
+      __builtin_trap();
+  }
+  if (auto w = ucx::DecodeWelcome(bytes); w.ok()) {
+    if (w->code == ferry::Code::kOk && w->conn_id == 0) __builtin_trap();
+    auto again = ucx::DecodeWelcome(ucx::EncodeWelcome(*w));
+    if (!again.ok() || again->conn_id != w->conn_id || again->worker_address != w->worker_address) __builtin_trap();
   }
   return 0;
 }

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "transport/cuda_ipc/ipc_desc.h"
+#include "transport/ucx/door_wire.h"
 #include "transport/ucx/staged.h"
 
 using namespace ferry::internal;
@@ -29,5 +30,11 @@ int main(int argc, char** argv) {
   std::string table(ucx::PieceTableBytes(pieces.size()), '\0');
   ucx::WritePieceTable(pieces, reinterpret_cast<std::byte*>(table.data()));
   std::ofstream(dir + "/pieces") << table;
+  std::ofstream(dir + "/hello") << ucx::EncodeHello({"prefill-0", "decode-0", 2, std::string(200, '\x11')});
+  ucx::Welcome w;
+  w.key = "decode-0";
+  w.conn_id = 0x1234567890abcdefull;
+  w.worker_address = std::string(180, '\x22');
+  std::ofstream(dir + "/welcome") << ucx::EncodeWelcome(w);
   return 0;
 }

@@ -222,7 +222,9 @@ Result<std::unique_ptr<Link>> MakeRemoteLink(const RemoteLinkOptions& options) {
 Status ServeBench(const ServeOptions& o, const std::function<void(const std::string&)>& on_listening) {
   int device = o.kind == MemoryKind::kCuda ? o.device : -1;
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Buffer> buffer, Buffer::Allocate(o.kind, device, o.bytes, o.alloc));
-  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(o.engine));
+  EngineOptions engine_options = o.engine;  // the engine listens where the side channel does
+  engine_options.ucx.listen_host = EngineListenHost(o.listen, engine_options.ucx.listen_host);
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(engine_options));
   FERRY_ASSIGN_OR_RETURN(MemoryDesc desc, engine->RegisterMemory(buffer->data(), o.bytes, o.kind, device));
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<SideListener> listener, SideListener::Listen(o.listen));
   on_listening(listener->address());

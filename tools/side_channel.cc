@@ -20,9 +20,14 @@ Status Errno(const std::string& what) {
   return Status(Code::kUnavailable, what + ": " + std::strerror(errno));
 }
 
-int Remaining(Clock::time_point until) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+// A timeout as poll() takes it: [0, 2^30] ms.
+int PollMillis(std::chrono::milliseconds timeout) {
+  const auto left = timeout.count();
   return left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30));
+}
+
+int Remaining(Clock::time_point until) {
+  return PollMillis(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()));
 }
 
 }  // namespace
@@ -121,7 +126,7 @@ Result<std::string> SideChannel::Receive(std::chrono::milliseconds timeout) {
 
 bool SideChannel::Readable(std::chrono::milliseconds timeout) {
   pollfd pfd{fd_, POLLIN, 0};
-  return poll(&pfd, 1, static_cast<int>(timeout.count())) > 0;
+  return poll(&pfd, 1, PollMillis(timeout)) > 0;
 }
 
 SideListener::~SideListener() { close(fd_); }
@@ -147,7 +152,7 @@ Result<std::unique_ptr<SideListener>> SideListener::Listen(const std::string& ad
 
 Result<std::unique_ptr<SideChannel>> SideListener::Accept(std::chrono::milliseconds timeout) {
   pollfd pfd{fd_, POLLIN, 0};
-  int r = poll(&pfd, 1, static_cast<int>(timeout.count()));
+  int r = poll(&pfd, 1, PollMillis(timeout));
   if (r < 0) return Errno("accept poll");
   if (r == 0) return Status(Code::kDeadlineExceeded, "no peer connected in time");
   int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
@@ -155,6 +160,13 @@ Result<std::unique_ptr<SideChannel>> SideListener::Accept(std::chrono::milliseco
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   return std::unique_ptr<SideChannel>(new SideChannel(fd));
+}
+
+std::string EngineListenHost(const std::string& address, const std::string& fallback) {
+  const size_t colon = address.rfind(':');
+  const std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  in_addr parsed = {};
+  return inet_pton(AF_INET, host.c_str(), &parsed) == 1 ? host : fallback;
 }
 
 }  // namespace ferry::tools

@@ -41,6 +41,11 @@ class SideChannel {
   int fd_;
 };
 
+// The ucx listen host for an engine whose side channel listens on `address` ("host:port"): its
+// host when that is an IPv4 address (so peers that reach the side channel reach the engine),
+// else `fallback`.
+std::string EngineListenHost(const std::string& address, const std::string& fallback);
+
 class SideListener {
  public:
   ~SideListener();

@@ -82,6 +82,9 @@ TEST(ShmHostile, MalformedMessagesAreRejectedAndCounted) {
     open.region = static_cast<uint64_t>(l->desc.region);
     open.offset = l->desc.address;
     open.size = l->desc.size;
+    auto access = UnpackAccess(l->desc.FindAccess("shm")->data);
+    ASSERT_TRUE(access.ok());
+    open.extra = access->second;  // the region's key, from its descriptor
     std::string good_open = Encode(open);
     raw.Send(good_open.substr(0, 10));  // 1. truncated header
     std::string b = good_open;
@@ -120,6 +123,16 @@ TEST(ShmHostile, MalformedMessagesAreRejectedAndCounted) {
     ASSERT_TRUE(m.ok());
     EXPECT_EQ(m->header.code, static_cast<uint8_t>(Code::kFailedPrecondition));
     EXPECT_TRUE(reply.fds.empty());
+    Header keyless = open;
+    keyless.extra = open.extra ^ 1;
+    keyless.token = 8;
+    raw.Send(keyless);  // 11. the right region without its key: refused as unknown, counted
+    reply = raw.Next();
+    m = Decode(reply.bytes.data(), reply.bytes.size());
+    ASSERT_TRUE(m.ok());
+    EXPECT_EQ(m->header.token, 8u);
+    EXPECT_EQ(m->header.code, static_cast<uint8_t>(Code::kFailedPrecondition));
+    EXPECT_TRUE(reply.fds.empty());
     Header short_hello = hello;
     short_hello.size = 10;
     raw.Send(Encode(short_hello) + "abc");  // 6. payload shorter than its size
@@ -145,9 +158,9 @@ TEST(ShmHostile, MalformedMessagesAreRejectedAndCounted) {
     for (int f : reply.fds) close(f);
   }
   auto deadline = Clock::now() + std::chrono::seconds(5);
-  while (l->engine->stats().rejected_messages < 10 && Clock::now() < deadline)
+  while (l->engine->stats().rejected_messages < 11 && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  EXPECT_EQ(l->engine->stats().rejected_messages, 10u);
+  EXPECT_EQ(l->engine->stats().rejected_messages, 11u);
   EXPECT_EQ(std::memcmp(l->data(), before.data(), 4096), 0);
   EXPECT_TRUE(l->engine->PopNotifications().empty());
   // The engine keeps serving well-formed peers.

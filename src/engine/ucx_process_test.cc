@@ -202,13 +202,16 @@ TEST_P(UcxProcess, KilledPeerEndsEveryTransferAndOthersGoOn) {
   TransferOptions options;
   options.deadline = std::chrono::seconds(10);
   std::vector<Transfer> transfers;
-  for (int i = 0; i < 16; ++i) transfers.push_back(to_victim->WriteBatch(ops, options));
+  for (int i = 0; i < 16; ++i)
+    transfers.push_back(i % 2 == 0 ? to_victim->WriteBatch(ops, options) : to_victim->ReadBatch(ops, options));
   victim->Kill(SIGKILL);
   auto start = Clock::now();
   int failed = 0;
   for (auto& t : transfers) {
+    // The same cause, the same code, for reads and writes alike: the peer failed, well before
+    // the transfers' deadline.
     Status s = t.Wait();
-    EXPECT_TRUE(s.ok() || s.code() == Code::kUnavailable || s.code() == Code::kDeadlineExceeded) << s.ToString();
+    EXPECT_TRUE(s.ok() || s.code() == Code::kUnavailable) << s.ToString();
     failed += !s.ok();
   }
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(11));
@@ -217,7 +220,9 @@ TEST_P(UcxProcess, KilledPeerEndsEveryTransferAndOthersGoOn) {
   TransferOptions short_deadline;
   short_deadline.deadline = std::chrono::seconds(3);
   Status after = to_victim->Write(0, 0, 4096, short_deadline).Wait();
-  EXPECT_TRUE(after.code() == Code::kUnavailable || after.code() == Code::kDeadlineExceeded) << after.ToString();
+  EXPECT_EQ(after.code(), Code::kUnavailable) << after.ToString();
+  after = to_victim->Read(0, 0, 4096, short_deadline).Wait();
+  EXPECT_EQ(after.code(), Code::kUnavailable) << after.ToString();
 
   // The bystander is unaffected.
   auto to_bystander = l.engine->OpenSession(l.desc, bystander->memory);
@@ -259,6 +264,44 @@ TEST_P(UcxProcess, PeerThatNeverAnswersHitsTheDeadline) {
   EXPECT_EQ(st.code(), Code::kDeadlineExceeded) << st.ToString();
   EXPECT_LT(took, std::chrono::seconds(2));
   peer->Signal(SIGCONT);
+}
+
+// A write to a stopped peer holds the local region past its deadline (its bytes are not
+// known to be sent): deregistering the region then fails with kDeadlineExceeded, the region
+// stays known (retiring), and a retry once the peer runs again frees it.
+TEST_P(UcxProcess, DeregistrationHeldByAStoppedPeerSucceedsOnRetry) {
+  if (rma() == UcxOptions::Rma::kAlways)
+    GTEST_SKIP() << "one-sided RMA completes without the peer's CPU; active messages need it";
+  auto peer = PeerProcess::Start(1 << 20, PeerArgs(UcxOptions::Rma::kNever));
+  ASSERT_TRUE(peer);
+  EngineOptions options;
+  options.transports = {"ucx"};
+  options.ucx.rma = UcxOptions::Rma::kNever;
+  options.deregister_timeout = std::chrono::milliseconds(300);
+  std::vector<uint8_t> buf(1 << 20, 7);  // first: destroyed after the engine
+  auto e = Engine::Create(options);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  auto d = (*e)->RegisterMemory(buf.data(), buf.size());
+  ASSERT_TRUE(d.ok());
+  ASSERT_TRUE((*e)->AddPeer(peer->engine).ok());
+  auto s = (*e)->OpenSession(*d, peer->memory);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_TRUE(s->Write(0, 0, 4096).Wait().ok());  // connected
+  peer->Signal(SIGSTOP);
+  ASSERT_TRUE(peer->WaitStopped());
+  TransferOptions t_options;
+  t_options.deadline = std::chrono::milliseconds(200);
+  EXPECT_EQ(s->Write(0, 0, 1 << 20, t_options).Wait().code(), Code::kDeadlineExceeded);
+  Status held = (*e)->DeregisterMemory(*d);
+  EXPECT_EQ(held.code(), Code::kDeadlineExceeded) << held.ToString();
+  EXPECT_EQ((*e)->OpenSession(*d, peer->memory).status().code(), Code::kFailedPrecondition);
+  peer->Signal(SIGCONT);
+  Status retried;
+  auto until = Clock::now() + std::chrono::seconds(5);
+  while ((retried = (*e)->DeregisterMemory(*d)).code() == Code::kDeadlineExceeded && Clock::now() < until) {
+  }
+  EXPECT_TRUE(retried.ok()) << retried.ToString();
+  EXPECT_EQ((*e)->DeregisterMemory(*d).code(), Code::kNotFound);
 }
 
 // A peer that dies: the notification sent as it dies may vanish (Notify is one-way), but a
@@ -325,145 +368,6 @@ INSTANTIATE_TEST_SUITE_P(Rma, UcxProcess,
                            return std::string(RmaArg(std::get<0>(info.param))) + "_w" +
                                   std::to_string(std::get<1>(info.param));
                          });
-
-// A raw UCX client that speaks ferry's active-message framing, to send what no ferry engine
-// would.
-class RawClient {
- public:
-  explicit RawClient(const std::string& address) {
-    ucp_params_t params = {};
-    params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_AM;
-    EXPECT_EQ(ucp_init(&params, nullptr, &context_), UCS_OK);
-    ucp_worker_params_t wp = {};
-    EXPECT_EQ(ucp_worker_create(context_, &wp, &worker_), UCS_OK);
-    // The engine answers with acks; take them (UCX needs a handler for every id it receives).
-    ucp_am_handler_param_t am = {};
-    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB;
-    am.id = internal::ucx::kAmId;
-    am.cb = [](void*, const void*, size_t, void*, size_t, const ucp_am_recv_param_t*) {
-      return UCS_OK;
-    };
-    EXPECT_EQ(ucp_worker_set_am_recv_handler(worker_, &am), UCS_OK);
-    size_t colon = address.rfind(':');
-    sockaddr_in addr = {};
-    addr.sin_family = AF_INET;
-    inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
-    addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
-    ucp_ep_params_t ep = {};
-    ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-    ep.sockaddr.addrlen = sizeof(addr);
-    EXPECT_EQ(ucp_ep_create(worker_, &ep, &ep_), UCS_OK);
-  }
-  ~RawClient() {
-    ucp_request_param_t f = {};
-    void* flush = ucp_ep_flush_nbx(ep_, &f);
-    while (UCS_PTR_IS_PTR(flush) && ucp_request_check_status(flush) == UCS_INPROGRESS) ucp_worker_progress(worker_);
-    if (UCS_PTR_IS_PTR(flush)) ucp_request_free(flush);
-    ucp_request_param_t p = {};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    void* req = ucp_ep_close_nbx(ep_, &p);
-    if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
-    ucp_worker_destroy(worker_);
-    ucp_cleanup(context_);
-  }
-  void Send(const void* header, size_t header_len, const void* data, size_t len) {
-    ucp_request_param_t p = {};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_AM_SEND_FLAG_REPLY;
-    void* req = ucp_am_send_nbx(ep_, internal::ucx::kAmId, header, header_len, data, len, &p);
-    while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker_);
-    if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
-  }
-  void Progress(std::chrono::milliseconds d) {
-    auto until = Clock::now() + d;
-    while (Clock::now() < until) ucp_worker_progress(worker_);
-  }
-
- private:
-  ucp_context_h context_ = nullptr;
-  ucp_worker_h worker_ = nullptr;
-  ucp_ep_h ep_ = nullptr;
-};
-
-TEST(UcxHostile, MalformedMessagesAreRejectedAndCounted) {
-  Local l = MakeLocal(4096);
-  std::vector<uint8_t> before = l.buf;
-  EngineDesc d = l.engine->Describe();
-  ASSERT_FALSE(d.addresses.empty());
-  {
-    RawClient raw(d.addresses.front());
-    using namespace internal::ucx;
-    uint8_t h[kAmHeaderBytes];
-    std::vector<uint8_t> payload(4096, 0xAB);
-    AmHeader good;
-    good.type = MsgType::kWrite;
-    good.region = static_cast<uint64_t>(l.desc.region);
-    good.token = 1;
-    // 1. truncated header
-    EncodeHeader(good, h);
-    raw.Send(h, 10, nullptr, 0);
-    // 2. bad version
-    h[0] = 99;
-    raw.Send(h, sizeof(h), nullptr, 0);
-    // 3. write to an unknown region
-    AmHeader x = good;
-    x.region = 12345;
-    x.size = 16;
-    EncodeHeader(x, h);
-    raw.Send(h, sizeof(h), payload.data(), 16);
-    // 4. write past the end of the region
-    x = good;
-    x.offset = 4090;
-    x.size = 16;
-    EncodeHeader(x, h);
-    raw.Send(h, sizeof(h), payload.data(), 16);
-    // 5. size that does not match the payload
-    x = good;
-    x.size = 4096;
-    EncodeHeader(x, h);
-    raw.Send(h, sizeof(h), payload.data(), 8);
-    // 6. offset + size overflowing 64 bits, large payload (rendezvous)
-    x = good;
-    x.offset = UINT64_MAX - 100;
-    x.size = payload.size();
-    EncodeHeader(x, h);
-    raw.Send(h, sizeof(h), payload.data(), payload.size());
-    // 7. read request out of range
-    x = good;
-    x.type = MsgType::kReadReq;
-    x.offset = 4000;
-    x.size = 200;
-    EncodeHeader(x, h);
-    raw.Send(h, sizeof(h), nullptr, 0);
-    // 8. truncated notification
-    x = good;
-    x.type = MsgType::kNotify;
-    x.size = 1;
-    EncodeHeader(x, h);
-    raw.Send(h, sizeof(h), payload.data(), 1);
-    raw.Progress(std::chrono::milliseconds(300));
-  }
-  auto deadline = Clock::now() + std::chrono::seconds(5);
-  while (l.engine->stats().rejected_messages < 8 && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  EXPECT_EQ(l.engine->stats().rejected_messages, 8u);
-  EXPECT_EQ(l.buf, before) << "a rejected message changed registered memory";
-  EXPECT_TRUE(l.engine->PopNotifications().empty());
-
-  // The engine keeps serving well-formed peers.
-  auto peer = PeerProcess::Start(4096);
-  ASSERT_TRUE(peer);
-  ASSERT_TRUE(l.engine->AddPeer(peer->engine).ok());
-  auto s = l.engine->OpenSession(l.desc, peer->memory);
-  ASSERT_TRUE(s.ok());
-  EXPECT_TRUE(s->Write(0, 0, 4096).Wait().ok());
-}
 
 }  // namespace
 }  // namespace ferry

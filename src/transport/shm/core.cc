@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <random>
+#include <system_error>
 
 #include "base/codec.h"
 #include "base/log.h"
@@ -44,13 +45,17 @@ Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx) {
   std::shared_ptr<Core> core(new Core(ctx));
   int threads = ctx.options->copy_threads;
   if (threads <= 0) threads = std::clamp<int>(std::thread::hardware_concurrency(), 1, 8);
-  if (threads > 1) core->pool_ = std::make_unique<ThreadPool>(threads, "ferry-shm");
+  if (threads > 1) { FERRY_ASSIGN_OR_RETURN(core->pool_, ThreadPool::Create(threads, "ferry-shm")); }
   FERRY_ASSIGN_OR_RETURN(core->table_, RevocationTable::Create());
   core->socket_name_ = RandomName();
   FERRY_ASSIGN_OR_RETURN(core->listen_fd_, ListenAbstract(core->socket_name_));
   core->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (core->wake_fd_ < 0) return Status(Code::kUnavailable, "eventfd failed");
-  core->io_ = std::thread([c = core.get()] { c->Run(); });
+  try {
+    core->io_ = std::thread([c = core.get()] { c->Run(); });
+  } catch (const std::system_error& e) {
+    return Status(Code::kResourceExhausted, std::string("cannot start the shm I/O thread: ") + e.what());
+  }
   return core;
 }
 
@@ -115,12 +120,13 @@ Result<TransportData> Core::Register(const std::shared_ptr<Region>& region) {
   int fd = fcntl(span->fd, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return Status(Code::kResourceExhausted, "cannot keep the region's memory file open");
   auto [slot, generation] = table_->Publish();
+  const uint64_t key = RegionKey();
   {
     std::lock_guard<std::mutex> lock(mu_);
     exported_[static_cast<uint64_t>(region->id)] = Exported{reinterpret_cast<uint64_t>(region->base),
-                                                            region->size, fd, span->offset, slot, generation};
+                                                            region->size, key, fd, span->offset, slot, generation};
   }
-  return TransportData{std::string(kName), socket_name_};
+  return TransportData{std::string(kName), PackAccess(socket_name_, key)};
 }
 
 void Core::Deregister(const Region& region) {
@@ -306,7 +312,9 @@ void Core::HandleAtTarget(const std::shared_ptr<Conn>& conn, const Message& m) {
       auto it = exported_.find(h.region);
       int pass[2] = {-1, table_->fd()};
       size_t files = 0;
-      if (it == exported_.end()) {
+      if (it == exported_.end() || it->second.key != h.extra) {
+        // A wrong key is as good as no region (ids are small and sequential; keys are not).
+        if (it != exported_.end()) Reject("open of region " + std::to_string(h.region) + " without its key");
         reply.code = static_cast<uint8_t>(Code::kFailedPrecondition);
       } else if (it->second.address != h.offset || it->second.size != h.size) {
         Reject("open of region " + std::to_string(h.region) + " with a wrong address or size");

@@ -206,6 +206,7 @@ class Core : public std::enable_shared_from_this<Core> {
   struct Exported {
     uint64_t address;
     uint64_t size;
+    uint64_t key;  // the secret of the region's descriptor: a kOpen must carry it
     int fd;  // dup of the buffer's memory file
     uint64_t file_offset;
     uint32_t slot;  // in table_

@@ -109,12 +109,14 @@ class ShmEndpoint final : public Endpoint {
     if (remote.kind != MemoryKind::kHost || local->kind != MemoryKind::kHost)
       return Status(Code::kUnsupported, "the shm transport carries host memory");
     const TransportData* access = remote.FindAccess(kName);
-    if (access == nullptr || access->data != socket_name_)
+    if (access == nullptr) return Status(Code::kInvalidArgument, "remote region has no shm access");
+    FERRY_ASSIGN_OR_RETURN(auto name_key, UnpackAccess(access->data));
+    if (name_key.first != socket_name_)
       return Status(Code::kInvalidArgument, "remote region is not reachable through this shm endpoint");
     const auto region = static_cast<uint64_t>(remote.region);
     auto slot = conn_->FindSlot(region);
     if (!slot || !slot->live() || slot->address != remote.address || slot->size != remote.size) {
-      FERRY_ASSIGN_OR_RETURN(slot, Open(region, remote.address, remote.size));
+      FERRY_ASSIGN_OR_RETURN(slot, Open(region, remote.address, remote.size, name_key.second));
     }
     return std::unique_ptr<Channel>(new ShmChannel(core_, conn_, local, std::move(slot), region));
   }
@@ -151,11 +153,12 @@ class ShmEndpoint final : public Endpoint {
  private:
   // Asks the target for the region's memory file and maps it (on the I/O thread, so that a
   // revocation that follows the reply finds the mapping in place).
-  Result<std::shared_ptr<MappingSlot>> Open(uint64_t region, uint64_t address, uint64_t size) {
+  Result<std::shared_ptr<MappingSlot>> Open(uint64_t region, uint64_t address, uint64_t size, uint64_t key) {
     auto waiter = std::make_shared<Waiter<std::shared_ptr<MappingSlot>>>();
     Header h;
     h.type = MsgType::kOpen;
     h.region = region;
+    h.extra = key;
     h.offset = address;
     h.size = size;
     const Deadline until = Deadline::After(core_->options().call_timeout);

@@ -1,6 +1,8 @@
 #include "transport/shm/wire.h"
 
+#include <cstdio>
 #include <cstring>
+#include <random>
 
 namespace ferry::internal::shm {
 namespace {
@@ -70,6 +72,32 @@ Result<Message> Decode(const void* data, size_t length) {
     return Bad("unexpected payload");
   }
   return m;
+}
+
+std::string PackAccess(const std::string& socket_name, uint64_t key) {
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(key));
+  return socket_name + "#" + hex;
+}
+
+Result<std::pair<std::string, uint64_t>> UnpackAccess(std::string_view data) {
+  if (data.size() < 18 || data[data.size() - 17] != '#')
+    return Status(Code::kInvalidArgument, "malformed shm access data");
+  uint64_t key = 0;
+  for (char c : data.substr(data.size() - 16)) {
+    int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (v < 0) return Status(Code::kInvalidArgument, "malformed shm access data");
+    key = key << 4 | static_cast<uint64_t>(v);
+  }
+  return std::make_pair(std::string(data.substr(0, data.size() - 17)), key);
+}
+
+uint64_t RegionKey() {
+  std::random_device rd;
+  for (;;) {
+    uint64_t k = (uint64_t{rd()} << 32) ^ rd();
+    if (k != 0) return k;
+  }
 }
 
 }  // namespace ferry::internal::shm

@@ -3,7 +3,7 @@
 // record. Decoding checks every field; nothing from a peer is trusted.
 //   kHello     initiator -> target after connecting; payload: the initiator's engine key
 //   kOpen      asks for the memory file of `region`, registered at address `offset` with `size`
-//              bytes; answered by kOpenReply
+//              bytes, with the region's key in `extra` (from its descriptor); answered by kOpenReply
 //   kOpenReply `code` 0: the region's memory file and the target's revocation table come
 //              attached (SCM_RIGHTS, in that order); `offset` is where the region starts in
 //              its file, `size` its slot in the table, `extra` its generation (revocation.h).
@@ -23,12 +23,21 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "ferry/status.h"
 
 namespace ferry::internal::shm {
 
-inline constexpr uint8_t kWireVersion = 2;
+inline constexpr uint8_t kWireVersion = 3;
+
+// A region's `shm` descriptor data: the target's socket name, '#', and the region's key as 16
+// hex digits.
+std::string PackAccess(const std::string& socket_name, uint64_t key);
+// kInvalidArgument when `data` is not of that form.
+Result<std::pair<std::string, uint64_t>> UnpackAccess(std::string_view data);
+// A random non-zero key (the system's entropy source).
+uint64_t RegionKey();
 inline constexpr size_t kHeaderBytes = 48;
 // Largest payload any message may carry.
 inline constexpr size_t kMaxPayloadBytes = 1 << 20;
@@ -53,7 +62,7 @@ struct Header {
                         // kRing: the largest notification
   uint64_t size = 0;    // kOpen: the region's bytes; kRing: the ring's capacity; payload bytes
                         // for kHello
-  uint64_t extra = 0;   // kOpenReply: the region's generation
+  uint64_t extra = 0;   // kOpen: the region's key; kOpenReply: the region's generation
 };
 
 struct Message {

@@ -20,17 +20,20 @@ Status Bad(const std::string& what) {
 
 }  // namespace
 
-// Layout: [0] version [1] type [2] code [3..7] zero [8] token [16] region [24] offset
-// [32] size [40..47] zero.
+// Layout: [0] version [1] type [2] code [3] lane [4..7] zero [8] token [16] region [24] offset
+// [32] size [40] conn [48] key [56..63] zero.
 void EncodeHeader(const AmHeader& h, uint8_t out[kAmHeaderBytes]) {
   std::memset(out, 0, kAmHeaderBytes);
   out[0] = kWireVersion;
   out[1] = static_cast<uint8_t>(h.type);
   out[2] = h.code;
+  out[3] = h.lane;
   Put64(out + 8, h.token);
   Put64(out + 16, h.region);
   Put64(out + 24, h.offset);
   Put64(out + 32, h.size);
+  Put64(out + 40, h.conn);
+  Put64(out + 48, h.key);
 }
 
 Result<AmHeader> DecodeHeader(const void* data, size_t length, size_t payload_length) {
@@ -49,6 +52,14 @@ Result<AmHeader> DecodeHeader(const void* data, size_t length, size_t payload_le
   h.region = Get64(p + 16);
   h.offset = Get64(p + 24);
   h.size = Get64(p + 32);
+  h.conn = Get64(p + 40);
+  h.key = Get64(p + 48);
+  h.lane = p[3];
+  for (int i = 4; i < 8; ++i)
+    if (p[i] != 0) return Bad("reserved bytes set");
+  for (int i = 56; i < 64; ++i)
+    if (p[i] != 0) return Bad("reserved bytes set");
+  if (h.conn == 0) return Bad("no connection id");
   switch (h.type) {
     case MsgType::kWrite:
     case MsgType::kReadResp:

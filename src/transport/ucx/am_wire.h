@@ -1,11 +1,14 @@
-// The `ucx` transport's active-message wire format: a fixed 48-byte little-endian header,
-// decoded with every field checked. Messages:
-//   kHello    client -> server after connecting; payload: the client's engine key
+// The `ucx` transport's active-message wire format: a fixed 64-byte little-endian header,
+// decoded with every field checked. Every message names its connection: `conn` is the id the
+// target gave it in ferry's handshake (door_wire.h), and the target takes the sender's
+// identity from that connection, never from a message. Messages that reach a region carry
+// its `key`, the secret of its descriptor. Messages:
+//   kHello    unused (the handshake is on ferry's own socket); rejected
 //   kWrite    payload lands in the target's region `region` at `offset` (`size` bytes)
 //   kReadReq  asks the target to send `size` bytes of `region` at `offset` back (kReadResp)
 //   kReadResp payload: the bytes asked for by `token`
 //   kAck      completes the sender's `token` with status `code` (0 = OK)
-//   kNotify   payload: a notification for the target's inbox
+//   kNotify   payload: a notification for the target's inbox, from the connection's engine
 //   kCheck    asks the target to confirm that `region` is registered at address `offset` with
 //             `size` bytes, before the initiator uses its remote key for RMA
 //   kRevoke   the target deregisters `region`: the initiator drops its remote key, completes
@@ -22,7 +25,7 @@
 namespace ferry::internal::ucx {
 
 inline constexpr uint16_t kAmId = 0x4652;  // one UCX AM id; the header says which message
-inline constexpr uint8_t kWireVersion = 1;
+inline constexpr uint8_t kWireVersion = 2;
 
 enum class MsgType : uint8_t {
   kHello = 1,
@@ -44,9 +47,12 @@ struct AmHeader {
   uint64_t region = 0;  // target region id
   uint64_t offset = 0;  // offset inside the region
   uint64_t size = 0;    // bytes of data the message carries or asks for
+  uint64_t conn = 0;    // the connection's id (door_wire.h)
+  uint64_t key = 0;     // the target region's key (its descriptor's secret)
+  uint8_t lane = 0;     // which of the connection's endpoints it came on (answers go back on it)
 };
 
-inline constexpr size_t kAmHeaderBytes = 48;
+inline constexpr size_t kAmHeaderBytes = 64;
 
 void EncodeHeader(const AmHeader& h, uint8_t out[kAmHeaderBytes]);
 // kInvalidArgument on a header of the wrong length, version or type, or with a size that

@@ -14,6 +14,9 @@ namespace {
 TEST(AmWire, RoundTrips) {
   AmHeader h;
   h.type = MsgType::kWrite;
+  h.conn = 0x1122334455667788;
+  h.key = 0x99;
+  h.lane = 3;
   h.code = 0;
   h.token = 0x0102030405060708;
   h.region = 7;
@@ -28,18 +31,31 @@ TEST(AmWire, RoundTrips) {
   EXPECT_EQ(back->region, 7u);
   EXPECT_EQ(back->offset, h.offset);
   EXPECT_EQ(back->size, 4096u);
+  EXPECT_EQ(back->conn, h.conn);
+  EXPECT_EQ(back->key, h.key);
+  EXPECT_EQ(back->lane, 3);
 }
 
 TEST(AmWire, RejectsMalformedHeaders) {
   AmHeader h;
   h.type = MsgType::kAck;
+  h.conn = 1;
   uint8_t buf[kAmHeaderBytes];
   EncodeHeader(h, buf);
   EXPECT_TRUE(DecodeHeader(buf, sizeof(buf), 0).ok());
+  uint8_t bad[kAmHeaderBytes];
+  std::memcpy(bad, buf, sizeof(bad));
+  bad[40] = 0;  // no connection id
+  EXPECT_EQ(DecodeHeader(bad, sizeof(bad), 0).status().code(), Code::kInvalidArgument);
+  std::memcpy(bad, buf, sizeof(bad));
+  bad[60] = 1;  // reserved
+  EXPECT_EQ(DecodeHeader(bad, sizeof(bad), 0).status().code(), Code::kInvalidArgument);
+  std::memcpy(bad, buf, sizeof(bad));
+  bad[5] = 1;  // reserved
+  EXPECT_EQ(DecodeHeader(bad, sizeof(bad), 0).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(DecodeHeader(buf, sizeof(buf) - 1, 0).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(DecodeHeader(nullptr, 0, 0).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(DecodeHeader(buf, sizeof(buf), 10).status().code(), Code::kInvalidArgument);  // ack with payload
-  uint8_t bad[kAmHeaderBytes];
   std::memcpy(bad, buf, sizeof(bad));
   bad[0] = 9;  // version
   EXPECT_EQ(DecodeHeader(bad, sizeof(bad), 0).status().code(), Code::kInvalidArgument);

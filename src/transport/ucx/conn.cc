@@ -1,9 +1,6 @@
 // Conn: a connection to one peer on one shard (core.h). Everything here but failure() runs
 // holding the shard's worker (worker.h).
-#include <arpa/inet.h>
-#include <netinet/in.h>
-
-#include <cstdlib>
+#include <unistd.h>
 
 #include "base/log.h"
 #include "transport/ucx/core.h"
@@ -16,23 +13,18 @@ Status Conn::failure() const {
   return failure_;
 }
 
+Conn::~Conn() {
+  if (control_ >= 0) close(control_);
+}
+
 Status Conn::Open(int lanes) {
-  size_t colon = address_.rfind(':');
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  if (colon == std::string::npos ||
-      inet_pton(AF_INET, address_.substr(0, colon).c_str(), &addr.sin_addr) != 1)
-    return Status(Code::kInvalidArgument, "bad peer address '" + address_ + "'");
-  int port = std::atoi(address_.c_str() + colon + 1);
-  if (port <= 0 || port > 65535) return Status(Code::kInvalidArgument, "bad peer port in '" + address_ + "'");
-  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (shard_->conn_by_id.count(id_) != 0)
+    return Status(Code::kFailedPrecondition, "peer " + peer_.key + " gave a connection id already in use here");
   for (int i = 0; i < lanes; ++i) {
     ucp_ep_params_t params = {};
-    params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                        UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-    params.sockaddr.addrlen = sizeof(addr);
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    params.address = reinterpret_cast<const ucp_address_t*>(worker_address_.data());
     params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     params.err_handler.cb = &Conn::OnError;
     params.err_handler.arg = this;
@@ -40,8 +32,8 @@ Status Conn::Open(int lanes) {
     ucs_status_t st = ucp_ep_create(shard_->worker->handle(), &params, &ep);
     if (st != UCS_OK) return FromUcs(st, "connecting to " + peer_.key + " at " + address_);
     eps_.push_back(ep);
-    shard_->conn_by_ep[ep] = this;
   }
+  shard_->conn_by_id[id_] = this;
   return Status::Ok();
 }
 
@@ -58,7 +50,7 @@ void Conn::Fail(Status why) {
     failure_ = why;
   }
   FERRY_LOG_INFO("ucx: {}", why.ToString());
-  shard_->FailPending(this, nullptr, why);
+  shard_->FailPending(this, 0, why);
   Close();
 }
 
@@ -67,11 +59,17 @@ void Conn::Close() {
     for (ucp_rkey_h k : keys)
       if (k != nullptr) ucp_rkey_destroy(k);
   rkeys_.clear();
-  for (ucp_ep_h ep : eps_) {
-    shard_->conn_by_ep.erase(ep);
-    CloseEndpoint(ep);
+  for (ucp_ep_h ep : eps_) CloseEndpoint(ep);
+  if (!eps_.empty()) {
+    auto it = shard_->conn_by_id.find(id_);
+    if (it != shard_->conn_by_id.end() && it->second == this) shard_->conn_by_id.erase(it);
   }
   eps_.clear();
+  // The target forgets the connection when its control socket closes.
+  if (control_ >= 0) {
+    close(control_);
+    control_ = -1;
+  }
   failed_.store(true, std::memory_order_release);
 }
 
@@ -96,7 +94,8 @@ Result<ucp_rkey_h> Conn::RemoteKey(const MemoryDesc& remote, size_t lane) {
   if (keys[lane] == nullptr) {
     const TransportData* access = remote.FindAccess("ucx");
     if (access == nullptr) return Status(Code::kInvalidArgument, "remote region has no ucx key");
-    ucs_status_t st = ucp_ep_rkey_unpack(eps_[lane], access->data.data(), &keys[lane]);
+    FERRY_RETURN_IF_ERROR(AccessKey(remote).status());
+    ucs_status_t st = ucp_ep_rkey_unpack(eps_[lane], AccessRest(remote).data(), &keys[lane]);
     if (st != UCS_OK) return FromUcs(st, "unpacking the remote key");
   }
   return keys[lane];

@@ -5,13 +5,14 @@
 #include <netinet/in.h>
 
 #include <cstdio>
+#include <condition_variable>
 #include <cstring>
+#include <unistd.h>
 #include <random>
 #include <thread>
 
 #include "base/log.h"
 #include "base/tsan.h"
-#include "transport/ucx/listen_socket.h"
 
 namespace ferry::internal::ucx {
 namespace {
@@ -63,6 +64,14 @@ Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx, std::uni
   if (o.workers < 1 || o.workers > 16) return Status(Code::kInvalidArgument, "ucx.workers must be in 1..16");
   if (o.post_batch < 1) return Status(Code::kInvalidArgument, "ucx.post_batch must be positive");
   if (o.max_am_bytes < 4096) return Status(Code::kInvalidArgument, "ucx.max_am_bytes must be >= 4096");
+  if (o.max_pending_handshakes < 1 || o.max_pending_handshakes > 65536)
+    return Status(Code::kInvalidArgument, "ucx.max_pending_handshakes must be in 1..65536");
+  if (o.max_connections < 1 || o.max_connections > 1 << 20)
+    return Status(Code::kInvalidArgument, "ucx.max_connections must be in 1..1048576");
+  if (o.handshake_timeout <= std::chrono::milliseconds(0) || o.handshake_timeout > std::chrono::hours(1))
+    return Status(Code::kInvalidArgument, "ucx.handshake_timeout must be in (0, 1 h]");
+  if (o.connect_timeout <= std::chrono::milliseconds(0) || o.connect_timeout > std::chrono::hours(1))
+    return Status(Code::kInvalidArgument, "ucx.connect_timeout must be in (0, 1 h]");
   std::shared_ptr<Core> core(new Core());
   core->engine_key_ = ctx.engine_key;
   core->options_ = o;
@@ -90,6 +99,15 @@ Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx, std::uni
     am.flags = UCP_AM_FLAG_WHOLE_MSG;
     st = ucp_worker_set_am_recv_handler(shard->worker->handle(), &am);
     if (st != UCS_OK) return FromUcs(st, "ucp_worker_set_am_recv_handler");
+    ucp_address_t* address = nullptr;
+    size_t address_len = 0;
+    st = ucp_worker_get_address(shard->worker->handle(), &address, &address_len);
+    if (st != UCS_OK) return FromUcs(st, "ucp_worker_get_address");
+    shard->worker_address.assign(reinterpret_cast<const char*>(address), address_len);
+    ucp_worker_release_address(shard->worker->handle(), address);
+    if (address_len > kMaxWorkerAddressBytes)
+      return Status(Code::kUnsupported, "this UCX worker's address has " + std::to_string(address_len) +
+                                            " bytes, more than ferry's handshake carries (narrow UCX_NET_DEVICES)");
     core->shards_.push_back(std::move(shard));
   }
   FERRY_RETURN_IF_ERROR(core->Listen());
@@ -97,8 +115,8 @@ Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx, std::uni
 
   for (auto& shard : core->shards_) {
     Shard* raw = shard.get();
-    raw->worker->Start([raw] { Forget(*raw); },
-                       [raw] { return !raw->pending.empty() || raw->sends_in_flight > 0; });
+    FERRY_RETURN_IF_ERROR(raw->worker->Start([raw] { Forget(*raw); },
+                                             [raw] { return !raw->pending.empty() || raw->sends_in_flight > 0; }));
   }
   return core;
 }
@@ -119,27 +137,22 @@ void Core::Forget(Shard& s) {
 }
 
 Status Core::Listen() {
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(options_.listen_port);
-  if (inet_pton(AF_INET, options_.listen_host.c_str(), &addr.sin_addr) != 1)
-    return Status(Code::kInvalidArgument, "ucx.listen_host '" + options_.listen_host + "' is not an IPv4 address");
-  ucp_listener_params_t params = {};
-  params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-  params.sockaddr.addrlen = sizeof(addr);
-  params.conn_handler.cb = &Core::OnConnRequest;
-  params.conn_handler.arg = this;
-  ucs_status_t st = ucp_listener_create(shards_[0]->worker->handle(), &params, &listener_);
-  if (st != UCS_OK)
-    return FromUcs(st, "listening on " + options_.listen_host + ":" + std::to_string(options_.listen_port));
-  ucp_listener_attr_t attr = {};
-  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-  st = ucp_listener_query(listener_, &attr);
-  if (st != UCS_OK) return FromUcs(st, "ucp_listener_query");
-  uint16_t port = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
-  listen_port_ = port;
-
+  DoorOptions d;
+  d.host = options_.listen_host;
+  d.port = options_.listen_port;
+  d.key = engine_key_;
+  d.max_pending = options_.max_pending_handshakes;
+  d.max_connections = options_.max_connections;
+  d.handshake_timeout = options_.handshake_timeout;
+  FERRY_ASSIGN_OR_RETURN(door_, Door::Create(
+                                    d, [this](const Hello& h, Deadline deadline) { return Admit(h, deadline); },
+                                    [this](uint64_t id) {
+                                      Shard* s0 = shards_[0].get();
+                                      (void)s0->worker->Submit([this, id] {
+                                        DropAccepted(id, Status(Code::kUnavailable, "a peer closed its connection"));
+                                      });
+                                    }));
+  const uint16_t port = door_->port();
   if (options_.listen_host != "0.0.0.0") {
     addresses_.push_back(options_.listen_host + ":" + std::to_string(port));
     return Status::Ok();
@@ -161,6 +174,120 @@ Status Core::Listen() {
   return Status::Ok();
 }
 
+uint64_t Core::refused_connections() const { return door_ ? door_->refused() : 0; }
+
+// The door thread waits for shard 0 to open the endpoints, so that the initiator's first
+// message finds its connection. If the wait ends first, the connection is dropped.
+// UCX takes a worker address without its length and trusts what it says: an address of another
+// UCX version or format (its first byte) crashed UCX 1.13's parser in most random cases. Such
+// addresses are refused; the rest go to UCX with zeros after them, so no read past their end
+// leaves the buffer. (A crafted address of the right format can still upset UCX's parser; only
+// authenticated peers close that.)
+Result<std::string> Core::CheckedWorkerAddress(std::string_view address) const {
+  const std::string& own = shards_[0]->worker_address;
+  if (address.empty() || own.empty() || address[0] != own[0])
+    return Status(Code::kInvalidArgument, "the peer's UCX worker address is of another UCX version or format");
+  std::string padded(address);
+  padded.resize(address.size() + 4096, '\0');
+  return padded;
+}
+
+Welcome Core::Admit(const Hello& hello, Deadline deadline) {
+  auto address = CheckedWorkerAddress(hello.worker_address);
+  if (!address.ok()) {
+    Welcome w;
+    w.code = address.status().code();
+    w.message = std::string(address.status().message());
+    return w;
+  }
+  struct Wait {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    bool abandoned = false;
+    Status status;
+  };
+  auto wait = std::make_shared<Wait>();
+  const uint64_t id = RandomKey();  // unguessable: it is what names the peer in each message
+  Shard* s0 = shards_[0].get();
+  bool submitted = s0->worker->Submit([this, s0, wait, id, hello, padded = std::move(address).value()] {
+    std::unique_lock<std::mutex> lock(wait->mu);
+    if (wait->abandoned) return;
+    if (s0->accepted.count(id) != 0) {  // 2^-64
+      wait->status = Status(Code::kUnavailable, "connection id in use; retry");
+      wait->done = true;
+      return wait->cv.notify_all();
+    }
+    auto a = std::make_unique<Accepted>();
+    a->id = id;
+    a->peer_key = hello.from_key;
+    Status st;
+    for (int i = 0; i < hello.lanes && st.ok(); ++i) {
+      ucp_ep_params_t params = {};
+      params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                          UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+      params.address = reinterpret_cast<const ucp_address_t*>(padded.data());
+      params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      params.err_handler.cb = &Core::OnAcceptedError;
+      params.err_handler.arg = this;
+      ucp_ep_h ep = nullptr;
+      ucs_status_t ust = ucp_ep_create(s0->worker->handle(), &params, &ep);
+      if (ust != UCS_OK) {
+        st = FromUcs(ust, "opening an endpoint back to " + hello.from_key);
+        break;
+      }
+      a->eps.push_back(ep);
+      s0->accepted_by_ep[ep] = id;
+    }
+    if (!st.ok()) {
+      for (ucp_ep_h ep : a->eps) {
+        s0->accepted_by_ep.erase(ep);
+        CloseEndpoint(ep);
+      }
+    } else {
+      s0->accepted[id] = std::move(a);
+    }
+    wait->status = st;
+    wait->done = true;
+    wait->cv.notify_all();
+  });
+  Welcome w;
+  if (!submitted) {
+    w.code = Code::kUnavailable;
+    w.message = "the engine is shutting down";
+    return w;
+  }
+  std::unique_lock<std::mutex> lock(wait->mu);
+  if (!wait->cv.wait_until(lock, deadline.at(), [&] { return wait->done; })) {
+    wait->abandoned = true;
+    w.code = Code::kUnavailable;
+    w.message = "the engine is too busy to take a connection";
+    return w;
+  }
+  if (!wait->status.ok()) {
+    w.code = wait->status.code();
+    w.message = std::string(wait->status.message());
+    return w;
+  }
+  w.conn_id = id;
+  w.worker_address = s0->worker_address;
+  return w;
+}
+
+void Core::DropAccepted(uint64_t id, const Status& why) {
+  Shard& s0 = *shards_[0];
+  auto it = s0.accepted.find(id);
+  if (it == s0.accepted.end()) return;
+  std::unique_ptr<Accepted> a = std::move(it->second);
+  s0.accepted.erase(it);
+  FERRY_LOG_DEBUG("ucx: connection from {} ended: {}", a->peer_key, why.ToString());
+  s0.FailPending(nullptr, id, why);
+  for (ucp_ep_h ep : a->eps) {
+    s0.accepted_by_ep.erase(ep);
+    CloseEndpoint(ep);
+  }
+}
+
 Core::~Core() {
   Shutdown();
   stager_.reset();  // waits for its GPU copies; needs the (stopped) worker
@@ -168,63 +295,29 @@ Core::~Core() {
   for (auto& [id, r] : regions_)
     if (r.memh != nullptr) ucp_mem_unmap(context_, r.memh);
   regions_.clear();
-  CloseListener();
+  door_.reset();
   shards_.clear();
   if (context_ != nullptr) ucp_cleanup(context_);
-}
-
-// UCX (1.13 here) hands a connection request whose TCP connection it accepted before the
-// listener was destroyed, but whose request data arrives after, to the destroyed listener: a
-// peer that connected while an engine shut down crashed the process (shutdown_test.cc). So the
-// listening socket first stops taking connections (Shutdown), the requests of connections it
-// already took are received and rejected while shard 0's worker still runs, and the listener is
-// destroyed only then, right before the workers, with nothing progressing them any more.
-void Core::CloseListener() {
-  if (listener_ == nullptr) return;
-  using Clock = std::chrono::steady_clock;
-  ucp_worker_h worker = shards_[0]->worker->handle();  // stopped: this thread is its only user
-  // Until every connection the listener took is closed, but for the refused requests held in
-  // refused_: the requests still to come are received (and held), the endpoints Shutdown closed
-  // finish closing. Then the held requests are rejected, just before the listener goes. A peer that
-  // connected but sends nothing is waited for at most kLinger.
-  constexpr auto kLinger = std::chrono::milliseconds(200);
-  const auto start = Clock::now();
-  auto checked = start;
-  for (auto now = start; now - start < kLinger; now = Clock::now()) {
-    if (ucp_worker_progress(worker) != 0) continue;
-    if (now - checked >= std::chrono::milliseconds(1) || now == start) {
-      checked = now;
-      if (CountAcceptedConnections(listen_port_) <= static_cast<int>(refused_.size()) &&
-          now - std::max(start, last_conn_request_) >= std::chrono::milliseconds(1))
-        break;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-  for (ucp_conn_request_h r : refused_) ucp_listener_reject(listener_, r);
-  refused_.clear();
-  ucp_listener_destroy(listener_);
-  listener_ = nullptr;
 }
 
 void Core::Shutdown() {
   if (shut_down_ || shards_.empty()) return;
   shut_down_ = true;
-  if (listener_ != nullptr) {
-    Status s = RefuseNewConnections(listen_port_);
-    if (!s.ok()) FERRY_LOG_DEBUG("ucx: {}", s.ToString());
-  }
-  // Shard 0 last: it holds the listener and the endpoints that peers opened.
+  // No new connections; the door's sockets close, so peers forget their connections here.
+  if (door_) door_->Stop();
+  // Shard 0 last: it holds the connections that peers opened.
   for (size_t i = shards_.size(); i-- > 0;) {
     Shard* s = shards_[i].get();
-    s->worker->Stop([this, s] {
+    s->worker->Stop([s] {
       Status aborted(Code::kAborted, "the ucx transport was shut down");
       for (auto& [token, p] : s->pending) p.state->PartDone(aborted);
       s->pending.clear();
       for (const auto& conn : s->conns) conn->Close();
       s->conns.clear();
-      for (ucp_ep_h ep : s->accepted) CloseEndpoint(ep);
+      for (auto& [id, a] : s->accepted)
+        for (ucp_ep_h ep : a->eps) CloseEndpoint(ep);
       s->accepted.clear();
-      if (s->index == 0) accepting_ = false;
+      s->accepted_by_ep.clear();
     });
   }
 }
@@ -232,9 +325,10 @@ void Core::Shutdown() {
 Result<TransportData> Core::Register(const std::shared_ptr<Region>& region) {
   if (region->kind == MemoryKind::kCuda) {
     // Staged: peers reach it only through active messages, never by RMA.
+    const uint64_t key = RandomKey();
     std::lock_guard<std::mutex> lock(regions_mu_);
-    regions_[static_cast<uint64_t>(region->id)] = Registered{region, nullptr};
-    return TransportData{"ucx", "staged"};
+    regions_[static_cast<uint64_t>(region->id)] = Registered{region, nullptr, key};
+    return TransportData{"ucx", PackAccess(key, "staged")};
   }
   ucp_mem_map_params_t params = {};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
@@ -250,10 +344,11 @@ Result<TransportData> Core::Register(const std::shared_ptr<Region>& region) {
     ucp_mem_unmap(context_, memh);
     return FromUcs(st, "ucp_rkey_pack");
   }
-  TransportData data{"ucx", std::string(static_cast<const char*>(rkey), rkey_size)};
+  const uint64_t key = RandomKey();
+  TransportData data{"ucx", PackAccess(key, std::string_view(static_cast<const char*>(rkey), rkey_size))};
   ucp_rkey_buffer_release(rkey);
   std::lock_guard<std::mutex> lock(regions_mu_);
-  regions_[static_cast<uint64_t>(region->id)] = Registered{region, memh};
+  regions_[static_cast<uint64_t>(region->id)] = Registered{region, memh, key};
   return data;
 }
 
@@ -273,13 +368,14 @@ void Core::Deregister(const Region& region) {
                                                Deadline::After(std::chrono::seconds(5)));
   Shard* s0 = shards_[0].get();
   bool submitted = s0->worker->Submit([s0, state, id = static_cast<uint64_t>(region.id)] {
-    for (ucp_ep_h ep : s0->accepted) {
+    for (auto& [conn_id, a] : s0->accepted) {
       state->AddParts(1);
       AmHeader h;
       h.type = MsgType::kRevoke;
       h.region = id;
-      h.token = s0->AddPending(Pending{state, nullptr, ep});
-      s0->Send(ep, h, nullptr, {});
+      h.conn = conn_id;
+      h.token = s0->AddPending(Pending{state, nullptr, conn_id});
+      s0->Send(a->ep(0), h, nullptr, {});
     }
     state->PartDone(Status::Ok());
   });
@@ -293,13 +389,45 @@ void Core::Deregister(const Region& region) {
   ucp_mem_unmap(context_, memh);
 }
 
+Result<std::shared_ptr<Conn>> Core::Dial(const EngineDesc& peer, const std::string& peer_address, bool same_host,
+                                         size_t shard_index, int lanes, Deadline deadline) {
+  Shard& shard = this->shard(shard_index);
+  Hello hello;
+  hello.from_key = engine_key_;
+  hello.to_key = peer.key;
+  hello.lanes = static_cast<uint16_t>(lanes);
+  hello.worker_address = shard.worker_address;
+  FERRY_ASSIGN_OR_RETURN(Dialed d, ucx::Dial(peer_address, hello, deadline));
+  auto address = CheckedWorkerAddress(d.welcome.worker_address);
+  if (!address.ok()) {
+    close(d.control);
+    return address.status().WithContext("engine at " + peer_address);
+  }
+  if (d.welcome.key != peer.key) {
+    close(d.control);
+    return Status(Code::kFailedPrecondition, "the engine at " + peer_address + " is '" + d.welcome.key + "', not '" +
+                                                 peer.key + "' as its descriptor says");
+  }
+  auto conn = std::make_shared<Conn>(shared_from_this(), &shard, peer, peer_address, same_host, d.welcome.conn_id,
+                                     std::move(address).value(), d.control);
+  bool ok = shard.worker->Submit([conn, lanes] {
+    Status s = conn->Open(lanes);
+    if (!s.ok()) return conn->Fail(s);
+    conn->shard().conns.insert(conn);
+  });
+  if (!ok) return Status(Code::kAborted, "the ucx transport was shut down");
+  return conn;
+}
+
 Status Core::Call(const std::shared_ptr<Conn>& conn, AmHeader h, std::string payload, Deadline deadline) {
   auto state = std::make_shared<TransferState>(TransferId{}, 0, TransferPath{"ucx", false}, deadline);
   state->AddParts(1);
   Shard& s = conn->shard();
   bool ok = s.worker->Submit([&s, conn, state, h, payload = std::move(payload)]() mutable {
     if (conn->failed()) return state->PartDone(conn->failure());
-    h.token = s.AddPending(Pending{state, conn.get(), nullptr});
+    h.conn = conn->id();
+    h.lane = 0;
+    h.token = s.AddPending(Pending{state, conn.get(), 0});
     s.Send(conn->ep(0), h, nullptr, std::move(payload), /*eager=*/true);
   });
   if (!ok) return Status(Code::kAborted, "the ucx transport was shut down");
@@ -313,10 +441,41 @@ bool Core::Poll() {
   return any;
 }
 
-std::shared_ptr<Region> Core::FindRegion(uint64_t id) {
+std::shared_ptr<Region> Core::FindRegion(uint64_t id, uint64_t key) {
   std::lock_guard<std::mutex> lock(regions_mu_);
   auto it = regions_.find(id);
-  return it == regions_.end() ? nullptr : it->second.region;
+  if (it == regions_.end()) return nullptr;
+  // A wrong key is as good as no region: the caller rejects the message.
+  if (it->second.key != key) return nullptr;
+  return it->second.region;
+}
+
+uint64_t RandomKey() {
+  std::random_device rd;
+  for (;;) {
+    uint64_t k = (uint64_t{rd()} << 32) ^ rd();
+    if (k != 0) return k;
+  }
+}
+
+std::string PackAccess(uint64_t key, std::string_view rest) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(key >> (8 * i));
+  out.append(rest);
+  return out;
+}
+
+Result<uint64_t> AccessKey(const MemoryDesc& remote) {
+  const TransportData* access = remote.FindAccess("ucx");
+  if (access == nullptr) return Status(Code::kInvalidArgument, "remote region has no ucx access");
+  if (access->data.size() <= 8) return Status(Code::kInvalidArgument, "remote region's ucx access is malformed");
+  uint64_t key = 0;
+  for (int i = 0; i < 8; ++i) key |= uint64_t{static_cast<uint8_t>(access->data[i])} << (8 * i);
+  return key;
+}
+
+std::string_view AccessRest(const MemoryDesc& remote) {
+  return std::string_view(remote.FindAccess("ucx")->data).substr(8);
 }
 
 bool Core::UseRma(const Conn& conn) const {
@@ -354,10 +513,10 @@ uint64_t Shard::AddPending(Pending p) {
   return token;
 }
 
-void Shard::FailPending(const Conn* conn, ucp_ep_h accepted_ep, const Status& why) {
+void Shard::FailPending(const Conn* conn, uint64_t accepted_id, const Status& why) {
   for (auto it = pending.begin(); it != pending.end();) {
     if ((conn != nullptr && it->second.conn == conn) ||
-        (accepted_ep != nullptr && it->second.accepted == accepted_ep)) {
+        (accepted_id != 0 && it->second.accepted == accepted_id)) {
       it->second.state->PartDone(why);
       it = pending.erase(it);
     } else {
@@ -374,6 +533,7 @@ void Core::Reject(const char* why) {
 
 void Shard::Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string payload, bool eager,
                  std::shared_ptr<void> hold) {
+  if (ep == nullptr) return;  // an accepted connection that is gone: nobody waits for the answer
   auto* ctx = new SendCtx();
   EncodeHeader(h, ctx->header);
   ctx->payload = std::move(payload);
@@ -384,11 +544,9 @@ void Shard::Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string p
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
   p.cb.send = &OnSendDone;
   p.user_data = ctx;
-  // The receiver answers on the reply endpoint; acks, read responses and one-way
-  // notifications get no answer, so they go without it (no endpoint lookup at the receiver).
-  const bool answered = h.type != MsgType::kAck && h.type != MsgType::kReadResp &&
-                        !(h.type == MsgType::kNotify && h.token == 0);
-  p.flags = (answered ? UCP_AM_SEND_FLAG_REPLY : 0) | (eager ? UCP_AM_SEND_FLAG_EAGER : 0);
+  // Answers go back on the endpoints the target opened to this worker (Accepted), found by the
+  // connection id in the header: no reply endpoint travels.
+  p.flags = eager ? UCP_AM_SEND_FLAG_EAGER : 0;
   ctx->in_flight = &sends_in_flight;
   FERRY_TSAN_WIRE_RELEASE();
   void* req = ucp_am_send_nbx(ep, kAmId, ctx->header, kAmHeaderBytes, buffer, size, &p);
@@ -396,44 +554,36 @@ void Shard::Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string p
   else delete ctx;  // done at once, or failed (the peer's error handler reports it)
 }
 
-void Shard::SendAck(ucp_ep_h ep, uint64_t token, Code code) {
+void Shard::SendAck(uint64_t conn, uint8_t lane, uint64_t token, Code code) {
+  ucp_ep_h ep = ReplyEp(conn, lane);
+  if (ep == nullptr) return;  // the connection is gone; so is whoever waited for the answer
   AmHeader h;
   h.type = MsgType::kAck;
   h.token = token;
+  h.conn = conn;
+  h.lane = lane;
   h.code = static_cast<uint8_t>(code);
   Send(ep, h, nullptr, std::string());
 }
 
-void Core::OnConnRequest(ucp_conn_request_h request, void* arg) {
-  auto* core = static_cast<Core*>(arg);
-  if (!core->accepting_) {
-    core->last_conn_request_ = std::chrono::steady_clock::now();
-    core->refused_.push_back(request);
-    return;
-  }
-  ucp_ep_params_t params = {};
-  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-  params.conn_request = request;
-  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  params.err_handler.cb = &Core::OnAcceptedError;
-  params.err_handler.arg = core;
-  ucp_ep_h ep = nullptr;
-  ucs_status_t st = ucp_ep_create(core->shards_[0]->worker->handle(), &params, &ep);
-  if (st != UCS_OK) {
-    FERRY_LOG_WARN("ucx: cannot accept a connection: {}", ucs_status_string(st));
-    return;
-  }
-  core->shards_[0]->accepted.insert(ep);
+void Shard::SendAckOn(const Conn& conn, uint64_t token, Code code) {
+  if (conn.failed()) return;
+  AmHeader h;
+  h.type = MsgType::kAck;
+  h.token = token;
+  h.conn = conn.id();
+  h.code = static_cast<uint8_t>(code);
+  Send(conn.ep(0), h, nullptr, std::string());
 }
 
 void Core::OnAcceptedError(void* arg, ucp_ep_h ep, ucs_status_t status) {
   auto* core = static_cast<Core*>(arg);
-  FERRY_LOG_DEBUG("ucx: a peer's connection closed: {}", ucs_status_string(status));
   Shard& s0 = *core->shards_[0];
-  if (s0.accepted.erase(ep) == 0) return;
-  s0.FailPending(nullptr, ep, Status(Code::kUnavailable, "a peer's connection closed"));
-  CloseEndpoint(ep);
+  auto it = s0.accepted_by_ep.find(ep);
+  if (it == s0.accepted_by_ep.end()) return;
+  const uint64_t id = it->second;
+  core->DropAccepted(id, FromUcs(status, "a peer's connection failed"));
+  if (core->door_) core->door_->Forget(id);
 }
 
 }  // namespace ferry::internal::ucx

@@ -3,9 +3,11 @@
 //
 // Workers: UcxOptions::workers shards, each one UCX worker with its own progress thread (see
 // worker.h) and the state that thread owns: its connections, their endpoints and the
-// operations sent on them. An answer comes back on the endpoint its request left from, so
-// each shard's tables are complete on their own. The listener and the endpoints that peers'
-// connections make here belong to shard 0.
+// operations sent on them. A connection begins with ferry's handshake at the target's door
+// (door.h), which gives it an id and the target's worker address; the initiator opens its
+// lanes to that worker, and the target opens as many endpoints back to the initiator's worker
+// (an Accepted connection) for its answers. So each shard's tables are complete on their own.
+// Connections that peers make here are served by shard 0.
 //
 // Threads: a Shard's UCX objects and tables are touched only by the thread that holds its
 // worker (worker.h): its progress thread, or an application thread that took the worker to
@@ -27,6 +29,7 @@
 
 #include "transport/transport.h"
 #include "transport/ucx/am_wire.h"
+#include "transport/ucx/door.h"
 #include "transport/ucx/rma_policy.h"
 #include "transport/ucx/staged.h"
 #include "transport/ucx/worker.h"
@@ -40,10 +43,16 @@ struct Shard;
 // on them.
 class Conn : public std::enable_shared_from_this<Conn> {
  public:
-  Conn(std::shared_ptr<Core> core, Shard* shard, EngineDesc peer, std::string address, bool same_host)
+  // `id`, `worker_address` (checked and padded), `control`: from the handshake (door.h); the
+  // Conn owns `control`.
+  Conn(std::shared_ptr<Core> core, Shard* shard, EngineDesc peer, std::string address, bool same_host,
+       uint64_t id, std::string worker_address, int control)
       : core_(std::move(core)), shard_(shard), peer_(std::move(peer)), address_(std::move(address)),
-        same_host_(same_host) {}
+        same_host_(same_host), id_(id), worker_address_(std::move(worker_address)), control_(control) {}
+  ~Conn();
 
+  // The id the target gave this connection: every message on it carries it.
+  uint64_t id() const { return id_; }
   const EngineDesc& peer() const { return peer_; }
   Shard& shard() const { return *shard_; }
   bool same_host() const { return same_host_; }
@@ -74,6 +83,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
   const EngineDesc peer_;
   const std::string address_;
   const bool same_host_;
+  const uint64_t id_;
+  const std::string worker_address_;
+  int control_;  // the handshake's socket, closed with the connection
   std::atomic<bool> failed_{false};
   mutable std::atomic<bool> answered_{false};
   mutable std::mutex failure_mu_;
@@ -83,11 +95,26 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::set<uint64_t> revoked_;
 };
 
+// A connection a peer made to this engine (shard 0): its identity, from the handshake, and the
+// endpoints this engine opened back to the peer's worker for its answers, one per lane.
+struct Accepted {
+  uint64_t id = 0;
+  std::string peer_key;
+  std::vector<ucp_ep_h> eps;
+  ucp_ep_h ep(uint8_t lane) const { return eps[lane % eps.size()]; }
+};
+
+// Where the answer to a request goes: the accepted connection and lane it came on.
+struct Reply {
+  uint64_t conn = 0;
+  uint8_t lane = 0;
+};
+
 // An operation waiting for an ack or a read response from a peer.
 struct Pending {
   std::shared_ptr<TransferState> state;
-  const Conn* conn = nullptr;   // the connection it went out on (fails with it)
-  ucp_ep_h accepted = nullptr;  // or the accepted endpoint it went out on
+  const Conn* conn = nullptr;  // the connection it went out on (fails with it)
+  uint64_t accepted = 0;       // or the id of the accepted connection it went out on
   std::byte* dst = nullptr;  // read responses land here
   uint64_t size = 0;
   std::function<void(Status)> on_data = nullptr;  // staged reads: runs instead of completing the part
@@ -113,21 +140,46 @@ struct Shard {
   Core* core = nullptr;
   size_t index = 0;
   std::unique_ptr<Worker> worker;
+  std::string worker_address;  // ucp_worker_get_address, for handshakes
   std::set<std::shared_ptr<Conn>> conns;
-  std::set<ucp_ep_h> accepted;                     // shard 0: endpoints peers connected
-  std::unordered_map<ucp_ep_h, Conn*> conn_by_ep;  // our endpoints, for messages they carry
+  std::unordered_map<uint64_t, Conn*> conn_by_id;  // our connections, by the id their target gave
+  std::unordered_map<uint64_t, std::unique_ptr<Accepted>> accepted;  // shard 0: peers' connections
+  std::unordered_map<ucp_ep_h, uint64_t> accepted_by_ep;
   std::unordered_map<uint64_t, Pending> pending;
   TokenSource tokens;
   uint64_t sends_in_flight = 0;
 
   uint64_t AddPending(Pending p);
-  void FailPending(const Conn* conn, ucp_ep_h accepted_ep, const Status& why);
+  void FailPending(const Conn* conn, uint64_t accepted_id, const Status& why);
+  Accepted* FindAccepted(uint64_t id) {
+    auto it = accepted.find(id);
+    return it == accepted.end() ? nullptr : it->second.get();
+  }
+  // The endpoint to answer a request of accepted connection `conn` that came on `lane`, or null
+  // once that connection is gone.
+  ucp_ep_h ReplyEp(uint64_t conn, uint8_t lane) {
+    Accepted* a = FindAccepted(conn);
+    return a == nullptr ? nullptr : a->ep(lane);
+  }
   // Sends an active message whose payload is `data` (h.size bytes; must stay valid until the
   // send completes, e.g. registered memory) or, when `data` is null, `payload`.
   void Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string payload,
             bool eager = false, std::shared_ptr<void> hold = nullptr);
-  void SendAck(ucp_ep_h ep, uint64_t token, Code code);
+  // Acks `token` to accepted connection `conn` on `lane`, if it is still there.
+  void SendAck(uint64_t conn, uint8_t lane, uint64_t token, Code code);
+  // The same on one of this shard's own connections (an ack of a target's revocation).
+  void SendAckOn(const Conn& conn, uint64_t token, Code code);
 };
+
+// A random non-zero 64-bit key (the system's entropy source).
+uint64_t RandomKey();
+
+// A region's `ucx` descriptor data: [u64 little-endian key][packed remote key, or "staged"].
+std::string PackAccess(uint64_t key, std::string_view rest);
+// The key of `remote`'s ucx access data; kInvalidArgument when it has none or it is malformed.
+Result<uint64_t> AccessKey(const MemoryDesc& remote);
+// What follows the key: the packed remote key. REQUIRES: AccessKey(remote).ok()
+std::string_view AccessRest(const MemoryDesc& remote);
 
 class Core : public std::enable_shared_from_this<Core> {
  public:
@@ -147,10 +199,17 @@ class Core : public std::enable_shared_from_this<Core> {
   // The shard a new connection starts on: round robin.
   size_t NextShard() { return next_shard_.fetch_add(1, std::memory_order_relaxed) % shards_.size(); }
   uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
+  // Connections the door refused (door.h).
+  uint64_t refused_connections() const;
+  uint16_t listen_port() const { return door_ ? door_->port() : 0; }
   // GPU memory staged through bounce buffers (staged.h).
   Stager& stager() { return *stager_; }
 
   Result<TransportData> Register(const std::shared_ptr<Region>& region);
+  // From a user thread: ferry's handshake with `peer` at `address` for a connection on shard
+  // `shard`, until `deadline`; then the Conn opens `lanes` endpoints (on its shard's thread).
+  Result<std::shared_ptr<Conn>> Dial(const EngineDesc& peer, const std::string& address, bool same_host,
+                                     size_t shard, int lanes, Deadline deadline);
   void Deregister(const Region& region);
 
   // From a user thread: sends `h` (and `payload`) on lane 0 of `conn` with a fresh token and
@@ -167,25 +226,31 @@ class Core : public std::enable_shared_from_this<Core> {
   struct Registered {
     std::shared_ptr<Region> region;
     ucp_mem_h memh = nullptr;
+    uint64_t key = 0;
   };
   Core() = default;
   Status Listen();
-  void CloseListener();
-  std::shared_ptr<Region> FindRegion(uint64_t id);
+  // The region `id` if `key` is its key; otherwise null, and the message is rejected.
+  std::shared_ptr<Region> FindRegion(uint64_t id, uint64_t key);
   void Reject(const char* why);
   static void Forget(Shard& s);
 
-  static void OnConnRequest(ucp_conn_request_h request, void* arg);
+  // A peer's worker address fit to give UCX (see core.cc), padded; kInvalidArgument otherwise.
+  Result<std::string> CheckedWorkerAddress(std::string_view address) const;
+  // Door thread: opens the endpoints back to an initiator's worker on shard 0.
+  Welcome Admit(const Hello& hello, Deadline deadline);
+  // Shard 0: forgets accepted connection `id` (its control socket closed, or an endpoint failed).
+  void DropAccepted(uint64_t id, const Status& why);
   static void OnAcceptedError(void* arg, ucp_ep_h ep, ucs_status_t status);
   static ucs_status_t OnMessage(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param);
   void HandleWrite(Shard& s, const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep);
-  void HandleReadReq(Shard& s, const AmHeader& h, ucp_ep_h reply);
+  void HandleReadReq(Shard& s, const AmHeader& h);
   void HandleReadResp(Shard& s, const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep);
   void HandleAck(Shard& s, const AmHeader& h);
-  void HandleNotify(Shard& s, const AmHeader& h, const void* data, size_t length, ucp_ep_h reply);
-  void HandleCheck(Shard& s, const AmHeader& h, ucp_ep_h reply);
-  void HandleRevoke(Shard& s, const AmHeader& h, ucp_ep_h reply);
+  void HandleNotify(Shard& s, const Accepted& from, const AmHeader& h, const void* data, size_t length);
+  void HandleCheck(Shard& s, const AmHeader& h);
+  void HandleRevoke(Shard& s, const AmHeader& h);
 
   std::string engine_key_;
   UcxOptions options_;
@@ -194,16 +259,7 @@ class Core : public std::enable_shared_from_this<Core> {
   ucp_context_h context_ = nullptr;
   std::vector<std::unique_ptr<Shard>> shards_;
   std::atomic<size_t> next_shard_{0};
-  // Destroyed only just before shard 0's worker: see ~Core.
-  ucp_listener_h listener_ = nullptr;
-  uint16_t listen_port_ = 0;
-  bool accepting_ = true;  // shard 0's progress thread
-  std::chrono::steady_clock::time_point last_conn_request_;  // shard 0's progress thread
-  // Connection requests that arrived while shutting down, rejected only once the listener is
-  // drained (CloseListener): a reject closes the request's socket, and UCX 1.13 could hand an
-  // async event still queued for that descriptor to the endpoint of a connection accepted
-  // meanwhile on the reused descriptor (an assertion in tcp_sockcm_ep.c).
-  std::vector<ucp_conn_request_h> refused_;  // shard 0's progress thread
+  std::unique_ptr<Door> door_;
   std::vector<std::string> addresses_;
   std::atomic<uint64_t> rejected_{0};
   bool shut_down_ = false;

@@ -8,53 +8,52 @@
 
 namespace ferry::internal::ucx {
 
-void Core::HandleCheck(Shard& s, const AmHeader& h, ucp_ep_h reply) {
-  auto region = FindRegion(h.region);
+void Core::HandleCheck(Shard& s, const AmHeader& h) {
+  auto region = FindRegion(h.region, h.key);
   Code code = Code::kOk;
   if (!region || !region->live()) code = Code::kFailedPrecondition;
   else if (reinterpret_cast<uint64_t>(region->base) != h.offset || region->size != h.size)
     code = Code::kInvalidArgument;
-  s.SendAck(reply, h.token, code);
+  s.SendAck(h.conn, h.lane, h.token, code);
 }
 
 namespace {
 struct RevokeCtx {
   Shard* shard;
-  ucp_ep_h reply;
+  uint64_t conn;
   uint64_t token;
   int left;
 };
+
+void FinishRevoke(RevokeCtx* c) {
+  if (--c->left != 0) return;
+  auto it = c->shard->conn_by_id.find(c->conn);
+  if (it != c->shard->conn_by_id.end()) c->shard->SendAckOn(*it->second, c->token, Code::kOk);
+  delete c;
+}
 }  // namespace
 
-void Core::HandleRevoke(Shard& s, const AmHeader& h, ucp_ep_h reply) {
-  auto it = s.conn_by_ep.find(reply);
-  if (it == s.conn_by_ep.end()) return s.SendAck(reply, h.token, Code::kOk);
+// On the initiator: the target of connection h.conn deregisters a region.
+void Core::HandleRevoke(Shard& s, const AmHeader& h) {
+  auto it = s.conn_by_id.find(h.conn);
+  // A connection this engine closed meanwhile: the target forgets it when its socket closes.
+  if (it == s.conn_by_id.end()) return;
   Conn* conn = it->second;
   conn->Revoke(h.region);
   // Ack once every lane's RMA has completed at the target.
-  auto* ctx = new RevokeCtx{&s, reply, h.token, static_cast<int>(conn->lanes()) + 1};
-  auto finish = [](RevokeCtx* c) {
-    if (--c->left == 0) {
-      if (c->shard->conn_by_ep.count(c->reply) != 0) c->shard->SendAck(c->reply, c->token, Code::kOk);
-      delete c;
-    }
-  };
+  auto* ctx = new RevokeCtx{&s, h.conn, h.token, static_cast<int>(conn->lanes()) + 1};
   for (size_t lane = 0; lane < conn->lanes(); ++lane) {
     ucp_request_param_t p = {};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = [](void* request, ucs_status_t, void* user_data) {
-      auto* c = static_cast<RevokeCtx*>(user_data);
-      if (--c->left == 0) {
-        if (c->shard->conn_by_ep.count(c->reply) != 0) c->shard->SendAck(c->reply, c->token, Code::kOk);
-        delete c;
-      }
+      FinishRevoke(static_cast<RevokeCtx*>(user_data));
       ucp_request_free(request);
     };
     p.user_data = ctx;
     void* req = ucp_ep_flush_nbx(conn->ep(lane), &p);
-    if (!UCS_PTR_IS_PTR(req)) finish(ctx);
+    if (!UCS_PTR_IS_PTR(req)) FinishRevoke(ctx);
   }
-  finish(ctx);
+  FinishRevoke(ctx);
 }
 
 ucs_status_t Core::OnMessage(void* arg, const void* header, size_t header_length, void* data,
@@ -68,57 +67,56 @@ ucs_status_t Core::OnMessage(void* arg, const void* header, size_t header_length
     return UCS_OK;  // drops the payload (a rendezvous send completes on the sender's side)
   }
   const AmHeader& h = *decoded;
-  ucp_ep_h reply = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
   bool keep = false;
   switch (h.type) {
+    // Answers, on this engine's own connections: the token names the operation, and it must
+    // have gone out on the connection the answer names.
+    case MsgType::kReadResp:
+      core->HandleReadResp(*shard, h, data, param, &keep);
+      return keep ? UCS_INPROGRESS : UCS_OK;
+    case MsgType::kAck:
+      core->HandleAck(*shard, h);
+      return UCS_OK;
+    case MsgType::kRevoke:
+      core->HandleRevoke(*shard, h);
+      return UCS_OK;
+    case MsgType::kHello:
+      core->Reject("a hello message (handshakes go through ferry's socket)");
+      return UCS_OK;
+    default:
+      break;
+  }
+  // Requests, from connections that peers made here: the connection, named by the id this
+  // engine gave it in the handshake, says who sent them.
+  Accepted* from = shard->FindAccepted(h.conn);
+  if (from == nullptr) {
+    core->Reject("a request on no connection of this engine");
+    return UCS_OK;  // drops the payload (a rendezvous send completes on the sender's side)
+  }
+  switch (h.type) {
     case MsgType::kWrite:
-      if (reply == nullptr) {
-        core->Reject("write without a reply endpoint");
-        return UCS_OK;
-      }
       core->HandleWrite(*shard, h, data, param, &keep);
       break;
     case MsgType::kReadReq:
-      if (reply == nullptr) {
-        core->Reject("read request without a reply endpoint");
-        return UCS_OK;
-      }
-      core->HandleReadReq(*shard, h, reply);
-      break;
-    case MsgType::kReadResp:
-      core->HandleReadResp(*shard, h, data, param, &keep);
-      break;
-    case MsgType::kAck:
-      core->HandleAck(*shard, h);
+      core->HandleReadReq(*shard, h);
       break;
     case MsgType::kNotify:
       if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
         core->Reject("notification sent by rendezvous");
         return UCS_OK;
       }
-      core->HandleNotify(*shard, h, data, length, reply);
+      core->HandleNotify(*shard, *from, h, data, length);
       break;
     case MsgType::kCheck:
-      if (reply != nullptr) core->HandleCheck(*shard, h, reply);
-      break;
-    case MsgType::kRevoke:
-      if (reply != nullptr) core->HandleRevoke(*shard, h, reply);
+      core->HandleCheck(*shard, h);
       break;
     case MsgType::kStagedWrite:
-      if (reply == nullptr) {
-        core->Reject("staged write without a reply endpoint");
-        return UCS_OK;
-      }
       core->stager_->HandleWrite(*shard, h, data, length, param, &keep);
       break;
     case MsgType::kStagedReadReq:
-      if (reply == nullptr) {
-        core->Reject("staged read request without a reply endpoint");
-        return UCS_OK;
-      }
       core->stager_->HandleReadReq(*shard, h, data, length, param);
       break;
-    case MsgType::kHello:
+    default:
       break;
   }
   return keep ? UCS_INPROGRESS : UCS_OK;
@@ -130,7 +128,6 @@ namespace {
 struct RecvCtx {
   Shard* shard;
   std::shared_ptr<RegionUse> hold;
-  ucp_ep_h reply = nullptr;   // writes: where the ack goes
   uint64_t token = 0;
   std::shared_ptr<TransferState> state;  // read responses: the waiting transfer
   std::function<void(Status)> done;
@@ -172,31 +169,30 @@ bool Receive(ucp_worker_h worker, void* data, const ucp_am_recv_param_t* param, 
 }  // namespace
 
 void Core::HandleWrite(Shard& s, const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep) {
-  ucp_ep_h reply = param->reply_ep;
-  auto region = FindRegion(h.region);
+  auto region = FindRegion(h.region, h.key);
   if (!region) {
     Reject("write to an unknown region");
-    return s.SendAck(reply, h.token, Code::kFailedPrecondition);
+    return s.SendAck(h.conn, h.lane, h.token, Code::kFailedPrecondition);
   }
   if (!InBounds(h.offset, h.size, region->size)) {
     Reject("write out of a region's bounds");
-    return s.SendAck(reply, h.token, Code::kOutOfRange);
+    return s.SendAck(h.conn, h.lane, h.token, Code::kOutOfRange);
   }
   if (region->kind != MemoryKind::kHost) {  // GPU memory: only staged messages reach it
     Reject("plain write to GPU memory");
-    return s.SendAck(reply, h.token, Code::kUnsupported);
+    return s.SendAck(h.conn, h.lane, h.token, Code::kUnsupported);
   }
   auto hold = RegionUse::Make(region);
-  if (!hold) return s.SendAck(reply, h.token, Code::kFailedPrecondition);
-  auto* ctx = new RecvCtx{&s, hold, reply, h.token, nullptr, nullptr};
-  ctx->done = [shard = &s, reply, token = h.token](Status st) {
-    if (shard->accepted.count(reply) != 0) shard->SendAck(reply, token, st.code());
+  if (!hold) return s.SendAck(h.conn, h.lane, h.token, Code::kFailedPrecondition);
+  auto* ctx = new RecvCtx{&s, hold, h.token, nullptr, nullptr};
+  ctx->done = [shard = &s, conn = h.conn, lane = h.lane, token = h.token](Status st) {
+    shard->SendAck(conn, lane, token, st.code());
   };
   *keep = Receive(s.worker->handle(), data, param, region->base + h.offset, h.size, ctx);
 }
 
-void Core::HandleReadReq(Shard& s, const AmHeader& h, ucp_ep_h reply) {
-  auto region = FindRegion(h.region);
+void Core::HandleReadReq(Shard& s, const AmHeader& h) {
+  auto region = FindRegion(h.region, h.key);
   Code code = Code::kOk;
   if (!region) code = Code::kFailedPrecondition;
   else if (!InBounds(h.offset, h.size, region->size)) code = Code::kOutOfRange;
@@ -205,19 +201,22 @@ void Core::HandleReadReq(Shard& s, const AmHeader& h, ucp_ep_h reply) {
   if (code == Code::kOk && !hold) code = Code::kFailedPrecondition;
   if (code != Code::kOk) {
     Reject(code == Code::kUnsupported ? "plain read of GPU memory" : "read outside the registered regions");
-    return s.SendAck(reply, h.token, code);
+    return s.SendAck(h.conn, h.lane, h.token, code);
   }
   AmHeader resp;
   resp.type = MsgType::kReadResp;
   resp.token = h.token;
+  resp.conn = h.conn;
+  resp.lane = h.lane;
   resp.size = h.size;
   // The payload is sent from the region itself, held until the send completes.
-  s.Send(reply, resp, region->base + h.offset, {}, /*eager=*/false, std::move(hold));
+  s.Send(s.ReplyEp(h.conn, h.lane), resp, region->base + h.offset, {}, /*eager=*/false, std::move(hold));
 }
 
 void Core::HandleReadResp(Shard& s, const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep) {
   auto it = s.pending.find(h.token);
   if (it == s.pending.end()) return;  // its transfer already ended; drop the late answer
+  if (it->second.conn == nullptr || it->second.conn->id() != h.conn) return Reject("a read response from another connection");
   Pending p = std::move(it->second);
   s.pending.erase(it);
   if (h.size != p.size) {
@@ -225,7 +224,7 @@ void Core::HandleReadResp(Shard& s, const AmHeader& h, void* data, const ucp_am_
     p.state->PartDone(Status(Code::kDataLoss, "read response of the wrong size"));
     return;
   }
-  auto* ctx = new RecvCtx{&s, nullptr, nullptr, h.token, p.state, nullptr};
+  auto* ctx = new RecvCtx{&s, nullptr, h.token, p.state, nullptr};
   if (p.on_data) ctx->done = std::move(p.on_data);  // a staged read scatters the chunk first
   else ctx->done = [state = p.state](Status st) { state->PartDone(st); };
   *keep = Receive(s.worker->handle(), data, param, p.dst, p.size, ctx);
@@ -234,6 +233,8 @@ void Core::HandleReadResp(Shard& s, const AmHeader& h, void* data, const ucp_am_
 void Core::HandleAck(Shard& s, const AmHeader& h) {
   auto it = s.pending.find(h.token);
   if (it == s.pending.end()) return;
+  const uint64_t sent_on = it->second.conn != nullptr ? it->second.conn->id() : it->second.accepted;
+  if (sent_on != h.conn) return Reject("an ack from another connection");
   if (it->second.conn != nullptr) it->second.conn->MarkAnswered();
   Status st;
   switch (static_cast<Code>(h.code)) {
@@ -251,23 +252,18 @@ void Core::HandleAck(Shard& s, const AmHeader& h) {
 
 // A notification with a token (one carried by a write batch) is acked, so that the batch
 // completes once the receiver holds it; one without (Endpoint::Notify) is one-way: a refusal
-// is counted by the inbox and logged here.
-void Core::HandleNotify(Shard& s, const AmHeader& h, const void* data, size_t length, ucp_ep_h reply) {
-  // Payload: [u16 key length][key][message]
-  const auto* p = static_cast<const uint8_t*>(data);
-  if (length < 2) return Reject("truncated notification");
-  size_t key_len = p[0] | (size_t{p[1]} << 8);
-  if (key_len > kMaxKeyBytes || 2 + key_len > length) return Reject("malformed notification");
+// is counted by the inbox and logged here. The sender is the engine that made the connection.
+void Core::HandleNotify(Shard& s, const Accepted& from, const AmHeader& h, const void* data, size_t length) {
   Notification n;
-  n.from.assign(reinterpret_cast<const char*>(p + 2), key_len);
-  n.message.assign(reinterpret_cast<const char*>(p + 2 + key_len), length - 2 - key_len);
+  n.from = from.peer_key;
+  n.message.assign(static_cast<const char*>(data), length);
   Status st = inbox_->Push(std::move(n));
-  if (h.token != 0 && reply != nullptr) return s.SendAck(reply, h.token, st.code());
+  if (h.token != 0) return s.SendAck(h.conn, h.lane, h.token, st.code());
   if (!st.ok()) {
     // A sender that floods a full inbox must not flood the log: the first few, then every 1000th.
     uint64_t dropped = inbox_->dropped();
     if (dropped <= 8 || dropped % 1000 == 0)
-      FERRY_LOG_WARN("ucx: dropped notification #{} from a peer: {}", dropped, st.ToString());
+      FERRY_LOG_WARN("ucx: dropped notification #{} from {}: {}", dropped, from.peer_key, st.ToString());
   }
 }
 

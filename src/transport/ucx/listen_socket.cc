@@ -1,7 +1,6 @@
 #include "transport/ucx/listen_socket.h"
 
 #include <dirent.h>
-#include <linux/filter.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -66,17 +65,5 @@ int CountAcceptedConnections(uint16_t port) {
   return n;
 }
 
-Status RefuseNewConnections(uint16_t port) {
-  int fd = FindListeningSocket(port);
-  if (fd < 0) return Status(Code::kNotFound, "no listening socket on port " + std::to_string(port));
-  // One instruction: keep 0 bytes of every packet, i.e. drop it. On a listening socket that
-  // drops the SYNs and handshake ACKs of new connections; peers see no answer, then (once the
-  // listener is closed) a reset.
-  sock_filter drop_all = BPF_STMT(BPF_RET | BPF_K, 0);
-  sock_fprog program = {1, &drop_all};
-  if (setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &program, sizeof(program)) != 0)
-    return Status(Code::kInternal, std::string("SO_ATTACH_FILTER: ") + std::strerror(errno));
-  return Status::Ok();
-}
 
 }  // namespace ferry::internal::ucx

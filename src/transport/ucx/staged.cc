@@ -145,6 +145,7 @@ struct ChunkJob : std::enable_shared_from_this<Job> {
   std::shared_ptr<Conn> conn;
   std::shared_ptr<Region> local;
   uint64_t remote_region = 0;
+  uint64_t remote_key = 0;
   std::vector<StageChunk> chunks;
   size_t next = 0;
   std::shared_ptr<TransferState> state;
@@ -157,6 +158,8 @@ struct ChunkJob : std::enable_shared_from_this<Job> {
     job->conn = conn;
     job->local = local;
     job->remote_region = static_cast<uint64_t>(remote.region);
+    auto key = AccessKey(remote);  // checked when the channel opened
+    job->remote_key = key.ok() ? *key : 0;
     job->chunks = PlanChunks(ops, kStageChunkBytes, kStageMaxPieces);
     job->state = state;
     state->AddParts(static_cast<int>(job->chunks.size()));
@@ -218,8 +221,11 @@ struct WriteJob : ChunkJob<WriteJob> {
     const StageChunk& c = chunks[i];
     AmHeader h;
     h.type = MsgType::kStagedWrite;
-    h.token = conn->shard().AddPending(Pending{state, conn.get(), nullptr});
+    h.token = conn->shard().AddPending(Pending{state, conn.get(), 0});
     h.region = remote_region;
+    h.key = remote_key;
+    h.conn = conn->id();
+    h.lane = static_cast<uint8_t>(i % conn->lanes());
     h.size = PieceTableBytes(c.remote.size()) + c.bytes;
     // The buffer goes back to the pool once UCX has sent it.
     conn->shard().Send(conn->ep(i), h, buf->data, {}, /*eager=*/false, buf);
@@ -234,12 +240,15 @@ struct ReadJob : ChunkJob<ReadJob> {
     const StageChunk& c = chunks[i];
     std::string table(PieceTableBytes(c.remote.size()), '\0');
     WritePieceTable(c.remote, reinterpret_cast<std::byte*>(table.data()));
-    Pending p{state, conn.get(), nullptr, buf->data, c.bytes};
+    Pending p{state, conn.get(), 0, buf->data, c.bytes};
     p.on_data = [self = shared_from_this(), i, buf](Status s) { self->Landed(i, buf, std::move(s)); };
     AmHeader h;
     h.type = MsgType::kStagedReadReq;
     h.token = conn->shard().AddPending(std::move(p));
     h.region = remote_region;
+    h.key = remote_key;
+    h.conn = conn->id();
+    h.lane = static_cast<uint8_t>(i % conn->lanes());
     h.offset = c.bytes;
     h.size = table.size();
     conn->shard().Send(conn->ep(i), h, nullptr, std::move(table), /*eager=*/true);

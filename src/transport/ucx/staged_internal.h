@@ -153,19 +153,19 @@ struct Stager::Impl : std::enable_shared_from_this<Stager::Impl> {
     return copier->Copy(device, copies, pinned, std::move(done));
   }
 
-  // Progress thread of `s`, which received the request on `reply` (one of its accepted
-  // endpoints, unless the peer closed it meanwhile).
-  void SendAckIfOpen(Shard& s, ucp_ep_h reply, uint64_t token, Code code) {
-    if (s.accepted.count(reply) != 0) s.SendAck(reply, token, code);
+  // Progress thread of `s`, which received the request on `reply` (an accepted connection,
+  // unless the peer closed it meanwhile).
+  void SendAckIfOpen(Shard& s, Reply reply, uint64_t token, Code code) {
+    s.SendAck(reply.conn, reply.lane, token, code);
   }
 
   // Target side, progress thread of `s`: scatters a received chunk (in `buf`, `length` bytes)
   // into `region`, then acks.
   void Scatter(Shard& s, const std::shared_ptr<RegionUse>& hold, std::shared_ptr<Bounce> buf, size_t length,
-               ucp_ep_h reply, uint64_t token);
+               Reply reply, uint64_t token);
   // Target side, progress thread of `s`: gathers `pieces` of `region` and answers `token` with them.
   void Gather(Shard& s, const std::shared_ptr<RegionUse>& hold, std::vector<StagedPiece> pieces, uint64_t total,
-              ucp_ep_h reply, uint64_t token);
+              Reply reply, uint64_t token);
 };
 
 }  // namespace ferry::internal::ucx

@@ -17,7 +17,7 @@ struct StagedRecv {
   std::shared_ptr<RegionUse> hold;
   std::shared_ptr<Bounce> buf;
   size_t length;
-  ucp_ep_h reply;
+  Reply reply;
   uint64_t token;
 };
 
@@ -34,20 +34,20 @@ void OnStagedRecv(void* request, ucs_status_t status, size_t, void* user_data) {
 void Stager::HandleWrite(Shard& s, const AmHeader& h, void* data, size_t length, const ucp_am_recv_param_t* param,
                          bool* keep) {
   Core& core = *impl_->core;
-  ucp_ep_h reply = param->reply_ep;
-  auto region = core.FindRegion(h.region);
+  Reply reply = Reply{h.conn, h.lane};
+  auto region = core.FindRegion(h.region, h.key);
   auto hold = region ? RegionUse::Make(region) : nullptr;
   if (!hold) {
     core.Reject("staged write to an unknown region");
-    return s.SendAck(reply, h.token, Code::kFailedPrecondition);
+    return s.SendAck(reply.conn, reply.lane, h.token, Code::kFailedPrecondition);
   }
   if (length > kBounceBytes) {
     core.Reject("staged chunk larger than a bounce buffer");
-    return s.SendAck(reply, h.token, Code::kInvalidArgument);
+    return s.SendAck(reply.conn, reply.lane, h.token, Code::kInvalidArgument);
   }
-  if (region->kind == MemoryKind::kCuda && !impl_->gpu()) return s.SendAck(reply, h.token, Code::kUnsupported);
+  if (region->kind == MemoryKind::kCuda && !impl_->gpu()) return s.SendAck(reply.conn, reply.lane, h.token, Code::kUnsupported);
   auto buf = AnyBuffer(region->kind == MemoryKind::kCuda ? impl_->recv_pool.get() : nullptr);
-  if (!buf) return s.SendAck(reply, h.token, Code::kResourceExhausted);
+  if (!buf) return s.SendAck(reply.conn, reply.lane, h.token, Code::kResourceExhausted);
   if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
     std::memcpy(buf->data, data, length);
     return impl_->Scatter(s, hold, std::move(buf), length, reply, h.token);
@@ -69,7 +69,7 @@ void Stager::HandleWrite(Shard& s, const AmHeader& h, void* data, size_t length,
 }
 
 void Stager::Impl::Scatter(Shard& s, const std::shared_ptr<RegionUse>& hold, std::shared_ptr<Bounce> buf,
-                           size_t length, ucp_ep_h reply, uint64_t token) {
+                           size_t length, Reply reply, uint64_t token) {
   Region& region = hold->region();
   size_t table = 0;
   uint64_t total = 0;
@@ -108,16 +108,16 @@ void Stager::Impl::Scatter(Shard& s, const std::shared_ptr<RegionUse>& hold, std
 void Stager::HandleReadReq(Shard& s, const AmHeader& h, const void* data, size_t length,
                            const ucp_am_recv_param_t* param) {
   Core& core = *impl_->core;
-  ucp_ep_h reply = param->reply_ep;
+  Reply reply = Reply{h.conn, h.lane};
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
     core.Reject("staged read request sent by rendezvous");
-    return s.SendAck(reply, h.token, Code::kInvalidArgument);
+    return s.SendAck(reply.conn, reply.lane, h.token, Code::kInvalidArgument);
   }
-  auto region = core.FindRegion(h.region);
+  auto region = core.FindRegion(h.region, h.key);
   auto hold = region ? RegionUse::Make(region) : nullptr;
   if (!hold) {
     core.Reject("staged read of an unknown region");
-    return s.SendAck(reply, h.token, Code::kFailedPrecondition);
+    return s.SendAck(reply.conn, reply.lane, h.token, Code::kFailedPrecondition);
   }
   size_t table = 0;
   uint64_t total = 0;
@@ -126,24 +126,26 @@ void Stager::HandleReadReq(Shard& s, const AmHeader& h, const void* data, size_t
     pieces = Status(Code::kInvalidArgument, "staged read request does not match its piece table");
   if (!pieces.ok()) {
     core.Reject(std::string(pieces.status().message()).c_str());
-    return s.SendAck(reply, h.token, pieces.status().code());
+    return s.SendAck(reply.conn, reply.lane, h.token, pieces.status().code());
   }
-  if (region->kind == MemoryKind::kCuda && !impl_->gpu()) return s.SendAck(reply, h.token, Code::kUnsupported);
+  if (region->kind == MemoryKind::kCuda && !impl_->gpu()) return s.SendAck(reply.conn, reply.lane, h.token, Code::kUnsupported);
   impl_->Gather(s, hold, std::move(pieces).value(), total, reply, h.token);
 }
 
 void Stager::Impl::Gather(Shard& s, const std::shared_ptr<RegionUse>& hold, std::vector<StagedPiece> pieces,
-                          uint64_t total, ucp_ep_h reply, uint64_t token) {
+                          uint64_t total, Reply reply, uint64_t token) {
   Region& region = hold->region();
   AmHeader resp;
   resp.type = MsgType::kReadResp;
   resp.token = token;
+  resp.conn = reply.conn;
+  resp.lane = reply.lane;
   resp.size = total;
   if (region.kind == MemoryKind::kHost) {
     std::string payload;
     payload.reserve(total);
     for (const StagedPiece& p : pieces) payload.append(reinterpret_cast<const char*>(region.base + p.offset), p.size);
-    return s.Send(reply, resp, nullptr, std::move(payload));
+    return s.Send(s.ReplyEp(reply.conn, reply.lane), resp, nullptr, std::move(payload));
   }
   auto buf = AnyBuffer(send_pool.get());
   if (!buf) return SendAckIfOpen(s, reply, token, Code::kResourceExhausted);
@@ -160,7 +162,7 @@ void Stager::Impl::Gather(Shard& s, const std::shared_ptr<RegionUse>& hold, std:
     (void)self->dispatch->Run(shard, [self, buf, reply, token, resp, st, shard] {
       Shard& sh = self->core->shard(shard);
       if (!st.ok()) return self->SendAckIfOpen(sh, reply, token, st.code());
-      if (sh.accepted.count(reply) != 0) sh.Send(reply, resp, buf->data, {}, false, buf);
+      if (ucp_ep_h ep = sh.ReplyEp(reply.conn, reply.lane)) sh.Send(ep, resp, buf->data, {}, false, buf);
     });
   });
   if (!posted.ok()) SendAckIfOpen(s, reply, token, posted.code());

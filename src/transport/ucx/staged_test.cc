@@ -88,6 +88,7 @@ TEST(StagedTable, RoundTripAndRejections) {
 TEST(StagedWire, NewMessagesDecodeWithTheirPayloads) {
   AmHeader h;
   h.type = MsgType::kStagedWrite;
+  h.conn = 5;
   h.size = 100;
   uint8_t raw[kAmHeaderBytes];
   EncodeHeader(h, raw);

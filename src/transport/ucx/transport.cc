@@ -17,8 +17,6 @@ namespace {
 // rendezvous, whose extra round trips dominate for KV-cache-sized blocks.
 constexpr uint64_t kEagerBytes = 256 << 10;
 
-// How long a round trip made on a user thread (checks, notifications) may take.
-constexpr auto kCallTimeout = std::chrono::seconds(30);
 
 // ---- Channel ---------------------------------------------------------------------------------
 
@@ -38,9 +36,9 @@ class UcxChannel final : public Channel {
  public:
   // `conns`: the peer's connections, one per shard it was spread over (see UcxEndpoint).
   UcxChannel(std::shared_ptr<Core> core, std::vector<std::shared_ptr<Conn>> conns,
-             std::shared_ptr<Region> local, MemoryDesc remote)
+             std::shared_ptr<Region> local, MemoryDesc remote, uint64_t remote_key)
       : core_(std::move(core)), conns_(std::move(conns)), local_(std::move(local)),
-        remote_(std::move(remote)) {}
+        remote_(std::move(remote)), remote_key_(remote_key) {}
 
   Status Post(Op op, std::span<const TransferOp> ops, uint64_t total_bytes,
               const std::shared_ptr<TransferState>& state) override {
@@ -65,7 +63,7 @@ class UcxChannel final : public Channel {
       const auto& conn = conns_[k];
       bool submitted = conn->shard().worker->Submit([this_core = core_, conn, local = local_,
                                                      remote = remote_, op, batch = std::move(shares[k]),
-                                                     state, hold, staged = staged()] {
+                                                     state, hold, staged = staged(), key = remote_key_] {
         if (staged) {
           if (conn->failed()) return state->PartDone(conn->failure());
           if (!state->finished()) {
@@ -74,7 +72,7 @@ class UcxChannel final : public Channel {
           }
           return state->PartDone(Status::Ok());
         }
-        Run(*this_core, *conn, *local, remote, op, *batch, state, hold);
+        Run(*this_core, *conn, *local, remote, key, op, *batch, state, hold);
       });
       if (!submitted) state->PartDone(Status(Code::kAborted, "the ucx transport was shut down"));
     }
@@ -107,13 +105,13 @@ class UcxChannel final : public Channel {
   }
 
   // On the progress thread: posts every op, then finishes the task's part.
-  static void Run(Core& core, Conn& conn, Region& local, const MemoryDesc& remote, Op op,
+  static void Run(Core& core, Conn& conn, Region& local, const MemoryDesc& remote, uint64_t key, Op op,
                   const std::vector<TransferOp>& ops, const std::shared_ptr<TransferState>& state,
                   const std::shared_ptr<RegionUse>& hold) {
     if (conn.failed()) return state->PartDone(conn.failure());
     if (state->finished()) return state->PartDone(Status::Ok());  // e.g. its deadline passed
     Status s = core.UseRma(conn) ? PostRma(core, conn, local, remote, op, ops, state)
-                                 : PostAm(core, conn, local, remote, op, ops, state, hold);
+                                 : PostAm(core, conn, local, remote, key, op, ops, state, hold);
     state->PartDone(s);
   }
 
@@ -170,7 +168,7 @@ class UcxChannel final : public Channel {
 
   // Each write message holds the local region until UCX has sent it (a rendezvous reads it
   // in place), even after its transfer ended at the deadline.
-  static Status PostAm(Core& core, Conn& conn, Region& local, const MemoryDesc& remote, Op op,
+  static Status PostAm(Core& core, Conn& conn, Region& local, const MemoryDesc& remote, uint64_t key, Op op,
                        const std::vector<TransferOp>& ops, const std::shared_ptr<TransferState>& state,
                        const std::shared_ptr<RegionUse>& hold) {
     const uint64_t max_piece = core.options().max_am_bytes;
@@ -181,7 +179,7 @@ class UcxChannel final : public Channel {
       for (uint64_t done = 0; done < o.size; done += max_piece) {
         uint64_t size = std::min(max_piece, o.size - done);
         if (conn.failed()) return conn.failure();  // a send may run the error handler inline
-        Pending pending{state, &conn, nullptr, nullptr, size};
+        Pending pending{state, &conn, 0, nullptr, size};
         if (op == Op::kRead) pending.dst = local.base + o.local_offset + done;
         state->AddParts(1);
         AmHeader h;
@@ -190,6 +188,9 @@ class UcxChannel final : public Channel {
         h.region = static_cast<uint64_t>(remote.region);
         h.offset = o.remote_offset + done;
         h.size = size;
+        h.key = key;
+        h.conn = conn.id();
+        h.lane = static_cast<uint8_t>(lane % lanes);
         ucp_ep_h ep = conn.ep(lane++ % lanes);
         // Pieces up to kEagerBytes go eagerly: no rendezvous round trips per piece.
         if (op == Op::kWrite)
@@ -208,6 +209,7 @@ class UcxChannel final : public Channel {
   std::vector<std::shared_ptr<Conn>> conns_;
   std::shared_ptr<Region> local_;
   MemoryDesc remote_;
+  const uint64_t remote_key_;
 };
 
 // ---- Endpoint --------------------------------------------------------------------------------
@@ -234,15 +236,20 @@ class UcxEndpoint final : public Endpoint {
       if (conn->failed()) return conn->failure();
     if (local->kind == MemoryKind::kCuda && !core_->stager().gpu())
       return Status(Code::kUnsupported, "no CUDA device to stage GPU memory through");
-    if (remote.FindAccess("ucx") == nullptr)
-      return Status(Code::kInvalidArgument, "remote region has no ucx key");
+    FERRY_ASSIGN_OR_RETURN(uint64_t key, AccessKey(remote));
     // The target confirms the region as described before any byte moves to it.
     AmHeader check;
     check.type = MsgType::kCheck;
     check.region = static_cast<uint64_t>(remote.region);
+    check.key = key;
     check.offset = remote.address;
     check.size = remote.size;
-    Status s = core_->Call(conns_[0], check, {}, Deadline::After(kCallTimeout));
+    const auto timeout = core_->options().connect_timeout;
+    Status s = core_->Call(conns_[0], check, {}, Deadline::After(timeout));
+    if (s.code() == Code::kDeadlineExceeded)
+      return Status(Code::kUnavailable, "peer " + conns_[0]->peer().key + " did not confirm region " +
+                                            std::to_string(static_cast<uint64_t>(remote.region)) + " within " +
+                                            std::to_string(timeout.count()) + " ms (ucx.connect_timeout)");
     if (s.code() == Code::kInvalidArgument)
       return Status(Code::kInvalidArgument, "remote descriptor does not match the registered region");
     if (s.code() == Code::kFailedPrecondition)
@@ -250,7 +257,7 @@ class UcxEndpoint final : public Endpoint {
                                                    std::to_string(static_cast<uint64_t>(remote.region)) +
                                                    " is not registered");
     FERRY_RETURN_IF_ERROR(s);
-    return std::unique_ptr<Channel>(new UcxChannel(core_, conns_, local, remote));
+    return std::unique_ptr<Channel>(new UcxChannel(core_, conns_, local, remote, key));
   }
 
   // Runs `fn` holding the shard's worker: at once when this thread holds it already (a
@@ -266,16 +273,8 @@ class UcxEndpoint final : public Endpoint {
     return shard.worker->Submit(std::move(fn));
   }
 
-  // [u16 sender key length][sender key][message]
-  std::string Payload(std::string_view message) const {
-    std::string payload;
-    const std::string& key = core_->engine_key();
-    payload.push_back(static_cast<char>(key.size() & 0xff));
-    payload.push_back(static_cast<char>(key.size() >> 8));
-    payload += key;
-    payload.append(message);
-    return payload;
-  }
+  // The message alone: the receiver knows the sender from the connection.
+  static std::string Payload(std::string_view message) { return std::string(message); }
 
   // One-way once the peer has answered on this connection: sent eagerly without a token, so
   // the receiver does not answer; from this thread when it can take the worker (RunOnWorker),
@@ -298,6 +297,7 @@ class UcxEndpoint final : public Endpoint {
       return s;
     }
     Shard& shard = conn->shard();
+    h.conn = conn->id();
     auto send = [&shard, conn, h, payload = std::move(payload)]() mutable {
       if (conn->failed()) return;  // the next call reports the failure
       shard.Send(conn->ep(0), h, nullptr, std::move(payload), /*eager=*/true);
@@ -318,7 +318,8 @@ class UcxEndpoint final : public Endpoint {
       AmHeader h;
       h.type = MsgType::kNotify;
       h.size = payload.size();
-      h.token = shard.AddPending(Pending{state, conn.get(), nullptr});
+      h.conn = conn->id();
+      h.token = shard.AddPending(Pending{state, conn.get(), 0});
       shard.Send(conn->ep(0), h, nullptr, std::move(payload), /*eager=*/true);
     };
     if (!RunOnWorker(shard, send)) state->PartDone(Status(Code::kAborted, "the ucx transport was shut down"));
@@ -392,22 +393,25 @@ class UcxTransport final : public Transport {
         break;
       }
     }
-    // The lanes dealt over min(lanes, workers) connections on consecutive shards.
+    // The lanes dealt over min(lanes, workers) connections on consecutive shards, each begun
+    // with ferry's handshake at the peer's door (door.h), within ucx.connect_timeout.
     const int lanes = core_->options().lanes;
     const size_t n = std::min<size_t>(static_cast<size_t>(lanes), core_->shards());
     const size_t first = core_->NextShard();
+    const Deadline deadline = Deadline::After(core_->options().connect_timeout);
     std::vector<std::shared_ptr<Conn>> conns;
     for (size_t k = 0; k < n; ++k) {
-      Shard& shard = core_->shard(first + k);
       int share = lanes / static_cast<int>(n) + (k < static_cast<size_t>(lanes) % n ? 1 : 0);
-      auto conn = std::make_shared<Conn>(core_, &shard, peer, address, same_host);
-      bool ok = shard.worker->Submit([conn, share] {
-        Status s = conn->Open(share);
-        if (!s.ok()) return conn->Fail(s);
-        conn->shard().conns.insert(conn);
-      });
-      if (!ok) return Status(Code::kAborted, "the ucx transport was shut down");
-      conns.push_back(std::move(conn));
+      auto conn = core_->Dial(peer, address, same_host, first + k, share, deadline);
+      if (!conn.ok()) {
+        for (const auto& c : conns)
+          (void)c->shard().worker->Submit([c] {
+            c->Close();
+            c->shard().conns.erase(c);
+          });
+        return conn.status().WithContext("peer " + peer.key);
+      }
+      conns.push_back(std::move(conn).value());
     }
     return std::shared_ptr<Endpoint>(std::make_shared<UcxEndpoint>(core_, std::move(conns)));
   }

@@ -1,5 +1,7 @@
 #include "transport/ucx/worker.h"
 
+#include <system_error>
+
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -23,10 +25,8 @@ Status FromUcs(ucs_status_t status, std::string_view what) {
     case UCS_ERR_INVALID_ADDR:
       code = Code::kInvalidArgument;
       break;
-    case UCS_ERR_TIMED_OUT:
-    case UCS_ERR_ENDPOINT_TIMEOUT:
-      code = Code::kDeadlineExceeded;
-      break;
+    // UCX's own timeouts (keepalive, an endpoint that stopped answering) are a failed peer or
+    // link, as a reset is: kUnavailable. kDeadlineExceeded is for ferry's deadlines alone.
     case UCS_ERR_CANCELED:
       code = Code::kAborted;
       break;
@@ -71,10 +71,15 @@ Worker::~Worker() {
   ucp_worker_destroy(worker_);
 }
 
-void Worker::Start(std::function<void()> tick, std::function<bool()> outstanding) {
+Status Worker::Start(std::function<void()> tick, std::function<bool()> outstanding) {
   outstanding_ = std::move(outstanding);
-  thread_ = std::thread([this, tick = std::move(tick)] { Loop(tick); });
+  try {
+    thread_ = std::thread([this, tick = std::move(tick)] { Loop(tick); });
+  } catch (const std::system_error& e) {
+    return Status(Code::kResourceExhausted, std::string("cannot start a ucx progress thread: ") + e.what());
+  }
   pthread_setname_np(thread_.native_handle(), "ferry-ucx");
+  return Status::Ok();
 }
 
 bool Worker::Submit(std::function<void()> fn) {

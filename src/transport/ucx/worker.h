@@ -58,9 +58,10 @@ class Worker {
 
   // REQUIRES: Held(), or the progress thread not started yet.
   ucp_worker_h handle() const { return worker_; }
-  // Starts the progress thread. REQUIRES: AM handlers are set.
-  // `outstanding` (called holding the worker) says whether operations are in flight.
-  void Start(std::function<void()> tick, std::function<bool()> outstanding);
+  // Starts the progress thread (kResourceExhausted when it cannot start). REQUIRES: AM
+  // handlers are set. `outstanding` (called holding the worker) says whether operations are in
+  // flight.
+  Status Start(std::function<void()> tick, std::function<bool()> outstanding);
   // Runs `fn` on the progress thread, holding the worker; returns false once it is stopping.
   bool Submit(std::function<void()> fn);
   // Stops the thread after it ran `last` (holding the worker) and everything submitted before.

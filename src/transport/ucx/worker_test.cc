@@ -45,7 +45,7 @@ TEST(UcxWorker, HeldOnlyByTheThreadInsideTheWorker) {
   Context c;
   auto w = MakeWorker(c, UcxOptions::Progress::kEvent);
   ASSERT_TRUE(w);
-  w->Start(nullptr, nullptr);
+  ASSERT_TRUE(w->Start(nullptr, nullptr).ok());
   EXPECT_FALSE(w->Held());
   std::promise<bool> on_thread;
   ASSERT_TRUE(w->Submit([&] { on_thread.set_value(w->Held()); }));
@@ -71,7 +71,7 @@ TEST(UcxWorker, TryRunNeverOvertakesQueuedWork) {
   ASSERT_TRUE(w->Submit([&] { order.push_back(1); }));
   auto second = [&] { order.push_back(2); };
   EXPECT_FALSE(w->TryRun(second)) << "ran before the work queued ahead of it";
-  w->Start(nullptr, nullptr);
+  ASSERT_TRUE(w->Start(nullptr, nullptr).ok());
   auto until = Clock::now() + 5s;
   while (!w->TryRun(second) && Clock::now() < until) std::this_thread::yield();
   w->Stop(nullptr);  // joins the thread: `order` is ours again
@@ -90,7 +90,7 @@ TEST(UcxWorker, ApplicationThreadsNeverWaitBehindTheProgressThread) {
   Context c;
   auto w = MakeWorker(c, UcxOptions::Progress::kShared);
   ASSERT_TRUE(w);
-  w->Start(nullptr, nullptr);
+  ASSERT_TRUE(w->Start(nullptr, nullptr).ok());
   std::promise<void> started;
   std::promise<void> release;
   auto released = release.get_future().share();
@@ -175,7 +175,7 @@ TEST(UcxWorker, SharedModeReceivesOnThePollingThreadWhileTheProgressThreadStepsB
   ucp_address_t* address = nullptr;
   size_t address_length = 0;
   ASSERT_EQ(ucp_worker_get_address(w->handle(), &address, &address_length), UCS_OK);
-  w->Start(nullptr, nullptr);
+  ASSERT_TRUE(w->Start(nullptr, nullptr).ok());
   {
     Sender sender(c, address);
     uint64_t sent = 0;

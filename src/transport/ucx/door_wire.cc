@@ -1,0 +1,118 @@
+#include "transport/ucx/door_wire.h"
+
+#include <cstring>
+
+#include "base/codec.h"
+#include "ferry/descriptors.h"
+
+namespace ferry::internal::ucx {
+namespace {
+
+Status Bad(const std::string& what) { return Status(Code::kInvalidArgument, "malformed ferry handshake: " + what); }
+
+std::string Frame(std::string body) {
+  std::string out(kDoorPrefixBytes, '\0');
+  const uint32_t length = static_cast<uint32_t>(kDoorPrefixBytes + body.size());
+  for (int i = 0; i < 4; ++i) out[i] = static_cast<char>(length >> (8 * i));
+  std::memcpy(out.data() + 4, kDoorMagic, sizeof(kDoorMagic));
+  out[12] = static_cast<char>(kDoorVersion & 0xff);
+  out[13] = static_cast<char>(kDoorVersion >> 8);
+  out += body;
+  return out;
+}
+
+Result<codec::Reader> Body(std::string_view frame) {
+  FERRY_ASSIGN_OR_RETURN(size_t length, DoorFrameLength(frame));
+  if (length == 0 || length != frame.size()) return Bad("frame of " + std::to_string(frame.size()) + " bytes, prefix says " +
+                                         std::to_string(length));
+  codec::Limits limits;
+  limits.max_bytes = kMaxDoorFrame;
+  limits.max_array = 8;
+  limits.max_depth = 1;
+  auto reader = codec::Reader::Parse(frame.substr(kDoorPrefixBytes), limits);
+  if (!reader.ok()) return Bad(std::string(reader.status().message()));
+  return reader;
+}
+
+}  // namespace
+
+std::string EncodeHello(const Hello& h) {
+  codec::Writer w;
+  w.Array(4);
+  w.Str(h.from_key);
+  w.Str(h.to_key);
+  w.UInt(h.lanes);
+  w.Bin(h.worker_address);
+  return Frame(w.Take());
+}
+
+std::string EncodeWelcome(const Welcome& wl) {
+  codec::Writer w;
+  w.Array(5);
+  w.UInt(static_cast<uint64_t>(wl.code));
+  w.Str(wl.message.substr(0, 1024));
+  w.Str(wl.key);
+  w.UInt(wl.conn_id);
+  w.Bin(wl.worker_address);
+  return Frame(w.Take());
+}
+
+Result<size_t> DoorFrameLength(std::string_view prefix) {
+  if (prefix.size() >= 4) {
+    uint32_t length = 0;
+    for (int i = 0; i < 4; ++i) length |= uint32_t{static_cast<uint8_t>(prefix[i])} << (8 * i);
+    if (length <= kDoorPrefixBytes || length > kMaxDoorFrame) return Bad("frame length " + std::to_string(length));
+  }
+  const size_t magic = std::min(prefix.size() > 4 ? prefix.size() - 4 : 0, sizeof(kDoorMagic));
+  if (std::memcmp(prefix.data() + 4, kDoorMagic, magic) != 0) return Bad("not a ferry engine (bad magic)");
+  if (prefix.size() < kDoorPrefixBytes) return size_t{0};
+  const uint16_t version = static_cast<uint16_t>(static_cast<uint8_t>(prefix[12]) | (static_cast<uint8_t>(prefix[13]) << 8));
+  if (version != kDoorVersion)
+    return Status(Code::kFailedPrecondition, "ferry handshake version " + std::to_string(version) + ", this engine speaks " +
+                                                 std::to_string(kDoorVersion));
+  uint32_t length = 0;
+  for (int i = 0; i < 4; ++i) length |= uint32_t{static_cast<uint8_t>(prefix[i])} << (8 * i);
+  return size_t{length};
+}
+
+Result<Hello> DecodeHello(std::string_view frame) {
+  FERRY_ASSIGN_OR_RETURN(codec::Reader reader, Body(frame));
+  codec::ArrayReader a = reader.root();
+  if (a.size() != 4) return Bad("hello of " + std::to_string(a.size()) + " fields");
+  Hello h;
+  FERRY_ASSIGN_OR_RETURN(std::string_view from, a.Bytes("from key", kMaxKeyBytes));
+  FERRY_ASSIGN_OR_RETURN(std::string_view to, a.Bytes("to key", kMaxKeyBytes));
+  FERRY_ASSIGN_OR_RETURN(uint64_t lanes, a.UInt("lanes"));
+  FERRY_ASSIGN_OR_RETURN(std::string_view address, a.Bytes("worker address", kMaxWorkerAddressBytes));
+  if (from.empty()) return Bad("empty engine key");
+  if (lanes < 1 || lanes > kMaxDoorLanes) return Bad(std::to_string(lanes) + " lanes");
+  if (address.empty()) return Bad("empty worker address");
+  h.from_key = from;
+  h.to_key = to;
+  h.lanes = static_cast<uint16_t>(lanes);
+  h.worker_address = address;
+  return h;
+}
+
+Result<Welcome> DecodeWelcome(std::string_view frame) {
+  FERRY_ASSIGN_OR_RETURN(codec::Reader reader, Body(frame));
+  codec::ArrayReader a = reader.root();
+  if (a.size() != 5) return Bad("welcome of " + std::to_string(a.size()) + " fields");
+  Welcome w;
+  FERRY_ASSIGN_OR_RETURN(uint64_t code, a.UInt("code"));
+  FERRY_ASSIGN_OR_RETURN(std::string_view message, a.Bytes("message", 1024));
+  FERRY_ASSIGN_OR_RETURN(std::string_view key, a.Bytes("key", kMaxKeyBytes));
+  FERRY_ASSIGN_OR_RETURN(uint64_t conn_id, a.UInt("connection id"));
+  FERRY_ASSIGN_OR_RETURN(std::string_view address, a.Bytes("worker address", kMaxWorkerAddressBytes));
+  if (code > static_cast<uint64_t>(Code::kInProgress)) return Bad("status code " + std::to_string(code));
+  w.code = static_cast<Code>(code);
+  w.message = message;
+  w.key = key;
+  w.conn_id = conn_id;
+  w.worker_address = address;
+  if (w.code == Code::kOk && (w.conn_id == 0 || w.worker_address.empty()))
+    return Bad("an accepted connection with no id or worker address");
+  return w;
+}
+
+}  // namespace ferry::internal::ucx
