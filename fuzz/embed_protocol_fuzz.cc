@@ -1,9 +1,11 @@
 // libFuzzer target: the embedding-offload protocol decoder (src/embed/service/protocol.h) on
 // arbitrary message bytes. Every input must be rejected with kInvalidArgument or kUnsupported,
 // or decode to a message whose fields are within the protocol's limits and which encodes to
-// bytes that decode to the same encoding again.
+// bytes that decode to the same encoding again. RequestSeqOf (the seq of a request that does
+// not decode) reads any prefix without faults, and agrees with the decoded seq of a Request.
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <variant>
 
@@ -12,7 +14,13 @@
 namespace svc = ferry::embed::service;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  auto m = svc::Decode(std::string_view(reinterpret_cast<const char*>(data), size));
+  const std::string_view bytes(reinterpret_cast<const char*>(data), size);
+  const std::optional<uint64_t> seq = svc::RequestSeqOf(bytes);
+  auto m = svc::Decode(bytes);
+  if (m.ok()) {
+    if (const auto* q = std::get_if<svc::Request>(&*m); q != nullptr && seq != q->seq)
+      __builtin_trap();
+  }
   if (!m.ok()) {
     auto code = m.status().code();
     if (code != ferry::Code::kInvalidArgument && code != ferry::Code::kUnsupported)

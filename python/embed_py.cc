@@ -64,9 +64,12 @@ std::span<uint8_t> Writable(py::array& out) {
                             static_cast<size_t>(out.nbytes()));
 }
 
+// threads - 1 workers (the caller is the first); RESOURCE_EXHAUSTED when one cannot start.
 std::unique_ptr<ThreadPool> PoolFor(int threads) {
-  if (threads < 1 || threads > 1024) ThrowInvalid("threads must be in [1, 1024]");
-  return threads > 1 ? std::make_unique<ThreadPool>(threads - 1, "embed-py") : nullptr;
+  if (threads < 1 || threads > embed::kMaxGatherThreads)
+    ThrowInvalid("threads must be in [1, " + std::to_string(embed::kMaxGatherThreads) + "]");
+  if (threads == 1) return nullptr;
+  return Unwrap(ThreadPool::Create(threads - 1, "embed-py"));
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 #include "embed/row_ids.h"
 #include "embed/service/client.h"
 #include "embed/service/gpu_ops.h"
+#include "embed/service/protocol.h"
 #include "embed/service/served_layers.h"
 #include "embed/service/stats_query.h"
 #include "embed/service/step_policy.h"
@@ -67,7 +68,8 @@ struct StepShape {
 Result<StepShape> ParseStep(const std::string& s) {
   StepShape out;
   unsigned t = 0, r = 0;
-  if (std::sscanf(s.c_str(), "%ux%u", &t, &r) != 2 || t == 0 || r == 0 || r > t)
+  if (std::sscanf(s.c_str(), "%ux%u", &t, &r) != 2 || t == 0 || r == 0 || r > t ||
+      t > svc::kMaxTokens || r > svc::kMaxRequests)
     return Status(Code::kInvalidArgument, "--step wants TOKENSxREQUESTS, e.g. 8192x8: " + s);
   out.tokens = t;
   out.reqs = r;
@@ -325,8 +327,14 @@ Status Run(const BenchFlags& f) {
     FERRY_ASSIGN_OR_RETURN(StepShape shape, ParseStep(s));
     shapes.push_back(shape);
   }
-  if (f.iters < 1 || f.layers < 1 || f.tp < 1 || f.tp > 64)
-    return Status(Code::kInvalidArgument, "--iters and --layers >= 1, --tp in [1, 64]");
+  FERRY_RETURN_IF_ERROR(RangeFlag("--iters", f.iters, 1, 1 << 20));
+  FERRY_RETURN_IF_ERROR(RangeFlag("--layers", f.layers, 1, svc::kMaxLayers));
+  FERRY_RETURN_IF_ERROR(RangeFlag("--tp", f.tp, 1, svc::kMaxTpSize));
+  FERRY_RETURN_IF_ERROR(RangeFlag("--threads", f.threads, 1, embed::kMaxGatherThreads));
+  FERRY_RETURN_IF_ERROR(RangeFlag("--chunk-tokens", f.chunk_tokens, 1, embed::kMaxChunkTokens));
+  FERRY_RETURN_IF_ERROR(RangeFlag(
+      "--copy-min-kib", static_cast<int64_t>(std::min<uint64_t>(f.copy_min_kib, INT64_MAX)), 1,
+      1 << 30));
   const bool cuda = f.kind == "cuda";
   std::vector<std::string> modes = f.uva;
   if (modes.empty())

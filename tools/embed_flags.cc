@@ -1,5 +1,9 @@
 #include "embed_flags.h"
 
+#include <fmt/format.h>
+
+#include <cmath>
+
 namespace ferry::tools {
 
 void AddModelFlags(CLI::App* cmd, ModelFlags* f) {
@@ -34,6 +38,23 @@ std::vector<std::string> ModelArgs(const ModelFlags& f) {
           "--ngram",      std::to_string(f.ngram),      "--heads",      std::to_string(f.heads),
           "--embed-dim",  std::to_string(f.embed_dim),  "--base-vocab", std::to_string(f.base_vocab),
           "--padding",    std::to_string(f.padding),    "--seed",       std::to_string(f.seed)};
+}
+
+Result<std::chrono::nanoseconds> DurationFlag(std::string_view flag, double seconds,
+                                              std::chrono::seconds max) {
+  if (!std::isfinite(seconds) || seconds <= 0 || seconds > static_cast<double>(max.count()))
+    return Status(Code::kInvalidArgument,
+                  fmt::format("{} {:g}: seconds must be finite and in (0, {}]", flag, seconds,
+                              max.count()));
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(seconds));
+}
+
+Status RangeFlag(std::string_view flag, int64_t v, int64_t lo, int64_t hi) {
+  if (v >= lo && v <= hi) return Status::Ok();
+  return Status(Code::kInvalidArgument, std::string(flag) + " " + std::to_string(v) +
+                                            " outside [" + std::to_string(lo) + ", " +
+                                            std::to_string(hi) + "]");
 }
 
 }  // namespace ferry::tools

@@ -6,11 +6,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "embed/config.h"
+#include "ferry/status.h"
 
 namespace ferry::tools {
 
@@ -30,5 +33,12 @@ void AddModelFlags(CLI::App* cmd, ModelFlags* f);
 embed::Config ToConfig(const ModelFlags& f);
 // The flags above as command-line arguments.
 std::vector<std::string> ModelArgs(const ModelFlags& f);
+
+// A duration flag given in seconds: kInvalidArgument, naming `flag`, unless it is finite and in
+// (0, max].
+Result<std::chrono::nanoseconds> DurationFlag(std::string_view flag, double seconds,
+                                              std::chrono::seconds max);
+// An integer flag: kInvalidArgument, naming `flag` and the range, unless lo <= v <= hi.
+Status RangeFlag(std::string_view flag, int64_t v, int64_t lo, int64_t hi);
 
 }  // namespace ferry::tools

@@ -1,7 +1,10 @@
 // `ferry embed-serve`: the embedding-offload service of one node (src/embed/service/). It
 // builds the layers' layouts from the model flags, opens one safetensors table per layer
 // (--table, repeated) or a synthetic one, listens on --socket and serves until SIGINT or
-// SIGTERM. --ready-file is written once the socket listens (for scripts and tests).
+// SIGTERM. --ready-file is written once the socket listens (for scripts and tests). Every flag
+// is checked before the table is built (a synthetic table larger than the memory available is
+// refused, naming the flags that shrink it); --socket may name nothing or a stale socket, never
+// a file that is not a socket or a socket a live service accepts on.
 // --uva auto|always|off: with auto (the default) or always the tables are page-locked at start,
 // so that layer steps for CUDA outputs may run the UVA kernel (auto: whichever path is faster
 // per token-count bucket, as measured; always: UVA whenever possible). On exit it prints its
@@ -9,6 +12,10 @@
 // reads them through the protocol's StatsRequest).
 #include <fmt/format.h>
 #include <signal.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -20,10 +27,13 @@
 #include "commands.h"
 #include "embed_flags.h"
 #include "embed/config.h"
+#include "embed/gather.h"
+#include "embed/service/protocol.h"
 #include "embed/service/served_layers.h"
 #include "embed/service/server.h"
 #include "embed/service/step_policy.h"
 #include "embed/service/step_stats.h"
+#include "embed/service/unix_socket.h"
 
 namespace ferry::tools {
 namespace {
@@ -47,39 +57,108 @@ struct ServeFlags {
   uint64_t copy_min_kib = 1024;
   int uva_probes = 3;
   int uva_reprobe_every = 64;
+  uint64_t max_connections = 256;
 };
+
+// Every flag's value, checked before anything is built: the server's options, the socket path
+// (nothing, or a stale socket, in an existing folder), the ready file's folder.
+Result<embed::service::ServerOptions> CheckFlags(const ServeFlags& f) {
+  namespace svc = embed::service;
+  embed::service::ServerOptions o;
+  o.socket_path = f.socket;
+  FERRY_ASSIGN_OR_RETURN(o.wait_timeout,
+                         DurationFlag("--wait-timeout", f.wait_timeout_s, svc::kMaxWaitTimeout));
+  FERRY_RETURN_IF_ERROR(RangeFlag("--threads", f.threads, 1, embed::kMaxGatherThreads));
+  FERRY_RETURN_IF_ERROR(RangeFlag("--chunk-tokens", f.chunk_tokens, 1, embed::kMaxChunkTokens));
+  FERRY_RETURN_IF_ERROR(RangeFlag("--uva-probes", f.uva_probes, 1, svc::kMaxPolicyCount));
+  FERRY_RETURN_IF_ERROR(
+      RangeFlag("--uva-reprobe-every", f.uva_reprobe_every, 0, svc::kMaxPolicyCount));
+  FERRY_RETURN_IF_ERROR(RangeFlag("--copy-min-kib", static_cast<int64_t>(std::min<uint64_t>(
+                                                        f.copy_min_kib, INT64_MAX)),
+                                  1, 1 << 30));
+  FERRY_RETURN_IF_ERROR(RangeFlag("--max-connections",
+                                  static_cast<int64_t>(std::min<uint64_t>(f.max_connections, INT64_MAX)),
+                                  1, static_cast<int64_t>(svc::kMaxConnections)));
+  if (f.layers.empty()) return Status(Code::kInvalidArgument, "--layers needs a layer");
+  for (size_t i = 0; i < f.layers.size(); ++i) {
+    FERRY_RETURN_IF_ERROR(RangeFlag("--layers", f.layers[i], 0, svc::kMaxLayerIndex));
+    for (size_t j = 0; j < i; ++j)
+      if (f.layers[j] == f.layers[i])
+        return Status(Code::kInvalidArgument,
+                      "--layers lists " + std::to_string(f.layers[i]) + " twice");
+  }
+  if (!f.tables.empty() && f.tables.size() != f.layers.size())
+    return Status(Code::kInvalidArgument, std::to_string(f.tables.size()) + " --table files for " +
+                                              std::to_string(f.layers.size()) + " --layers");
+  FERRY_ASSIGN_OR_RETURN(o.policy.mode, svc::ParseUvaMode(f.uva));
+  o.gather.threads = f.threads;
+  o.gather.chunk_tokens = f.chunk_tokens;
+  o.gather.streaming_stores = f.streaming_stores;
+  o.streaming_staging = f.staging_stores == "streaming";
+  o.min_copy_bytes = f.copy_min_kib * 1024;
+  o.policy.probes = f.uva_probes;
+  o.policy.reprobe_every = f.uva_reprobe_every;
+  o.max_connections = f.max_connections;
+  FERRY_RETURN_IF_ERROR(svc::ValidateServerOptions(o));
+  FERRY_RETURN_IF_ERROR(svc::CheckListenPath(f.socket).WithContext("--socket"));
+  if (!f.ready_file.empty()) {
+    const size_t slash = f.ready_file.rfind('/');
+    const std::string dir = slash == std::string::npos ? "."
+                            : slash == 0               ? "/"
+                                                       : f.ready_file.substr(0, slash);
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      return Status(Code::kInvalidArgument,
+                    "--ready-file " + f.ready_file + ": folder " + dir + " does not exist");
+    if (::stat(f.ready_file.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+      return Status(Code::kInvalidArgument,
+                    "--ready-file " + f.ready_file + " is not a regular file");
+  }
+  return o;
+}
+
+// Writes the socket path to the ready file: a regular file (O_NONBLOCK: a FIFO there would
+// block the open until a reader came; it is refused instead).
+Status WriteReadyFile(const std::string& path, const std::string& socket) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ENXIO)
+    return Status(Code::kInvalidArgument, "--ready-file " + path + " is not a regular file");
+  if (fd < 0) return Status(Code::kInvalidArgument, "cannot write --ready-file " + path);
+  struct stat st {};
+  Status s;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    s = Status(Code::kInvalidArgument, "--ready-file " + path + " is not a regular file");
+  else if (::write(fd, socket.data(), socket.size()) != static_cast<ssize_t>(socket.size()))
+    s = Status(Code::kInternal, "cannot write --ready-file " + path);
+  ::close(fd);
+  return s;
+}
 
 Status Serve(const ServeFlags& f) {
   embed::Config c = ToConfig(f.model);
   FERRY_ASSIGN_OR_RETURN(embed::Dtype dtype, embed::ParseDtype(f.dtype));
-  if (f.wait_timeout_s <= 0)
-    return Status(Code::kInvalidArgument, "--wait-timeout must be positive");
-  FERRY_ASSIGN_OR_RETURN(embed::service::UvaMode uva, embed::service::ParseUvaMode(f.uva));
+  FERRY_ASSIGN_OR_RETURN(embed::service::ServerOptions o, CheckFlags(f));
+  const embed::service::UvaMode uva = o.policy.mode;
   std::vector<embed::service::ServedLayer> layers;
   Status pinned;
   {
-    ThreadPool pool(std::max(1, f.threads), "embed-fill");
-    FERRY_ASSIGN_OR_RETURN(layers, embed::service::MakeServedLayers(
-                                       c, f.layers, dtype, f.tables, f.synthetic_rows, &pool,
-                                       uva == embed::service::UvaMode::kOff ? nullptr : &pinned));
+    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ThreadPool> pool,
+                           ThreadPool::Create(f.threads, "embed-fill"));
+    Result<std::vector<embed::service::ServedLayer>> made = embed::service::MakeServedLayers(
+        c, f.layers, dtype, f.tables, f.synthetic_rows, pool.get(),
+        uva == embed::service::UvaMode::kOff ? nullptr : &pinned);
+    if (!made.ok() && made.status().code() == Code::kResourceExhausted && f.tables.empty())
+      return Status(Code::kResourceExhausted,
+                    std::string(made.status().message()) +
+                        "; shrink it with --base-vocab, --synthetic-rows, --embed-dim, --heads "
+                        "or --dtype, or serve tables from files (--table)");
+    FERRY_ASSIGN_OR_RETURN(layers, std::move(made));
   }
   if (!pinned.ok()) {
     if (uva == embed::service::UvaMode::kAlways)
       return pinned.WithContext("--uva always needs a pinned table");
     fmt::print("ferry embed-serve: no UVA path (the table is not pinned: {})\n", pinned.ToString());
   }
-  embed::service::ServerOptions o;
-  o.socket_path = f.socket;
-  o.gather.threads = f.threads;
-  o.gather.chunk_tokens = f.chunk_tokens;
-  o.gather.streaming_stores = f.streaming_stores;
-  o.streaming_staging = f.staging_stores == "streaming";
-  o.min_copy_bytes = std::max<uint64_t>(1, f.copy_min_kib) * 1024;
-  o.policy.mode = uva;
-  o.policy.probes = f.uva_probes;
-  o.policy.reprobe_every = f.uva_reprobe_every;
-  o.wait_timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double>(f.wait_timeout_s));
   // Signals are taken synchronously below; block them before any thread starts.
   sigset_t set;
   sigemptyset(&set);
@@ -90,12 +169,7 @@ Status Serve(const ServeFlags& f) {
   fmt::print("ferry embed-serve: listening on {} ({} layers, {} table)\n", f.socket,
              f.layers.size(), f.tables.empty() ? "synthetic" : "file");
   std::fflush(stdout);
-  if (!f.ready_file.empty()) {
-    std::FILE* rf = std::fopen(f.ready_file.c_str(), "w");
-    if (rf == nullptr) return Status(Code::kInvalidArgument, "cannot write " + f.ready_file);
-    std::fputs(f.socket.c_str(), rf);
-    std::fclose(rf);
-  }
+  if (!f.ready_file.empty()) FERRY_RETURN_IF_ERROR(WriteReadyFile(f.ready_file, f.socket));
   int sig = 0;
   sigwait(&set, &sig);
   server->Stop();
@@ -151,6 +225,9 @@ void AddEmbedServeCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--uva-reprobe-every", f->uva_reprobe_every,
                   "auto: every n-th choice runs the other path once (0: never)")
+      ->capture_default_str();
+  cmd->add_option("--max-connections", f->max_connections,
+                  "Connections served at once (GPU worker ranks and monitors); more are refused")
       ->capture_default_str();
   cmd->callback([f, exit_code] {
     Status s = Serve(*f);

@@ -14,6 +14,9 @@
 
 Flags hold FLAG_RESET, FLAG_DONE or FLAG_FAILED; a wait passes on >= FLAG_DONE. A dummy
 forward (``prepare_forward(r, n, dummy=True)``) sends nothing and satisfies the waits locally.
+Every forward is released before the next is prepared (``prepare_forward`` raises
+FAILED_PRECONDITION otherwise), and a step past max_tokens or max_reqs raises OUT_OF_RANGE
+before anything is sent.
 """
 
 from ._ferry import embed_service as _svc

@@ -130,21 +130,32 @@ int64_t GatherRows(const Table& table, const uint64_t* ids, int64_t count, uint8
   return CopyRows<false>(table, ids, count, dst, options.prefetch_rows);
 }
 
-Result<std::unique_ptr<Gatherer>> Gatherer::Create(const GatherOptions& options) {
-  if (options.threads < 1 || options.threads > 1024)
-    return Status(Code::kInvalidArgument,
-                  "threads must be in [1, 1024], not " + std::to_string(options.threads));
-  if (options.chunk_tokens < 1)
-    return Status(Code::kInvalidArgument, "chunk_tokens must be at least 1");
-  if (options.prefetch_rows < 0)
-    return Status(Code::kInvalidArgument, "prefetch_rows must not be negative");
-  return std::unique_ptr<Gatherer>(new Gatherer(options));
+Status ValidateGatherOptions(const GatherOptions& options) {
+  if (options.threads < 1 || options.threads > kMaxGatherThreads)
+    return Status(Code::kInvalidArgument, "threads must be in [1, " +
+                                              std::to_string(kMaxGatherThreads) + "], not " +
+                                              std::to_string(options.threads));
+  if (options.chunk_tokens < 1 || options.chunk_tokens > kMaxChunkTokens)
+    return Status(Code::kInvalidArgument, "chunk_tokens must be in [1, " +
+                                              std::to_string(kMaxChunkTokens) + "], not " +
+                                              std::to_string(options.chunk_tokens));
+  if (options.prefetch_rows < 0 || options.prefetch_rows > kMaxPrefetchRows)
+    return Status(Code::kInvalidArgument, "prefetch_rows must be in [0, " +
+                                              std::to_string(kMaxPrefetchRows) + "], not " +
+                                              std::to_string(options.prefetch_rows));
+  return Status::Ok();
 }
 
-Gatherer::Gatherer(const GatherOptions& options) : options_(options) {
-  if (options.threads > 1)
-    pool_ = std::make_unique<ThreadPool>(options.threads - 1, "embed-gather");
+Result<std::unique_ptr<Gatherer>> Gatherer::Create(const GatherOptions& options) {
+  FERRY_RETURN_IF_ERROR(ValidateGatherOptions(options));
+  std::unique_ptr<Gatherer> g(new Gatherer(options));
+  if (options.threads > 1) {
+    FERRY_ASSIGN_OR_RETURN(g->pool_, ThreadPool::Create(options.threads - 1, "embed-gather"));
+  }
+  return g;
 }
+
+Gatherer::Gatherer(const GatherOptions& options) : options_(options) {}
 
 Status Gatherer::Gather(const Table& table, int heads, std::span<const uint64_t> row_ids,
                         std::span<uint8_t> dst, const ChunkDone& on_chunk) {

@@ -41,11 +41,19 @@ struct GatherOptions {
   bool streaming_stores = false;
 };
 
+inline constexpr int kMaxGatherThreads = ThreadPool::kMaxThreads;
+inline constexpr int64_t kMaxChunkTokens = 1 << 20;
+inline constexpr int kMaxPrefetchRows = 4096;
+
+// kInvalidArgument, naming the option, for threads outside [1, kMaxGatherThreads], chunk_tokens
+// outside [1, kMaxChunkTokens], prefetch_rows outside [0, kMaxPrefetchRows].
+Status ValidateGatherOptions(const GatherOptions& options);
+
 using ChunkDone = std::function<void(int64_t begin, int64_t end)>;
 
 class Gatherer {
  public:
-  // kInvalidArgument for threads < 1 or > 1024, chunk_tokens < 1, prefetch_rows < 0.
+  // ValidateGatherOptions' errors; kResourceExhausted when a worker thread cannot start.
   static Result<std::unique_ptr<Gatherer>> Create(const GatherOptions& options);
 
   // row_ids: num_tokens x heads (ComputeRowIds' output); dst: num_tokens x heads x

@@ -127,7 +127,8 @@ Result<std::unique_ptr<Table>> Table::Open(const Layout& layout, std::span<const
   uint64_t rows = 0;
   for (size_t i = 0; i < paths.size(); ++i) {
     const std::string& path = paths[i];
-    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO (or a device) would block the open until a writer comes.
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return Errno(errno, "open " + path);
     struct stat st {};
     if (fstat(fd, &st) != 0) {
@@ -135,7 +136,11 @@ Result<std::unique_ptr<Table>> Table::Open(const Layout& layout, std::span<const
       close(fd);
       return Errno(err, "fstat " + path);
     }
-    if (!S_ISREG(st.st_mode) || st.st_size < 8) {
+    if (!S_ISREG(st.st_mode)) {
+      close(fd);
+      return Status(Code::kInvalidArgument, path + ": not a regular file");
+    }
+    if (st.st_size < 8) {
       close(fd);
       return Status(Code::kInvalidArgument, path + ": not a safetensors file (too short)");
     }

@@ -11,7 +11,8 @@
 // F8_E4M3) or [rows_i, d/2 + d/16] of U8 for NVFP4. A last dimension of G times that (E values,
 // a token's worth) is the same bytes and counts as G rows each. Every file has the same dtype
 // and the rows add up to the layout's table_rows() (padded) or used_rows() (unpadded). Mismatches
-// are kInvalidArgument, unreadable files kNotFound / kPermissionDenied / kInternal. A file must not
+// are kInvalidArgument (so is a path that is not a regular file: a FIFO, a folder, a device;
+// it is never read), unreadable files kNotFound / kPermissionDenied / kInternal. A file must not
 // be truncated while mapped (reads of its pages would fault).
 //
 // Memory advice: MADV_HUGEPAGE where the kernel allows (always for synthetic tables; file

@@ -1,8 +1,14 @@
 #include "embed/table.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "cuda/runtime.h"
 #include "embed/test_util.h"
@@ -134,6 +140,38 @@ TEST(Table, OpenErrors) {
   TempFile fa(Safetensors(OneTensorHeader("w", "BF16", 20, 8, half.size()), half));
   TempFile fb(Safetensors(OneTensorHeader("w", "F16", 20, 8, half.size()), half));
   EXPECT_EQ(Table::Open(l, std::vector<std::string>{fa.path(), fb.path()}, {}).status().code(),
+            Code::kInvalidArgument);
+}
+
+// A FIFO (or a folder) is refused at once, without an open that waits for a writer. The helper
+// opens the FIFO's write end after a second, which would release an open() blocked on it.
+TEST(Table, NonRegularFilesAreRefusedWithoutBlocking) {
+  Layout l = TinyLayout();
+  std::string fifo = "/tmp/ferry_embed_fifo_" + std::to_string(::getpid());
+  ::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::atomic<bool> done{false};
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    for (int i = 0; i < 200 && !done; ++i) {
+      int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // succeeds once a reader waits
+      if (fd >= 0) {
+        ::close(fd);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  Result<std::unique_ptr<Table>> t = Table::Open(l, std::vector<std::string>{fifo}, {});
+  auto took = std::chrono::steady_clock::now() - t0;
+  done = true;
+  releaser.join();
+  ::unlink(fifo.c_str());
+  EXPECT_EQ(t.status().code(), Code::kInvalidArgument) << t.status().ToString();
+  EXPECT_NE(t.status().message().find("not a regular file"), std::string_view::npos);
+  EXPECT_LT(took, std::chrono::milliseconds(500));
+  EXPECT_EQ(Table::Open(l, std::vector<std::string>{"/tmp"}, {}).status().code(),
             Code::kInvalidArgument);
 }
 

@@ -45,7 +45,7 @@ def ferry_bin():
 
 
 class Service:
-    def __init__(self, tmp_path, wait_timeout=5.0):
+    def __init__(self, tmp_path, wait_timeout=5.0, extra=()):
         self.socket = str(tmp_path / "embed.sock")
         ready = tmp_path / "ready"
         args = [
@@ -53,7 +53,7 @@ class Service:
             "--vocab", str(V), "--eos", str(EOS), "--ngram", str(N), "--heads", str(H),
             "--embed-dim", str(E), "--base-vocab", str(B), "--padding", str(P),
             "--layers", *map(str, LAYERS), "--threads", "2", "--chunk-tokens", "16",
-            "--wait-timeout", str(wait_timeout),
+            "--wait-timeout", str(wait_timeout), *extra,
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
@@ -196,8 +196,6 @@ def failed_step(r0, r1, code):
 @pytest.mark.parametrize(
     "what,reqs,tokens,edit,code",
     [
-        ("too many tokens", 1, MAX_TOKENS + 1, None, "OUT_OF_RANGE"),
-        ("too many requests", MAX_REQS + 1, MAX_REQS + 1, None, "OUT_OF_RANGE"),
         ("decreasing query starts", 4, 64, lambda s: s[1].__setitem__(2, 1), "INVALID_ARGUMENT"),
         ("id >= V", 4, 64, lambda s: s[0].__setitem__(5, V), "OUT_OF_RANGE"),
         ("context id >= V", 4, 64, lambda s: s[2].__setitem__(1, V + 7), "OUT_OF_RANGE"),
@@ -265,15 +263,20 @@ CHILD = """
 import sys, time
 sys.path[:0] = {paths!r}
 from ferry import embed_service
-c = embed_service.Client({socket!r}, dp_rank=1, tp_rank=0, tp_size=1, max_tokens={mt},
-                         max_reqs={mr}, context_len={ctx}, token_bytes={tb}, layers={layers!r})
+def client(tp):
+    return embed_service.Client({socket!r}, dp_rank=1, tp_rank=tp, tp_size=2, max_tokens={mt},
+                                max_reqs={mr}, context_len={ctx}, token_bytes={tb},
+                                layers={layers!r})
+c, c1 = client(0), client(1)
 c.input_ids[:4] = [5, 6, 7, 8]
 c.query_start_loc[:2] = [0, 4]
 c.ngram_context[:1] = [[1, 1]]
 c.prepare_forward(1, 4)
 for s in range(c.slots):
     c.wait(s)
-c.prepare_forward(1, 4)   # never released: the service waits on this client's outputs
+    c1.wait(s)
+c.release_outputs()
+c.prepare_forward(1, 4)   # rank 1 never released: the service waits on this process's outputs
 print("ready", flush=True)
 time.sleep(60)
 """
@@ -291,14 +294,16 @@ def test_killed_client_is_forgotten(service):
         child.kill()
         child.wait()
         forward([r0], make_step(rng, 64, 64))
-        # The dead client's rank registers again once the service has dropped it.
+        # The dead client's rank registers again (a group of one now) once the service has
+        # dropped both of its ranks.
         deadline = time.monotonic() + 5
         while True:
             try:
                 again = service.client(1, 0, 1)
                 break
             except ferry.Error as e:
-                assert e.code == "ALREADY_EXISTS" and time.monotonic() < deadline, str(e)
+                assert e.code in ("ALREADY_EXISTS", "INVALID_ARGUMENT"), str(e)
+                assert time.monotonic() < deadline, str(e)
                 time.sleep(0.01)
         forward([again], make_step(rng, 8, 256))
         forward([r0], make_step(rng, 2, 16))
@@ -306,6 +311,139 @@ def test_killed_client_is_forgotten(service):
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_over_capacity_step_is_refused_and_the_client_goes_on(service):
+    """Issue 9: the client refuses a step past its capacity; later steps are served."""
+    c = service.client(0, 0, 1)
+    with pytest.raises(ferry.Error) as e:
+        c.prepare_forward(2, 2**21)
+    assert e.value.code == "OUT_OF_RANGE", str(e.value)
+    with pytest.raises(ferry.Error) as e:
+        c.prepare_forward(MAX_REQS + 1, MAX_REQS + 1)
+    assert e.value.code == "OUT_OF_RANGE", str(e.value)
+    rng = random.Random(21)
+    forward([c], make_step(rng, 4, 128))
+    forward([c], make_step(rng, 2, 16))
+
+
+def test_prepare_before_release_is_refused(service):
+    """Issue 10: the waits of a step sent before the release would pass on the old flags."""
+    c = service.client(0, 0, 1)
+    rng = random.Random(22)
+    first = make_step(rng, 4, 64)
+    write_inputs(c, first)
+    c.prepare_forward(4, 64)
+    for slot in range(c.slots):
+        c.wait(slot)
+    write_inputs(c, make_step(rng, 4, 64))
+    for dummy in (False, True):
+        with pytest.raises(ferry.Error) as e:
+            c.prepare_forward(4, 64, dummy=dummy)
+        assert e.value.code == "FAILED_PRECONDITION", str(e.value)
+    check_outputs(c, first)
+    c.release_outputs()
+    forward([c], make_step(rng, 4, 64))
+
+
+def test_empty_datagram_is_answered_and_closed(service):
+    """Issue 18: an empty datagram gets a reply and its connection is closed."""
+    import socket
+
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(5)
+    s.connect(service.socket)
+    s.send(b"")
+    assert len(s.recv(65536)) > 0  # Registered(INVALID_ARGUMENT)
+    assert s.recv(65536) == b""     # then closed
+    s.close()
+    forward([service.client(0, 0, 1)], make_step(random.Random(23), 2, 32))
+
+
+def _tasks(pid):
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def _rss(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_idle_connections_cost_no_thread(service):
+    """Issue 4: a connection is not a thread (62 idle ones used to reach a 64-thread limit)."""
+    import socket
+
+    before = _tasks(service.proc.pid)
+    idle = []
+    for _ in range(100):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.connect(service.socket)
+        idle.append(s)
+    time.sleep(0.2)
+    assert _tasks(service.proc.pid) == before
+    forward([service.client(0, 0, 1)], make_step(random.Random(24), 2, 32))
+    for s in idle:
+        s.close()
+
+
+def test_connections_past_the_limit_are_refused(tmp_path):
+    """Issue 4: past --max-connections a connection is refused with RESOURCE_EXHAUSTED."""
+    svc = Service(tmp_path, extra=("--max-connections", "2"))
+    try:
+        a, b = svc.client(0, 0, 1), svc.client(1, 0, 1)
+        with pytest.raises(ferry.Error) as e:
+            svc.client(2, 0, 1)
+        assert e.value.code == "RESOURCE_EXHAUSTED", str(e.value)
+        b.close()
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                c = svc.client(2, 0, 1)
+                break
+            except ferry.Error as e:
+                assert e.code == "RESOURCE_EXHAUSTED" and time.monotonic() < deadline, str(e)
+                time.sleep(0.01)
+        forward([a], make_step(random.Random(25), 2, 32))
+        forward([c], make_step(random.Random(26), 2, 32))
+    finally:
+        svc.stop()
+
+
+def test_groups_claiming_large_capacity_leave_no_memory(service):
+    """Issue 5: host-mode groups hold no staging; groups that emptied are freed."""
+    before = _rss(service.proc.pid)
+    clients = []
+    for dp in range(4):
+        c = embed_service.Client(
+            service.socket, dp_rank=dp, max_tokens=2**20, max_reqs=MAX_REQS,
+            context_len=N - 1, token_bytes=TOKEN_BYTES, layers=LAYERS,
+        )
+        c.query_start_loc[:2] = [0, 0]
+        c.prepare_forward(1, 0)  # an empty step
+        for slot in range(c.slots):
+            c.wait(slot)
+        c.release_outputs()
+        clients.append(c)
+    for c in clients:
+        c.close()
+    time.sleep(0.2)
+    # The service used to zero-fill 2**20 x TOKEN_BYTES (128 MiB) per group and keep it.
+    assert _rss(service.proc.pid) - before < 64 << 20
+
+
+@pytest.mark.parametrize("option", ["step_timeout_ms", "connect_timeout_ms"])
+@pytest.mark.parametrize("value", [0.0, -1.0, float("inf"), float("nan"), 1e300])
+def test_out_of_range_timeouts_are_invalid_argument(service, option, value):
+    """Issue 14: a timeout must be finite and positive (0 used to fail every step at once)."""
+    with pytest.raises(ferry.Error) as e:
+        embed_service.Client(
+            service.socket, max_tokens=8, max_reqs=2, context_len=N - 1,
+            token_bytes=TOKEN_BYTES, layers=LAYERS, **{option: value},
+        )
+    assert e.value.code == "INVALID_ARGUMENT", str(e.value)
 
 
 def _torch_cuda():

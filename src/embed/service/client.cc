@@ -7,12 +7,14 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "cuda/runtime.h"
 #include "embed/service/gpu_ops.h"
 #include "embed/service/host_flag.h"
 #include "embed/service/shared_memory.h"
 #include "embed/service/unix_socket.h"
+#include "embed/start_thread.h"
 
 namespace ferry::embed::service {
 namespace {
@@ -41,6 +43,8 @@ struct Client::Impl {
   UniqueFd wake_fd;
   std::thread reader;
   std::atomic<uint64_t> last_seq{0};  // the latest step sent
+  // A forward was prepared and its outputs not released yet (the driving thread's).
+  std::atomic<bool> outstanding{false};
 
   // CUDA mode, rank 0: steps whose input copies are in flight, sent by `sender`.
   struct Pending {
@@ -152,6 +156,17 @@ Result<std::unique_ptr<Client>> Client::Create(const ClientOptions& o) {
   if (o.max_tokens > kMaxTokens || o.max_reqs > kMaxRequests || o.context_len > kMaxContext ||
       o.token_bytes > kMaxTokenBytes || o.layers.size() > kMaxLayers)
     return Status(Code::kInvalidArgument, "client options exceed the protocol's limits");
+  for (uint32_t layer : o.layers)
+    if (layer > kMaxLayerIndex)
+      return Status(Code::kInvalidArgument, "layer " + std::to_string(layer) +
+                                                " is outside the protocol's [0, " +
+                                                std::to_string(kMaxLayerIndex) + "]");
+  for (auto [what, d] : {std::pair{"connect_timeout", o.connect_timeout},
+                         std::pair{"step_timeout", o.step_timeout}})
+    if (d <= std::chrono::nanoseconds::zero() || d > kMaxClientTimeout)
+      return Status(Code::kInvalidArgument,
+                    std::string(what) + " of " + std::to_string(d.count()) + " ns outside (0, " +
+                        std::to_string(kMaxClientTimeout.count()) + " s]");
   auto impl = std::make_unique<Impl>();
   Impl& c = *impl;
   c.options = o;
@@ -200,18 +215,27 @@ Result<std::unique_ptr<Client>> Client::Create(const ClientOptions& o) {
   }
   Deadline deadline = Deadline::After(o.connect_timeout);
   FERRY_ASSIGN_OR_RETURN(c.fd, Connect(o.socket_path, deadline));
-  FERRY_RETURN_IF_ERROR(Send(c.fd.get(), Encode(reg), fds));
-  FERRY_ASSIGN_OR_RETURN(Message answer, Receive(c.fd.get(), deadline));
-  FERRY_ASSIGN_OR_RETURN(AnyMessage decoded, Decode(answer.bytes));
+  // A service that refuses the connection (too many) answers before it reads anything and
+  // closes: its answer is read even when the registration could not be sent.
+  Status sent = Send(c.fd.get(), Encode(reg), fds);
+  Result<Message> answer =
+      Receive(c.fd.get(), sent.ok() ? deadline : Deadline::After(std::chrono::milliseconds(100)));
+  if (!answer.ok()) return sent.ok() ? answer.status() : sent;
+  FERRY_ASSIGN_OR_RETURN(AnyMessage decoded, Decode(answer->bytes));
   if (!std::holds_alternative<Registered>(decoded))
     return Status(Code::kInvalidArgument,
                   "the service answered a registration with another message");
   FERRY_RETURN_IF_ERROR(std::get<Registered>(decoded).status.WithContext("registration"));
   FERRY_ASSIGN_OR_RETURN(c.wake_fd, MakeWakeFd());
+  if (!sent.ok()) return sent;
   Impl* raw = impl.get();
-  c.reader = std::thread([raw] { raw->Read(); });
-  if (c.cuda && o.tp_rank == 0) c.sender = std::thread([raw] { raw->SendLoop(); });
-  return std::unique_ptr<Client>(new Client(std::move(impl)));
+  FERRY_ASSIGN_OR_RETURN(c.reader, StartThread("embed client reader", [raw] { raw->Read(); }));
+  auto client = std::unique_ptr<Client>(new Client(std::move(impl)));  // Close() joins
+  if (c.cuda && o.tp_rank == 0) {
+    FERRY_ASSIGN_OR_RETURN(c.sender,
+                           StartThread("embed client sender", [raw] { raw->SendLoop(); }));
+  }
+  return client;
 }
 
 void Client::Impl::Read() {
@@ -365,6 +389,25 @@ Status Client::PrepareForward(uint32_t num_reqs, uint32_t num_tokens, bool dummy
                               const StepSources* sources) {
   Impl& c = *impl_;
   FERRY_RETURN_IF_ERROR(c.TakeError());
+  if (c.outstanding)
+    return Status(Code::kFailedPrecondition,
+                  "the previous forward's outputs were not released: call ReleaseOutputs() "
+                  "before the next PrepareForward()");
+  if (!dummy && c.options.tp_rank == 0 &&
+      (num_tokens > c.options.max_tokens || num_reqs > c.options.max_reqs))
+    return Status(Code::kOutOfRange, "a step of " + std::to_string(num_tokens) + " tokens in " +
+                                         std::to_string(num_reqs) +
+                                         " requests exceeds the registered capacity of " +
+                                         std::to_string(c.options.max_tokens) + " tokens, " +
+                                         std::to_string(c.options.max_reqs) + " requests");
+  Status st = PrepareStep(num_reqs, num_tokens, dummy, stream, sources);
+  if (st.ok()) c.outstanding = true;
+  return st;
+}
+
+Status Client::PrepareStep(uint32_t num_reqs, uint32_t num_tokens, bool dummy, void* stream,
+                           const StepSources* sources) {
+  Impl& c = *impl_;
   const uint64_t tokens = std::min<uint64_t>(num_tokens, c.options.max_tokens);
   if (dummy) {
     // Nothing goes to the service; the waits of this forward pass at once.
@@ -385,8 +428,6 @@ Status Client::PrepareForward(uint32_t num_reqs, uint32_t num_tokens, bool dummy
   c.last_seq = r.seq;
   if (sources == nullptr) return c.SendRequest(r);
   if (!c.cuda) return Status(Code::kInvalidArgument, "input sources are copied in CUDA mode only");
-  if (num_tokens > c.options.max_tokens || num_reqs > c.options.max_reqs)
-    return Status(Code::kOutOfRange, "step larger than the registered capacity");
   void* event = nullptr;
   {
     std::lock_guard<std::mutex> lock(c.mu);
@@ -468,6 +509,7 @@ Status Client::ReleaseOutputs(void* stream) {
     else
       StoreFlag(c.Flag(s), kFlagReset);
   }
+  c.outstanding = false;
   return Status::Ok();
 }
 

@@ -19,6 +19,11 @@
 // without a GPU); CUDA mode keeps them in device memory shared through CUDA IPC, and the waits
 // and resets are stream memory operations.
 //
+// Every forward is prepared, waited for and released in turn: a PrepareForward() before the
+// previous forward's ReleaseOutputs() is kFailedPrecondition (its waits would pass on the
+// previous step's DONE flags and read its rows), and a step larger than the registered
+// capacity is kOutOfRange before anything is sent.
+//
 // Thread safety: one thread drives PrepareForward/Wait/ReleaseOutputs; a background thread
 // reads the service's replies. The accessors may be called from any thread.
 #pragma once
@@ -34,6 +39,9 @@
 #include "ferry/status.h"
 
 namespace ferry::embed::service {
+
+// The longest connect_timeout and step_timeout ClientOptions may hold.
+inline constexpr std::chrono::seconds kMaxClientTimeout{24 * 3600};
 
 struct ClientOptions {
   std::string socket_path;
@@ -68,8 +76,11 @@ struct StepSources {
 
 class Client {
  public:
-  // kUnavailable when no service answers by connect_timeout; the service's registration error
-  // otherwise (kNotFound for an unknown layer, kInvalidArgument, kOutOfRange, kAlreadyExists).
+  // kInvalidArgument for options outside the protocol's limits or timeouts outside
+  // (0, kMaxClientTimeout]; kUnavailable when no service answers by connect_timeout; the
+  // service's registration error otherwise (kNotFound for an unknown layer, kInvalidArgument,
+  // kOutOfRange, kAlreadyExists, kResourceExhausted when it serves as many connections as it
+  // may); kResourceExhausted when the client's thread cannot start.
   static Result<std::unique_ptr<Client>> Create(const ClientOptions& options);
   ~Client();
   Client(const Client&) = delete;
@@ -93,7 +104,9 @@ class Client {
   // Rank 0, not dummy: without `sources` the step's inputs must be written already and the
   // request goes out now; with `sources` (CUDA mode) they are copied on `stream`, and a
   // background thread sends the request once the copies are done. Dummy: zero rows and DONE
-  // flags, on `stream` in CUDA mode. Returns an error a previous step left unreported.
+  // flags, on `stream` in CUDA mode. Returns an error a previous step left unreported, then
+  // kFailedPrecondition when the previous forward was not released, kOutOfRange (rank 0, not
+  // dummy) for more than max_tokens tokens or max_reqs requests.
   Status PrepareForward(uint32_t num_reqs, uint32_t num_tokens, bool dummy, void* stream = nullptr,
                         const StepSources* sources = nullptr);
   // Host mode: waits until the slot's flag is DONE or FAILED, up to step_timeout. CUDA mode:
@@ -109,6 +122,8 @@ class Client {
 
  private:
   explicit Client(std::unique_ptr<Impl> impl);
+  Status PrepareStep(uint32_t num_reqs, uint32_t num_tokens, bool dummy, void* stream,
+                     const StepSources* sources);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -2,9 +2,15 @@
 
 #include <algorithm>
 
+#include "embed/start_thread.h"
+
 namespace ferry::embed::service {
 
-CopyPump::CopyPump() : thread_([this] { Loop(); }) {}
+Result<std::unique_ptr<CopyPump>> CopyPump::Create() {
+  std::unique_ptr<CopyPump> pump(new CopyPump());
+  FERRY_ASSIGN_OR_RETURN(pump->thread_, StartThread("copy pump", [p = pump.get()] { p->Loop(); }));
+  return pump;
+}
 
 CopyPump::~CopyPump() {
   {
@@ -13,7 +19,7 @@ CopyPump::~CopyPump() {
   }
   cancel_ = true;
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void CopyPump::Begin(int64_t num_tokens, int64_t chunk_tokens, int64_t min_tokens, Issue issue) {

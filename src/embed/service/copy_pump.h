@@ -9,8 +9,9 @@
 // waits until the last copy was issued. End(complete = false) (the gather failed, some chunks
 // will never be reported) stops the layer after the copy in progress.
 //
-// Thread safety: Begin and End from one thread (the group's); ChunkDone from any thread between
-// them. `issue` runs on the pump's thread.
+// Thread safety: Create() starts the pump's thread (kResourceExhausted when it cannot start);
+// Begin and End from one thread (the group's); ChunkDone from any thread between them. `issue`
+// runs on the pump's thread.
 #pragma once
 
 #include <atomic>
@@ -31,7 +32,7 @@ class CopyPump {
   // Copies tokens [begin, end) (to every destination); an error fails the layer.
   using Issue = std::function<Status(int64_t begin, int64_t end)>;
 
-  CopyPump();
+  static Result<std::unique_ptr<CopyPump>> Create();
   ~CopyPump();
   CopyPump(const CopyPump&) = delete;
   CopyPump& operator=(const CopyPump&) = delete;
@@ -48,6 +49,7 @@ class CopyPump {
   uint64_t copies() const { return copies_.load(); }
 
  private:
+  CopyPump() = default;
   void Loop();
   void RunLayer();
   bool Ready(int64_t chunk) const { return done_[chunk].load() != 0; }

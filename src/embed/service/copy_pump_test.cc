@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "embed/start_thread.h"
+
 namespace ferry::embed::service {
 namespace {
 
@@ -19,7 +21,9 @@ struct Recorded {
 };
 
 TEST(CopyPumpTest, CoalescesContiguousFinishedChunksInAnyOrder) {
-  CopyPump pump;
+  auto created = CopyPump::Create();
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  CopyPump& pump = **created;
   for (int round = 0; round < 20; ++round) {
     const int64_t tokens = 1000 + round * 37, chunk = 16, min_tokens = 100;
     Recorded rec;
@@ -55,7 +59,9 @@ TEST(CopyPumpTest, CoalescesContiguousFinishedChunksInAnyOrder) {
 }
 
 TEST(CopyPumpTest, OneChunkAndSmallMinimum) {
-  CopyPump pump;
+  auto created = CopyPump::Create();
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  CopyPump& pump = **created;
   std::vector<std::pair<int64_t, int64_t>> runs;
   pump.Begin(10, 64, 1, [&](int64_t b, int64_t e) {
     runs.push_back({b, e});
@@ -68,7 +74,9 @@ TEST(CopyPumpTest, OneChunkAndSmallMinimum) {
 }
 
 TEST(CopyPumpTest, IssueErrorIsReturned) {
-  CopyPump pump;
+  auto created = CopyPump::Create();
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  CopyPump& pump = **created;
   pump.Begin(64, 16, 16, [&](int64_t b, int64_t e) {
     return e == 64 ? Status(Code::kInternal, "copy failed") : Status::Ok();
   });
@@ -78,7 +86,9 @@ TEST(CopyPumpTest, IssueErrorIsReturned) {
 }
 
 TEST(CopyPumpTest, IncompleteLayerIsCancelled) {
-  CopyPump pump;
+  auto created = CopyPump::Create();
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  CopyPump& pump = **created;
   int64_t copied = 0;
   pump.Begin(64, 16, 16, [&](int64_t b, int64_t e) {
     copied += e - b;
@@ -100,11 +110,20 @@ TEST(CopyPumpTest, IncompleteLayerIsCancelled) {
 }
 
 TEST(CopyPumpTest, MissingChunkHitsTheDeadline) {
-  CopyPump pump;
+  auto created = CopyPump::Create();
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  CopyPump& pump = **created;
   pump.Begin(32, 16, 16, [](int64_t, int64_t) { return Status::Ok(); });
   pump.ChunkDone(16, 32);
   EXPECT_EQ(pump.End(true, Deadline::After(std::chrono::milliseconds(20)), nullptr).code(),
             Code::kDeadlineExceeded);
+}
+
+TEST(CopyPumpTest, AThreadThatCannotStartIsResourceExhausted) {
+  FailThreadStartsForTesting(1);
+  auto pump = CopyPump::Create();
+  EXPECT_EQ(pump.status().code(), Code::kResourceExhausted) << pump.status().ToString();
+  EXPECT_TRUE(CopyPump::Create().ok());  // only the one start failed
 }
 
 }  // namespace

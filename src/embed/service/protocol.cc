@@ -121,7 +121,44 @@ Result<AnyMessage> DecodeStats(codec::ArrayReader& r) {
   return AnyMessage(std::move(m));
 }
 
+// One msgpack non-negative integer at bytes[*pos] (any width, unsigned or signed, as the
+// decoder accepts), advancing *pos; nullopt for anything else.
+std::optional<uint64_t> PrefixUInt(std::string_view bytes, size_t* pos) {
+  if (*pos >= bytes.size()) return std::nullopt;
+  const uint8_t tag = static_cast<uint8_t>(bytes[(*pos)++]);
+  if (tag <= 0x7f) return tag;
+  const bool is_signed = tag >= 0xd0 && tag <= 0xd3;
+  const size_t width = (tag == 0xcc || tag == 0xd0)   ? 1
+                       : (tag == 0xcd || tag == 0xd1) ? 2
+                       : (tag == 0xce || tag == 0xd2) ? 4
+                       : (tag == 0xcf || tag == 0xd3) ? 8
+                                                      : 0;
+  if (width == 0 || bytes.size() - *pos < width) return std::nullopt;
+  if (is_signed && (static_cast<uint8_t>(bytes[*pos]) & 0x80) != 0) return std::nullopt;
+  uint64_t v = 0;
+  for (size_t i = 0; i < width; ++i) v = v << 8 | static_cast<uint8_t>(bytes[(*pos)++]);
+  return v;
+}
+
 }  // namespace
+
+std::optional<uint64_t> RequestSeqOf(std::string_view bytes) {
+  if (bytes.empty()) return std::nullopt;
+  size_t pos = 0;
+  const uint8_t tag = static_cast<uint8_t>(bytes[pos++]);
+  if (tag == 0xdc)
+    pos += 2;
+  else if (tag == 0xdd)
+    pos += 4;
+  else if ((tag & 0xf0) != 0x90)
+    return std::nullopt;
+  if (pos > bytes.size()) return std::nullopt;
+  std::optional<uint64_t> version = PrefixUInt(bytes, &pos);
+  if (version != kProtocolVersion) return std::nullopt;
+  std::optional<uint64_t> type = PrefixUInt(bytes, &pos);
+  if (type != static_cast<uint64_t>(MessageType::kRequest)) return std::nullopt;
+  return PrefixUInt(bytes, &pos);
+}
 
 std::string Encode(const Register& m) {
   codec::Writer w;

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -134,5 +135,10 @@ std::string Encode(const Stats& m);
 // Decodes one message; the errors listed above. Checks ranges that need no other state
 // (tp_rank < tp_size, limits, has_inputs == (tp_rank == 0), alignment, IPC handle sizes).
 Result<AnyMessage> Decode(std::string_view bytes);
+
+// The seq of a message that begins as a Request of this version ([version, kRequest, seq, ...])
+// whether or not the rest decodes (a truncated or out-of-range request), so that its failure
+// can be answered under its own seq; nullopt when the bytes do not begin so.
+std::optional<uint64_t> RequestSeqOf(std::string_view bytes);
 
 }  // namespace ferry::embed::service

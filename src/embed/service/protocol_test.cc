@@ -118,5 +118,17 @@ TEST(EmbedProtocol, RejectsTrailingFields) {
   EXPECT_EQ(Decode(w.Take()).status().code(), Code::kInvalidArgument);
 }
 
+// The seq of a request that does not decode, for its reply (issue 9).
+TEST(EmbedProtocol, RequestSeqOfReadsThePrefix) {
+  std::string req = Encode(Request{1ull << 40, 10, 1, 0});
+  EXPECT_EQ(RequestSeqOf(req), 1ull << 40);
+  EXPECT_EQ(RequestSeqOf(req.substr(0, req.size() - 1)), 1ull << 40);
+  EXPECT_EQ(RequestSeqOf(Encode(Request{7, 1u << 21, 1, 0})), 7u);  // out of range, still read
+  EXPECT_EQ(RequestSeqOf(req.substr(0, 3)), std::nullopt);           // the seq cut short
+  EXPECT_EQ(RequestSeqOf(Encode(Reply{5, Status::Ok()})), std::nullopt);
+  EXPECT_EQ(RequestSeqOf(""), std::nullopt);
+  EXPECT_EQ(RequestSeqOf("\xff\xff"), std::nullopt);
+}
+
 }  // namespace
 }  // namespace ferry::embed::service

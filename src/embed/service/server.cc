@@ -1,11 +1,16 @@
 #include "embed/service/server.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #include "base/log.h"
 #include "embed/service/cuda_sink.h"
 #include "embed/service/server_internal.h"
+#include "embed/start_thread.h"
 
 namespace ferry::embed::service {
 
@@ -16,8 +21,28 @@ using internal::RankName;
 using internal::SameShape;
 using internal::Step;
 
+Status ValidateServerOptions(const ServerOptions& o) {
+  if (o.socket_path.empty()) return Status(Code::kInvalidArgument, "the service needs a socket path");
+  if (o.wait_timeout <= std::chrono::nanoseconds::zero() || o.wait_timeout > kMaxWaitTimeout)
+    return Status(Code::kInvalidArgument,
+                  "wait timeout " + std::to_string(o.wait_timeout.count()) +
+                      " ns outside (0, " + std::to_string(kMaxWaitTimeout.count()) + " s]");
+  if (o.max_queued_steps < 1 || o.max_queued_steps > kMaxQueuedSteps)
+    return Status(Code::kInvalidArgument, "max queued steps must be in [1, " +
+                                              std::to_string(kMaxQueuedSteps) + "], not " +
+                                              std::to_string(o.max_queued_steps));
+  if (o.min_copy_bytes < 1) return Status(Code::kInvalidArgument, "min copy bytes must be >= 1");
+  if (o.max_connections < 1 || o.max_connections > kMaxConnections)
+    return Status(Code::kInvalidArgument, "max connections must be in [1, " +
+                                              std::to_string(kMaxConnections) + "], not " +
+                                              std::to_string(o.max_connections));
+  FERRY_RETURN_IF_ERROR(ValidateGatherOptions(o.gather));
+  return ValidateStepPolicyOptions(o.policy);
+}
+
 Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options,
                                                std::vector<ServedLayer> layers) {
+  FERRY_RETURN_IF_ERROR(ValidateServerOptions(options));
   if (layers.empty()) return Status(Code::kInvalidArgument, "the service needs layers");
   for (size_t i = 0; i < layers.size(); ++i) {
     const Config& c = layers[i].layout.config();
@@ -25,6 +50,10 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options,
     if (layers[i].table == nullptr) return Status(Code::kInvalidArgument, "layer without table");
     if (c.vocab_size != c0.vocab_size || c.ngram_size != c0.ngram_size || c.eos_id != c0.eos_id)
       return Status(Code::kInvalidArgument, "served layers disagree on V, N or EOS");
+    if (c.layer < 0 || static_cast<uint64_t>(c.layer) > kMaxLayerIndex)
+      return Status(Code::kInvalidArgument, "layer " + std::to_string(c.layer) +
+                                                " is outside the protocol's [0, " +
+                                                std::to_string(kMaxLayerIndex) + "]");
     for (size_t j = 0; j < i; ++j)
       if (layers[j].layout.config().layer == c.layer)
         return Status(Code::kInvalidArgument, "layer " + std::to_string(c.layer) + " served twice");
@@ -34,10 +63,14 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options,
   impl->layers = std::move(layers);
   FERRY_ASSIGN_OR_RETURN(impl->gatherer, Gatherer::Create(options.gather));
   FERRY_ASSIGN_OR_RETURN(impl->wake_fd, MakeWakeFd());
-  FERRY_ASSIGN_OR_RETURN(impl->conn_wake_fd, MakeWakeFd());
   FERRY_ASSIGN_OR_RETURN(impl->listen_fd, Listen(options.socket_path));
   Impl* raw = impl.get();
-  impl->accept_thread = std::thread([raw] { raw->AcceptLoop(); });
+  Result<std::thread> loop = StartThread("embed-serve event loop", [raw] { raw->Loop(); });
+  if (!loop.ok()) {
+    ::unlink(options.socket_path.c_str());
+    return loop.status();
+  }
+  impl->loop_thread = std::move(loop).value();
   FERRY_LOG_INFO("embed-serve: listening on {} ({} layers)", options.socket_path,
                  raw->layers.size());
   return std::unique_ptr<Server>(new Server(std::move(impl)));
@@ -48,6 +81,14 @@ Server::~Server() { Stop(); }
 const std::string& Server::socket_path() const { return impl_->options.socket_path; }
 
 ServerStats Server::stats(bool reset_timings) const { return impl_->Snapshot(reset_timings); }
+
+ServerMemory Server::memory() const {
+  ServerMemory m;
+  m.connections = impl_->open_connections.load();
+  m.groups = impl_->group_count.load();
+  m.staging_bytes = impl_->staging_bytes.load();
+  return m;
+}
 
 ServerStats Server::Impl::Snapshot(bool reset_timings) {
   ServerStats s;
@@ -68,16 +109,17 @@ void Server::Stop() {
   }
   s.stopping = true;
   SignalWakeFd(s.wake_fd.get());
-  if (s.accept_thread.joinable()) s.accept_thread.join();
-  std::list<std::shared_ptr<Connection>> conns;
+  if (s.loop_thread.joinable()) s.loop_thread.join();
   std::map<uint32_t, std::shared_ptr<Group>> groups;
+  std::vector<std::shared_ptr<Group>> retired;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    conns.swap(s.connections);
     groups.swap(s.groups);
+    retired.swap(s.retired);
   }
+  for (auto& [dp, g] : groups) retired.push_back(g);
   // Steps in flight fail (kAborted, flags FAILED, replies sent) before connections close.
-  for (auto& [dp, g] : groups) {
+  for (auto& g : retired) {
     {
       std::lock_guard<std::mutex> lock(g->mu);
       g->stopping = true;
@@ -85,102 +127,165 @@ void Server::Stop() {
     g->cv.notify_all();
     if (g->worker.joinable()) g->worker.join();
   }
-  SignalWakeFd(s.conn_wake_fd.get());
-  for (auto& c : conns) {
-    if (c->thread.joinable()) c->thread.join();
-    ::shutdown(c->fd.get(), SHUT_RDWR);
+  s.group_count = 0;
+  for (auto& c : s.connections) {
+    if (c->member != nullptr) {
+      c->member->alive = false;
+      --s.live;
+    }
+    c->member = nullptr;
+    c->Close();
   }
+  s.connections.clear();
+  s.open_connections = 0;
   ::unlink(s.options.socket_path.c_str());
 }
 
-void Server::Impl::AcceptLoop() {
-  while (!stopping) {
-    Result<UniqueFd> fd =
-        Accept(listen_fd.get(), Deadline::After(std::chrono::seconds(1)), wake_fd.get());
-    if (!fd.ok()) {
-      if (fd.status().code() == Code::kDeadlineExceeded) continue;
-      if (fd.status().code() != Code::kCancelled)
-        FERRY_LOG_WARN("embed-serve: {}", fd.status().ToString());
-      if (fd.status().code() == Code::kCancelled) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+void Server::Impl::Loop() {
+  std::vector<pollfd> fds;
+  for (;;) {
+    fds.clear();
+    fds.push_back({wake_fd.get(), POLLIN, 0});
+    fds.push_back({listen_fd.get(), POLLIN, 0});
+    for (const auto& c : connections) fds.push_back({c->poll_fd, POLLIN, 0});
+    // The timeout only bounds how long a retired group waits to be joined.
+    int n = ::poll(fds.data(), fds.size(), 200);
+    if (n < 0) {
+      if (errno != EINTR) {
+        FERRY_LOG_WARN("embed-serve: poll: {}", std::strerror(errno));
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
       continue;
     }
-    auto conn = std::make_shared<Connection>();
-    conn->fd = std::move(fd).value();
+    if (fds[0].revents != 0) return;
+    // fds[2 + i] is connections[i]: accepted connections are appended after this pass.
+    size_t kept = 0;
+    for (size_t i = 0; i < connections.size(); ++i) {
+      std::shared_ptr<Connection> c = std::move(connections[i]);
+      if (fds[2 + i].revents == 0 || OnReadable(c)) {
+        connections[kept++] = std::move(c);
+      } else {
+        Drop(*c);
+      }
+    }
+    connections.resize(kept);
+    // A few accepts per pass: a burst of connections does not wait a pass each.
+    for (int i = 0; fds[1].revents != 0 && i < 16 && AcceptOne(); ++i) {
+    }
+    open_connections = connections.size();
+    ReapRetired();
+  }
+}
+
+bool Server::Impl::AcceptOne() {
+  Result<UniqueFd> fd = Accept(listen_fd.get(), Deadline::After(Clock::duration::zero()), -1,
+                               /*nonblocking=*/true);
+  if (!fd.ok()) {
+    if (fd.status().code() == Code::kDeadlineExceeded) return false;
+    // Out of descriptors (EMFILE) leaves the listener readable: do not spin on it.
+    FERRY_LOG_WARN("embed-serve: {}", fd.status().ToString());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return false;
+  }
+  if (connections.size() >= options.max_connections) {
+    Status refused(Code::kResourceExhausted,
+                   "the embedding service serves at most " +
+                       std::to_string(options.max_connections) +
+                       " connections at once; this one is refused");
+    (void)Send(fd->get(), Encode(Registered{refused}));
+    FERRY_LOG_WARN("embed-serve: {}", refused.ToString());
+    return true;  // closed here
+  }
+  connections.push_back(std::make_shared<Connection>(std::move(fd).value()));
+  return true;
+}
+
+bool Server::Impl::OnReadable(const std::shared_ptr<Connection>& conn) {
+  // A few messages at most per pass, so that one busy connection cannot starve the others.
+  for (int i = 0; i < 16; ++i) {
+    Result<Message> msg = Receive(conn->poll_fd, Deadline::After(Clock::duration::zero()));
+    if (!msg.ok() && msg.status().code() == Code::kDeadlineExceeded) return true;
+    if (!msg.ok() && msg.status().code() != Code::kInvalidArgument) return false;  // closed
+    if (!Handle(conn, std::move(msg))) return false;
+  }
+  return true;
+}
+
+void Server::Impl::Drop(Connection& conn) {
+  if (conn.member != nullptr) Leave(conn.member);
+  conn.member = nullptr;
+  conn.Close();
+}
+
+void Server::Impl::ReapRetired() {
+  std::vector<std::shared_ptr<Group>> done;
+  {
     std::lock_guard<std::mutex> lock(mu);
-    // Reap connections whose thread has ended.
-    for (auto it = connections.begin(); it != connections.end();) {
+    for (auto it = retired.begin(); it != retired.end();) {
       if ((*it)->finished) {
-        (*it)->thread.join();
-        it = connections.erase(it);
+        done.push_back(std::move(*it));
+        it = retired.erase(it);
       } else {
         ++it;
       }
     }
-    connections.push_back(conn);
-    conn->thread = std::thread([this, conn] { Serve(conn); });
   }
+  for (auto& g : done) g->worker.join();  // returned already: at once
 }
 
-void Server::Impl::Serve(std::shared_ptr<Connection> conn) {
-  std::shared_ptr<Member> member;
-  for (;;) {
-    Result<Message> msg =
-        Receive(conn->fd.get(), Deadline::After(std::chrono::seconds(1)), conn_wake_fd.get());
-    if (!msg.ok() && msg.status().code() == Code::kDeadlineExceeded) continue;
-    if (!msg.ok() && msg.status().code() != Code::kInvalidArgument) break;  // closed or stop
-    Result<AnyMessage> decoded = msg.ok() ? Decode(msg->bytes) : Result<AnyMessage>(msg.status());
-    if (member == nullptr && decoded.ok() && std::holds_alternative<StatsRequest>(*decoded)) {
-      // A monitoring connection: it registers nothing and may ask again.
-      Stats reply;
-      reply.stats = Snapshot(std::get<StatsRequest>(*decoded).reset);
-      if (!conn->Send(Encode(reply)).ok()) break;
-      continue;
-    }
-    if (member == nullptr) {
-      // The first message must be a registration.
-      Status st = decoded.ok() ? Status::Ok() : decoded.status();
-      if (st.ok() && !std::holds_alternative<Register>(*decoded))
-        st = Status(Code::kFailedPrecondition, "the first message must be a registration");
-      if (st.ok()) {
-        Result<std::shared_ptr<Member>> m =
-            Admit(conn, std::get<Register>(*decoded), std::move(msg->fds));
-        if (m.ok()) member = std::move(m).value();
-        st = m.ok() ? Status::Ok() : m.status();
-      }
-      Status sent = conn->Send(Encode(Registered{st}));
-      if (!st.ok()) {
-        FERRY_LOG_WARN("embed-serve: registration refused: {}", st.ToString());
-        break;
-      }
-      if (!sent.ok()) break;
-      continue;
-    }
-    if (decoded.ok() && std::holds_alternative<Request>(*decoded) && member->reg.tp_rank == 0) {
-      const Request& req = std::get<Request>(*decoded);
-      Status check;
-      if (req.dp_rank != member->reg.dp_rank)
-        check =
-            Status(Code::kInvalidArgument, "request for dp rank " + std::to_string(req.dp_rank) +
-                                               " on the connection of " + RankName(member->reg));
-      Enqueue(member, Step{req, check, Clock::now(), {}});
-      continue;
-    }
-    Status st =
-        !decoded.ok() ? decoded.status()
-        : std::holds_alternative<Request>(*decoded)
-            ? Status(Code::kFailedPrecondition, "only tensor-parallel rank 0 sends step requests")
-            : Status(Code::kInvalidArgument, "unexpected message type after the registration");
-    FERRY_LOG_WARN("embed-serve: {}: bad message: {}", RankName(member->reg), st.ToString());
-    if (member->reg.tp_rank == 0) {
-      // The step it meant to start fails: its flags and its reply say so.
-      Enqueue(member, Step{Request{}, st, Clock::now(), {}});
-    } else {
-      (void)conn->Send(Encode(Reply{0, st}));
-    }
+bool Server::Impl::Handle(const std::shared_ptr<Connection>& conn, Result<Message> msg) {
+  Result<AnyMessage> decoded = msg.ok() ? Decode(msg->bytes) : Result<AnyMessage>(msg.status());
+  const std::shared_ptr<Member>& member = conn->member;
+  if (member == nullptr && decoded.ok() && std::holds_alternative<StatsRequest>(*decoded)) {
+    // A monitoring connection: it registers nothing and may ask again.
+    Stats reply;
+    reply.stats = Snapshot(std::get<StatsRequest>(*decoded).reset);
+    return conn->Send(Encode(reply)).ok();
   }
-  if (member != nullptr) Leave(member);
-  conn->finished = true;
+  if (member == nullptr) {
+    // The first message must be a registration.
+    Status st = decoded.ok() ? Status::Ok() : decoded.status();
+    if (st.ok() && !std::holds_alternative<Register>(*decoded))
+      st = Status(Code::kFailedPrecondition, "the first message must be a registration");
+    if (st.ok()) {
+      Result<std::shared_ptr<Member>> m =
+          Admit(conn, std::get<Register>(*decoded), std::move(msg->fds));
+      if (m.ok()) conn->member = std::move(m).value();
+      st = m.ok() ? Status::Ok() : m.status();
+    }
+    Status sent = conn->Send(Encode(Registered{st}));
+    if (!st.ok()) {
+      FERRY_LOG_WARN("embed-serve: registration refused: {}", st.ToString());
+      return false;
+    }
+    return sent.ok();
+  }
+  if (decoded.ok() && std::holds_alternative<Request>(*decoded) && member->reg.tp_rank == 0) {
+    const Request& req = std::get<Request>(*decoded);
+    Status check;
+    if (req.dp_rank != member->reg.dp_rank)
+      check =
+          Status(Code::kInvalidArgument, "request for dp rank " + std::to_string(req.dp_rank) +
+                                             " on the connection of " + RankName(member->reg));
+    Enqueue(member, Step{req, check, Clock::now(), {}});
+    return true;
+  }
+  Status st =
+      !decoded.ok() ? decoded.status()
+      : std::holds_alternative<Request>(*decoded)
+          ? Status(Code::kFailedPrecondition, "only tensor-parallel rank 0 sends step requests")
+          : Status(Code::kInvalidArgument, "unexpected message type after the registration");
+  FERRY_LOG_WARN("embed-serve: {}: bad message: {}", RankName(member->reg), st.ToString());
+  // The step it meant to start fails under its own seq when that much of it can be read.
+  Request failed;
+  if (msg.ok()) failed.seq = RequestSeqOf(msg->bytes).value_or(0);
+  failed.dp_rank = member->reg.dp_rank;
+  if (member->reg.tp_rank == 0) {
+    // Its flags and its reply say so.
+    Enqueue(member, Step{failed, st, Clock::now(), {}});
+    return true;
+  }
+  return conn->Send(Encode(Reply{failed.seq, st})).ok();
 }
 
 Result<std::shared_ptr<Member>> Server::Impl::Admit(const std::shared_ptr<Connection>& conn,
@@ -250,21 +355,24 @@ Result<std::shared_ptr<Member>> Server::Impl::Admit(const std::shared_ptr<Connec
 
 Status Server::Impl::Enroll(const std::shared_ptr<Member>& m) {
   std::shared_ptr<Group> g;
-  bool start = false;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (stopped) return Status(Code::kUnavailable, "the service is stopping");
-    auto& slot = groups[m->reg.dp_rank];
-    if (slot == nullptr) {
-      slot = std::make_shared<Group>();
-      slot->dp_rank = m->reg.dp_rank;
-      slot->policy = std::make_unique<StepPolicy>(options.policy);
-      start = true;
+    auto it = groups.find(m->reg.dp_rank);
+    if (it != groups.end()) {
+      g = it->second;
+    } else {
+      auto fresh = std::make_shared<Group>(&staging_bytes);
+      fresh->dp_rank = m->reg.dp_rank;
+      fresh->policy = std::make_unique<StepPolicy>(options.policy);
+      FERRY_ASSIGN_OR_RETURN(
+          fresh->worker,
+          StartThread("embed-serve group", [this, raw = fresh.get()] { Work(*raw); }));
+      g = groups[m->reg.dp_rank] = std::move(fresh);
+      ++group_count;
     }
-    g = slot;
-  }
-  {
-    std::lock_guard<std::mutex> lock(g->mu);
+    // Under mu too: Leave retires a group whose last member left under both locks.
+    std::lock_guard<std::mutex> glock(g->mu);
     const Member* other = nullptr;
     for (const auto& x : g->members)
       if (x != nullptr) other = x.get();
@@ -278,7 +386,6 @@ Status Server::Impl::Enroll(const std::shared_ptr<Member>& m) {
     g->members[m->reg.tp_rank] = m;
   }
   g->cv.notify_all();
-  if (start) g->worker = std::thread([this, g] { Work(g); });
   return Status::Ok();
 }
 
@@ -288,13 +395,22 @@ void Server::Impl::Leave(const std::shared_ptr<Member>& m) {
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = groups.find(m->reg.dp_rank);
-    if (it != groups.end()) g = it->second;
-  }
-  if (g != nullptr) {
-    std::lock_guard<std::mutex> lock(g->mu);
-    if (m->reg.tp_rank < g->members.size() && g->members[m->reg.tp_rank] == m)
-      g->members[m->reg.tp_rank] = nullptr;
-    if (m->reg.tp_rank == 0) g->queue.clear();  // nobody is left to answer
+    if (it != groups.end()) {
+      g = it->second;
+      std::lock_guard<std::mutex> glock(g->mu);
+      if (m->reg.tp_rank < g->members.size() && g->members[m->reg.tp_rank] == m)
+        g->members[m->reg.tp_rank] = nullptr;
+      if (m->reg.tp_rank == 0) g->queue.clear();  // nobody is left to answer
+      bool empty = true;
+      for (const auto& x : g->members) empty &= x == nullptr;
+      if (empty) {
+        // The last rank left: the group, its thread and its staging go (joined by the loop).
+        g->stopping = true;
+        retired.push_back(g);
+        groups.erase(it);
+        --group_count;
+      }
+    }
   }
   if (g != nullptr) g->cv.notify_all();
   --live;

@@ -18,13 +18,22 @@
 // Every layer step's phases are timed (step_stats.h) and reported by stats() and the
 // protocol's StatsRequest.
 //
+// Connections are served by one event-loop thread (poll), not a thread each: at most
+// max_connections at once; one more is answered with a Registered of kResourceExhausted and
+// closed. A connection whose peer does not read its replies (the non-blocking send would wait)
+// is closed. A message that cannot be read (empty, too large) fails like a malformed one.
+//
 // A client that disconnects (or dies) loses its registration at once; the group keeps
-// serving once the rank registers again, and other groups are not affected. Registrations are
+// serving once the rank registers again, and other groups are not affected. A group whose last
+// rank left is removed, with its thread and its staging (staging.h), which exists only for
+// groups with CUDA outputs and is sized by the steps served. Registrations are
 // checked against the served layers and table (token bytes, n-gram context, layer indices) and
 // every registered offset and size against the memory it lies in.
 //
-// Thread safety: Create() starts the threads; Stop() (also run by the destructor) ends them;
-// the accessors may be called from any thread.
+// Thread safety: Create() starts the threads (the event loop; one per data-parallel group; a
+// copy pump per group with CUDA outputs); a thread that cannot start is kResourceExhausted
+// (Create's error, or the registration's). Stop() (also run by the destructor) ends them; the
+// accessors may be called from any thread.
 #pragma once
 
 #include <atomic>
@@ -69,11 +78,35 @@ struct ServerOptions {
   bool streaming_staging = true;
   // CPU gather or UVA kernel per layer step (step_policy.h); UVA needs pinned tables.
   StepPolicyOptions policy;
+  // Connections served at once (registered ranks and monitoring connections).
+  size_t max_connections = 256;
+};
+
+// The longest wait_timeout ServerOptions may hold.
+inline constexpr std::chrono::seconds kMaxWaitTimeout{24 * 3600};
+inline constexpr size_t kMaxConnections = 65536;
+inline constexpr size_t kMaxQueuedSteps = 1 << 16;
+
+// kInvalidArgument, naming the option, for values no server runs with: an empty socket path,
+// wait_timeout outside (0, kMaxWaitTimeout], max_queued_steps outside [1, kMaxQueuedSteps],
+// min_copy_bytes 0, max_connections outside [1, kMaxConnections], and the gather's and policy's
+// own limits (ValidateGatherOptions, ValidateStepPolicyOptions). Server::Create checks it first.
+Status ValidateServerOptions(const ServerOptions& options);
+
+// What a server holds now, for monitoring and tests.
+struct ServerMemory {
+  uint64_t connections = 0;    // open connections
+  uint64_t groups = 0;         // data-parallel groups with a registered rank
+  uint64_t staging_bytes = 0;  // the groups' staging buffers
 };
 
 class Server {
  public:
-  // kInvalidArgument for no layers, duplicate layer indices or layouts that disagree on V or N.
+  // kInvalidArgument for options ValidateServerOptions refuses, no layers, duplicate layer
+  // indices, an index past kMaxLayerIndex (no client could name it) or layouts that disagree on
+  // V or N; the socket's errors (Listen: kAlreadyExists for a live service's socket,
+  // kFailedPrecondition for a path that is not a socket); kResourceExhausted when a thread
+  // cannot start.
   static Result<std::unique_ptr<Server>> Create(const ServerOptions& options,
                                                 std::vector<ServedLayer> layers);
   ~Server();
@@ -83,6 +116,7 @@ class Server {
   void Stop();
   // Counters and per-bucket phase timings (step_stats.h); reset_timings clears the timings.
   ServerStats stats(bool reset_timings = false) const;
+  ServerMemory memory() const;
   const std::string& socket_path() const;
 
   struct Impl;

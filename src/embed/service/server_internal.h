@@ -1,9 +1,14 @@
 // Internal to the embedding-offload server (server.cc, server_steps.cc): the registered
 // ranks, the data-parallel groups and their step queues, and Server::Impl.
 //
-// Thread safety: Group::mu guards a group's members and queue; Impl::mu guards the group map
-// and the connection list. A step's worker thread owns its group's staging and input copies.
+// Thread safety: Group::mu guards a group's members and queue; Impl::mu guards the group maps.
+// The connection list is the event loop's (and Stop's, after the loop has ended); a
+// connection's descriptor is closed under its send_mu, so a group's thread never sends on a
+// closed (or reused) descriptor. A step's worker thread owns its group's staging and input
+// copies.
 #pragma once
+
+#include <sys/socket.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -24,6 +29,7 @@
 #include "embed/service/protocol.h"
 #include "embed/service/server.h"
 #include "embed/service/shared_memory.h"
+#include "embed/service/staging.h"
 #include "embed/service/step_policy.h"
 #include "embed/service/step_stats.h"
 #include "embed/service/unix_socket.h"
@@ -32,15 +38,28 @@
 namespace ferry::embed::service {
 namespace internal {
 
-struct Connection {
-  UniqueFd fd;
-  std::mutex send_mu;
-  std::thread thread;
-  std::atomic<bool> finished{false};
+struct Member;
 
+// One accepted connection (non-blocking), served by the event loop.
+struct Connection {
+  explicit Connection(UniqueFd f) : poll_fd(f.get()), fd(std::move(f)) {}
+  const int poll_fd;  // the descriptor the loop polls; valid until Close()
+  std::mutex send_mu;
+  UniqueFd fd;                     // GUARDED_BY(send_mu)
+  std::shared_ptr<Member> member;  // the loop's: set once the connection registered
+
+  // A send that fails (the peer does not read, or is gone) shuts the connection down, so that
+  // the loop sees it hang up and drops it.
   Status Send(const std::string& bytes) {
     std::lock_guard<std::mutex> lock(send_mu);
-    return service::Send(fd.get(), bytes);
+    if (!fd.valid()) return Status(Code::kUnavailable, "the connection is closed");
+    Status s = service::Send(fd.get(), bytes);
+    if (!s.ok()) ::shutdown(fd.get(), SHUT_RDWR);
+    return s;
+  }
+  void Close() {
+    std::lock_guard<std::mutex> lock(send_mu);
+    fd.reset();
   }
 };
 
@@ -50,7 +69,7 @@ struct Member {
   std::vector<size_t> served;            // slot -> index into Impl::layers
   std::shared_ptr<SharedMemory> inputs;  // tensor-parallel rank 0 only
   std::unique_ptr<OutputSink> sink;
-  std::shared_ptr<Connection> conn;
+  std::weak_ptr<Connection> conn;  // the connection owns its member, not the other way
   std::atomic<bool> alive{true};
 };
 
@@ -82,6 +101,7 @@ struct UvaState {
 
 // One data-parallel rank: its members and its queue of steps, served by `worker`.
 struct Group {
+  explicit Group(std::atomic<uint64_t>* staging_bytes) : staging(staging_bytes) {}
   uint32_t dp_rank = 0;
   std::mutex mu;
   std::condition_variable cv;
@@ -89,12 +109,9 @@ struct Group {
   std::deque<Step> queue;                        // GUARDED_BY(mu)
   bool stopping = false;                         // GUARDED_BY(mu)
   std::thread worker;
+  std::atomic<bool> finished{false};  // the worker has returned (it may be joined at once)
   // Used by the worker thread only.
-  std::vector<uint8_t> staging;
-  bool staging_pinned = false;  // page-locked for copies to GPUs
-  ~Group() {
-    if (staging_pinned) (void)cuda::HostUnregister(staging.data());
-  }
+  Staging staging;
   std::vector<int32_t> tokens, qsl, context;
   uint64_t serial = 0;  // steps run
   std::unique_ptr<StepPolicy> policy;
@@ -128,28 +145,38 @@ struct Server::Impl {
   std::vector<ServedLayer> layers;
   std::unique_ptr<Gatherer> gatherer;
   UniqueFd listen_fd;
-  UniqueFd wake_fd;       // ends the accept loop
-  UniqueFd conn_wake_fd;  // ends the connection threads, once the groups have stopped
-  std::thread accept_thread;
+  UniqueFd wake_fd;  // ends the event loop
+  std::thread loop_thread;
   std::atomic<bool> stopping{false};
 
+  // The event loop's (Stop's once the loop has ended).
+  std::vector<std::shared_ptr<Connection>> connections;
+
   std::mutex mu;
-  std::map<uint32_t, std::shared_ptr<Group>> groups;   // GUARDED_BY(mu)
-  std::list<std::shared_ptr<Connection>> connections;  // GUARDED_BY(mu)
-  bool stopped = false;                                // GUARDED_BY(mu)
+  std::map<uint32_t, std::shared_ptr<Group>> groups;  // GUARDED_BY(mu)
+  std::vector<std::shared_ptr<Group>> retired;        // GUARDED_BY(mu): emptied, being joined
+  bool stopped = false;                               // GUARDED_BY(mu)
 
   std::atomic<uint64_t> registrations{0}, live{0}, steps_ok{0}, steps_failed{0};
+  std::atomic<uint64_t> open_connections{0}, group_count{0}, staging_bytes{0};
   StepStatsRecorder recorder;
 
   ServerStats Snapshot(bool reset_timings);
-  void AcceptLoop();
-  void Serve(std::shared_ptr<Connection> conn);
+  // The event loop (server.cc): accepts, reads every connection's messages, drops closed ones.
+  void Loop();
+  bool AcceptOne();  // false when no connection was waiting (or accept failed)
+  // Reads the connection's ready messages; false when it is to be dropped.
+  bool OnReadable(const std::shared_ptr<Connection>& conn);
+  // One message (or the error of reading it); false when the connection is to be dropped.
+  bool Handle(const std::shared_ptr<Connection>& conn, Result<Message> msg);
+  void Drop(Connection& conn);
+  void ReapRetired();
   Result<std::shared_ptr<Member>> Admit(const std::shared_ptr<Connection>& conn,
                                         const Register& reg, std::vector<UniqueFd> fds);
   Status Enroll(const std::shared_ptr<Member>& m);
   void Leave(const std::shared_ptr<Member>& m);
   void Enqueue(const std::shared_ptr<Member>& m, Step step);
-  void Work(std::shared_ptr<Group> g);
+  void Work(Group& g);  // the group's thread; sets g.finished when it returns
   Status RunStep(Group& g, const std::vector<std::shared_ptr<Member>>& members, const Step& s);
   Status RunLayer(Group& g, const std::vector<std::shared_ptr<Member>>& members, size_t slot,
                   const StepInput& in, const Step& step, LayerTiming& t);

@@ -16,7 +16,20 @@ using internal::Member;
 using internal::RankName;
 using internal::Step;
 
-void Server::Impl::Work(std::shared_ptr<Group> g) {
+namespace {
+// `count` int32 values from shared memory; an empty copy touches neither pointer.
+void CopyIn(std::vector<int32_t>& dst, const uint8_t* src, size_t count) {
+  dst.resize(count);
+  if (count > 0) std::memcpy(dst.data(), src, count * sizeof(int32_t));
+}
+}  // namespace
+
+void Server::Impl::Work(Group& group) {
+  Group* g = &group;
+  struct Finished {
+    Group* g;
+    ~Finished() { g->finished = true; }
+  } finished{g};
   for (;;) {
     Step step;
     std::vector<std::shared_ptr<Member>> members;
@@ -60,7 +73,10 @@ void Server::Impl::Work(std::shared_ptr<Group> g) {
     if (!st.ok())
       FERRY_LOG_WARN("embed-serve: dp {} step {} failed: {}", g->dp_rank, step.request.seq,
                      st.ToString());
-    if (rank0->alive) (void)rank0->conn->Send(Encode(Reply{step.request.seq, st}));
+    if (rank0->alive) {
+      if (std::shared_ptr<Connection> c = rank0->conn.lock())
+        (void)c->Send(Encode(Reply{step.request.seq, st}));
+    }
   }
 }
 
@@ -83,28 +99,13 @@ Status Server::Impl::RunStep(Group& g, const std::vector<std::shared_ptr<Member>
   // Copy the inputs out of shared memory first: what is validated is what is used, whatever
   // the client writes meanwhile.
   const uint8_t* base = r0.inputs->data();
-  g.tokens.resize(req.num_tokens);
-  g.qsl.resize(req.num_reqs + 1);
-  g.context.resize(static_cast<size_t>(req.num_reqs) * reg.context_len);
-  std::memcpy(g.tokens.data(), base + reg.inputs.ids, g.tokens.size() * 4);
-  std::memcpy(g.qsl.data(), base + reg.inputs.query_start_loc, g.qsl.size() * 4);
-  std::memcpy(g.context.data(), base + reg.inputs.ngram_context, g.context.size() * 4);
+  CopyIn(g.tokens, base + reg.inputs.ids, req.num_tokens);
+  CopyIn(g.qsl, base + reg.inputs.query_start_loc, req.num_reqs + 1);
+  CopyIn(g.context, base + reg.inputs.ngram_context,
+         static_cast<size_t>(req.num_reqs) * reg.context_len);
   StepInput in{g.tokens, g.qsl, g.context};
   st = ValidateStep(layers[r0.served[0]].layout, in);
   const Clock::time_point inputs_done = Clock::now();
-  const size_t staging_bytes = reg.max_tokens * reg.token_bytes;
-  bool want_pinned = false;
-  for (const auto& m : members) want_pinned |= m->sink->wants_pinned_source();
-  if (g.staging.size() != staging_bytes || (want_pinned && !g.staging_pinned)) {
-    if (g.staging_pinned) (void)cuda::HostUnregister(g.staging.data());
-    g.staging_pinned = false;
-    g.staging.assign(staging_bytes, 0);
-    if (want_pinned) {
-      Status pin = cuda::HostRegister(g.staging.data(), g.staging.size());
-      if (!pin.ok()) st = pin.WithContext("page-locking the staging buffer");
-      g.staging_pinned = pin.ok();
-    }
-  }
   ++g.serial;
   g.uva.ran = false;
   for (size_t slot = 0; st.ok() && slot < r0.served.size(); ++slot) {
@@ -189,6 +190,13 @@ Status Server::Impl::GatherLayer(Group& g, const std::vector<std::shared_ptr<Mem
   // Rows go to the staging, or straight into the first rank's buffer when it is host memory;
   // from there to the other ranks.
   uint8_t* direct = members[0]->sink->direct(slot);
+  if (direct == nullptr && in.num_tokens() > 0) {
+    // Staging only for outputs that are not host memory, as large as this step needs.
+    bool want_pinned = false;
+    for (const auto& m : members) want_pinned |= m->sink->wants_pinned_source();
+    FERRY_RETURN_IF_ERROR(g.staging.Reserve(static_cast<size_t>(in.num_tokens()) * tb,
+                                            reg.max_tokens * tb, want_pinned));
+  }
   uint8_t* src = direct != nullptr ? direct : g.staging.data();
   const size_t first = direct != nullptr ? 1 : 0;
   auto write_all = [&](int64_t begin, int64_t end) -> Status {
@@ -229,7 +237,9 @@ Status Server::Impl::GatherLayer(Group& g, const std::vector<std::shared_ptr<Mem
     *copies = chunks.load();
     return copy_error;
   }
-  if (g.pump == nullptr) g.pump = std::make_unique<CopyPump>();
+  if (g.pump == nullptr) {
+    FERRY_ASSIGN_OR_RETURN(g.pump, CopyPump::Create());
+  }
   const int64_t min_tokens =
       std::max<int64_t>(1, static_cast<int64_t>(options.min_copy_bytes / tb));
   g.pump->Begin(in.num_tokens(), gatherer->options().chunk_tokens, min_tokens, write_all);

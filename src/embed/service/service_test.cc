@@ -65,26 +65,84 @@ TEST_F(EmbedServiceTest, TwoDataParallelByTwoTensorParallelRanks) {
 }
 
 TEST_F(EmbedServiceTest, ServiceWaitsForReleaseBeforeOverwriting) {
+  auto r0 = MakeClient(0, 0, 2), r1 = MakeClient(0, 1, 2);
+  ASSERT_TRUE(r0 && r1);
+  StepData s1 = MakeStep(2, 40, 5);
+  WriteInputs(*r0, s1);
+  ASSERT_TRUE(r0->PrepareForward(2, 40, false).ok());
+  for (Client* c : {r0.get(), r1.get()})
+    for (size_t slot = 0; slot < 3; ++slot) ASSERT_TRUE(c->Wait(slot).ok());
+  // Rank 1 does not release: the next step must not touch its outputs.
+  ASSERT_TRUE(r0->ReleaseOutputs().ok());
+  StepData s2 = MakeStep(2, 40, 6);
+  WriteInputs(*r0, s2);
+  ASSERT_TRUE(r0->PrepareForward(2, 40, false).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  for (size_t slot = 0; slot < 3; ++slot) {
+    EXPECT_EQ(r1->flag(slot), kFlagDone);
+    EXPECT_EQ(r0->flag(slot), kFlagReset);
+    ExpectRows(*r1, slot, s1);
+  }
+  ASSERT_TRUE(r1->ReleaseOutputs().ok());
+  for (Client* c : {r0.get(), r1.get()})
+    for (size_t slot = 0; slot < 3; ++slot) {
+      ASSERT_TRUE(c->Wait(slot).ok());
+      ExpectRows(*c, slot, s2);
+    }
+}
+
+// Issue 10: a forward prepared before the previous one was released is refused (its waits would
+// pass on the previous DONE flags and read the previous rows); nothing is sent.
+TEST_F(EmbedServiceTest, PrepareBeforeReleaseIsFailedPrecondition) {
   auto c = MakeClient(0, 0, 1);
   ASSERT_TRUE(c);
   StepData s1 = MakeStep(2, 40, 5);
   WriteInputs(*c, s1);
   ASSERT_TRUE(c->PrepareForward(2, 40, false).ok());
   for (size_t slot = 0; slot < 3; ++slot) ASSERT_TRUE(c->Wait(slot).ok());
-  // Not released: the next step must not touch the outputs.
   StepData s2 = MakeStep(2, 40, 6);
   WriteInputs(*c, s2);
-  ASSERT_TRUE(c->PrepareForward(2, 40, false).ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  for (size_t slot = 0; slot < 3; ++slot) {
-    EXPECT_EQ(c->flag(slot), kFlagDone);
-    ExpectRows(*c, slot, s1);
-  }
+  EXPECT_EQ(c->PrepareForward(2, 40, false).code(), Code::kFailedPrecondition);
+  EXPECT_EQ(c->PrepareForward(2, 40, true).code(), Code::kFailedPrecondition);
+  for (size_t slot = 0; slot < 3; ++slot) ExpectRows(*c, slot, s1);
   ASSERT_TRUE(c->ReleaseOutputs().ok());
+  ASSERT_TRUE(c->PrepareForward(2, 40, false).ok());
   for (size_t slot = 0; slot < 3; ++slot) {
     ASSERT_TRUE(c->Wait(slot).ok());
     ExpectRows(*c, slot, s2);
   }
+  ASSERT_TRUE(c->ReleaseOutputs().ok());
+  EXPECT_EQ(server_->stats().steps_ok, 2u);
+}
+
+// Issue 9: a step over the registered capacity is refused by the client, before anything is
+// sent, and the client goes on (it used to get a reply under seq 0 and time out later).
+TEST_F(EmbedServiceTest, OverCapacityStepIsRefusedByTheClient) {
+  auto c = MakeClient(0, 0, 1);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->PrepareForward(2, 1u << 21, false).code(), Code::kOutOfRange);
+  EXPECT_EQ(c->PrepareForward(2, 513, false).code(), Code::kOutOfRange);
+  EXPECT_EQ(c->PrepareForward(65, 128, false).code(), Code::kOutOfRange);
+  for (size_t slot = 0; slot < 3; ++slot) EXPECT_EQ(c->flag(slot), kFlagReset);
+  Forward({c.get()}, MakeStep(4, 128, 7));
+  Forward({c.get()}, MakeStep(2, 16, 8));
+  EXPECT_EQ(server_->stats().steps_ok, 2u);
+  EXPECT_EQ(server_->stats().steps_failed, 0u);
+}
+
+// Issue 15: a step of no tokens is served (DONE on every layer) and copies nothing.
+TEST_F(EmbedServiceTest, EmptyStepIsServed) {
+  auto r0 = MakeClient(0, 0, 2), r1 = MakeClient(0, 1, 2);
+  ASSERT_TRUE(r0 && r1);
+  StepData empty;
+  empty.qsl = {0, 0};
+  empty.ctx = {5, 6};
+  Forward({r0.get(), r1.get()}, empty);
+  empty.qsl = {0};
+  empty.ctx.clear();
+  Forward({r0.get(), r1.get()}, empty);  // no requests either
+  EXPECT_EQ(server_->stats().steps_ok, 2u);
+  EXPECT_EQ(server_->stats().steps_failed, 0u);
 }
 
 TEST_F(EmbedServiceTest, DummyForwardSatisfiesWaitsLocally) {
@@ -129,9 +187,9 @@ TEST_F(EmbedServiceTest, BadRequestsFailTheirFlagsAndTheGroupGoesOn) {
     std::function<void(StepData&)> edit;
     Code code;
   };
+  // Steps over the capacity are refused by the client (OverCapacityStepIsRefusedByTheClient)
+  // and by the service (EmbedServiceHostile.OverCapacityRequestFailsUnderItsSeq).
   std::vector<Case> cases = {
-      {"too many tokens", 1, 513, nullptr, Code::kOutOfRange},
-      {"too many requests", 65, 65, nullptr, Code::kOutOfRange},
       {"decreasing query starts", 4, 64, [](StepData& s) { s.qsl[2] = 1; }, Code::kInvalidArgument},
       {"id >= V", 4, 64, [](StepData& s) { s.tokens[10] = 1000; }, Code::kOutOfRange},
       {"context id >= V", 4, 64, [](StepData& s) { s.ctx[3] = 5000; }, Code::kOutOfRange},
@@ -311,30 +369,31 @@ TEST(EmbedServiceQueue, StepsPastTheQueueLimitFailWithResourceExhausted) {
   o.max_queued_steps = 2;
   auto server = Server::Create(o, SmallLayers());
   ASSERT_TRUE(server.ok());
-  auto c = Client::Create(SmallClientOptions(path, 0, 0, 1));
-  ASSERT_TRUE(c.ok());
-  Client& k = **c;
+  // A raw rank 0: a client refuses to send a step before the previous one is released.
+  std::unique_ptr<RawRank> k = RegisterRaw(path, 0);
+  ASSERT_TRUE(k);
   // Unreleased outputs hold the first step at its first layer.
-  ASSERT_TRUE(k.PrepareForward(1, 1, true).ok());
+  k->SetFlags(kFlagDone);
   StepData s = MakeStep(4, 64, 20);
-  WriteInputs(k, s);
-  ASSERT_TRUE(k.PrepareForward(4, 64, false).ok());
+  k->Write(s);
+  ASSERT_TRUE(Send(k->fd.get(), Encode(Request{1, 64, 4, 0})).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the worker holds step 1
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(k.PrepareForward(4, 64, false).ok());
+  for (uint64_t seq = 2; seq <= 4; ++seq)
+    ASSERT_TRUE(Send(k->fd.get(), Encode(Request{seq, 64, 4, 0})).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_TRUE(k.ReleaseOutputs().ok());
+  k->SetFlags(kFlagReset);
   // Steps 1 to 3 run (two queued); step 4 was refused.
-  for (int step = 1; step <= 4; ++step) {
-    SCOPED_TRACE(step);
-    Status w = k.Wait(0);
-    if (step < 4) {
-      ASSERT_TRUE(w.ok()) << w.ToString();
-      for (size_t slot = 1; slot < k.slots(); ++slot) ASSERT_TRUE(k.Wait(slot).ok());
-      ExpectRows(k, 0, s);
+  for (uint64_t seq = 1; seq <= 4; ++seq) {
+    SCOPED_TRACE(seq);
+    Reply r = k->NextReply();
+    EXPECT_EQ(r.seq, seq);
+    if (seq < 4) {
+      EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+      for (size_t slot = 0; slot < 3; ++slot) EXPECT_EQ(LoadFlag(k->flag(slot)), kFlagDone);
     } else {
-      EXPECT_EQ(w.code(), Code::kResourceExhausted) << w.ToString();
+      EXPECT_EQ(r.status.code(), Code::kResourceExhausted) << r.status.ToString();
     }
-    ASSERT_TRUE(k.ReleaseOutputs().ok());
+    k->SetFlags(kFlagReset);
   }
   EXPECT_EQ((*server)->stats().steps_ok, 3u);
   EXPECT_EQ((*server)->stats().steps_failed, 1u);

@@ -13,7 +13,11 @@
 #include "embed/config.h"
 #include "embed/row_ids.h"
 #include "embed/service/client.h"
+#include "embed/service/host_flag.h"
+#include "embed/service/protocol.h"
 #include "embed/service/server.h"
+#include "embed/service/shared_memory.h"
+#include "embed/service/unix_socket.h"
 #include "embed/table.h"
 
 namespace ferry::embed::service::testing {
@@ -101,10 +105,15 @@ inline StepData MakeStep(uint32_t num_reqs, uint32_t num_tokens, uint32_t seed) 
   return s;
 }
 
+// Copies `v` to dst; an empty `v` touches neither pointer.
+inline void CopyInts(void* dst, const std::vector<int32_t>& v) {
+  if (!v.empty()) std::memcpy(dst, v.data(), v.size() * 4);
+}
+
 inline void WriteInputs(Client& c, const StepData& s) {
-  std::memcpy(c.input_ids().data(), s.tokens.data(), s.tokens.size() * 4);
-  std::memcpy(c.query_start_loc().data(), s.qsl.data(), s.qsl.size() * 4);
-  std::memcpy(c.ngram_context().data(), s.ctx.data(), s.ctx.size() * 4);
+  CopyInts(c.input_ids().data(), s.tokens);
+  CopyInts(c.query_start_loc().data(), s.qsl);
+  CopyInts(c.ngram_context().data(), s.ctx);
 }
 
 // Checks every byte of the slot's first num_tokens rows against SyntheticRow at the row ids.
@@ -129,6 +138,69 @@ inline void ExpectRows(Client& c, size_t slot, const StepData& s) {
           << "slot " << slot << " token " << t << " head " << h;
     }
   }
+}
+
+// Tensor-parallel rank 0 of a group of one over a raw connection (host mode), for tests that
+// send bytes of their choosing or several steps without releasing.
+struct RawRank {
+  Register reg;
+  std::unique_ptr<SharedMemory> out, in;
+  UniqueFd fd;
+
+  uint32_t* flag(size_t slot) {
+    return reinterpret_cast<uint32_t*>(out->data() + reg.layers[slot].flag_offset);
+  }
+  void SetFlags(uint32_t v) {
+    for (size_t i = 0; i < reg.layers.size(); ++i) StoreFlag(flag(i), v);
+  }
+  void Write(const StepData& s) {
+    CopyInts(in->data() + reg.inputs.ids, s.tokens);
+    CopyInts(in->data() + reg.inputs.query_start_loc, s.qsl);
+    CopyInts(in->data() + reg.inputs.ngram_context, s.ctx);
+  }
+  // The next message from the service.
+  Result<AnyMessage> Next(std::chrono::milliseconds wait = std::chrono::seconds(5)) {
+    Result<Message> m = Receive(fd.get(), Deadline::After(wait));
+    if (!m.ok()) return m.status();
+    return Decode(m->bytes);
+  }
+  // The next message, which must be a Reply.
+  Reply NextReply() {
+    Result<AnyMessage> m = Next();
+    EXPECT_TRUE(m.ok() && std::holds_alternative<Reply>(*m)) << m.status().ToString();
+    return m.ok() && std::holds_alternative<Reply>(*m) ? std::get<Reply>(*m) : Reply{0, m.status()};
+  }
+};
+
+// Registers `dp` as rank 0 of 1 (512 tokens, 64 requests, the three layers); null on failure.
+inline std::unique_ptr<RawRank> RegisterRaw(const std::string& path, uint32_t dp) {
+  auto r = std::make_unique<RawRank>();
+  Result<std::unique_ptr<SharedMemory>> out =
+      SharedMemory::Create("raw-out", 3 * 512 * kTokenBytes + 4096);
+  Result<std::unique_ptr<SharedMemory>> in = SharedMemory::Create("raw-in", 8192);
+  if (!out.ok() || !in.ok()) return nullptr;
+  r->out = std::move(out).value();
+  r->in = std::move(in).value();
+  Register& reg = r->reg;
+  reg.dp_rank = dp;
+  reg.max_tokens = 512;
+  reg.max_reqs = 64;
+  reg.context_len = 2;
+  reg.token_bytes = kTokenBytes;
+  for (size_t i = 0; i < 3; ++i)
+    reg.layers.push_back(
+        {kLayers[i], i * 512 * kTokenBytes, 3 * 512 * kTokenBytes + 64 * i, "", ""});
+  reg.has_inputs = true;
+  reg.inputs = {0, 2048, 2560};
+  Result<UniqueFd> fd = Connect(path, Deadline::After(std::chrono::seconds(5)));
+  if (!fd.ok()) return nullptr;
+  r->fd = std::move(fd).value();
+  int fds[] = {r->out->fd(), r->in->fd()};
+  if (!Send(r->fd.get(), Encode(reg), fds).ok()) return nullptr;
+  Result<AnyMessage> m = r->Next();
+  if (!m.ok() || !std::holds_alternative<Registered>(*m) || !std::get<Registered>(*m).status.ok())
+    return nullptr;
+  return r;
 }
 
 }  // namespace ferry::embed::service::testing

@@ -7,10 +7,16 @@ namespace ferry::embed::service {
 
 Result<ServerStats> QueryStats(const std::string& socket_path, bool reset, Deadline deadline) {
   FERRY_ASSIGN_OR_RETURN(UniqueFd fd, Connect(socket_path, deadline));
-  FERRY_RETURN_IF_ERROR(Send(fd.get(), Encode(StatsRequest{reset})));
-  FERRY_ASSIGN_OR_RETURN(Message answer, Receive(fd.get(), deadline));
+  Status sent = Send(fd.get(), Encode(StatsRequest{reset}));
+  Result<Message> received =
+      Receive(fd.get(), sent.ok() ? deadline : Deadline::After(std::chrono::milliseconds(100)));
+  if (!received.ok()) return sent.ok() ? received.status() : sent;
+  Message& answer = *received;
   Result<AnyMessage> decoded = Decode(answer.bytes);
   if (!decoded.ok()) return decoded.status();
+  if (const Registered* refused = std::get_if<Registered>(&decoded.value());
+      refused != nullptr && !refused->status.ok())
+    return refused->status;  // the service serves as many connections as it may
   Stats* stats = std::get_if<Stats>(&decoded.value());
   if (stats == nullptr)
     return Status(Code::kInvalidArgument,

@@ -25,10 +25,23 @@ std::string_view UvaModeName(UvaMode m) {
   return "?";
 }
 
+Status ValidateStepPolicyOptions(const StepPolicyOptions& options) {
+  auto check = [](const char* what, int v, int lo) {
+    if (v >= lo && v <= kMaxPolicyCount) return Status::Ok();
+    return Status(Code::kInvalidArgument, std::string(what) + " must be in [" +
+                                              std::to_string(lo) + ", " +
+                                              std::to_string(kMaxPolicyCount) + "], not " +
+                                              std::to_string(v));
+  };
+  FERRY_RETURN_IF_ERROR(check("UVA probes", options.probes, 1));
+  FERRY_RETURN_IF_ERROR(check("UVA window", options.window, 1));
+  return check("UVA reprobe_every", options.reprobe_every, 0);
+}
+
 StepPolicy::StepPolicy(const StepPolicyOptions& options) : options_(options) {
-  options_.probes = std::max(1, options_.probes);
-  options_.window = std::max(1, options_.window);
-  options_.reprobe_every = std::max(0, options_.reprobe_every);
+  options_.probes = std::clamp(options_.probes, 1, kMaxPolicyCount);
+  options_.window = std::clamp(options_.window, 1, kMaxPolicyCount);
+  options_.reprobe_every = std::clamp(options_.reprobe_every, 0, kMaxPolicyCount);
 }
 
 uint64_t StepPolicy::Median(const std::deque<uint64_t>& d) {

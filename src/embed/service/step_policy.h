@@ -38,8 +38,15 @@ struct StepPolicyOptions {
   int reprobe_every = 64;  // every n-th choice runs the other path once; 0: never
 };
 
+inline constexpr int kMaxPolicyCount = 1 << 20;
+
+// kInvalidArgument, naming the option, for probes or window outside [1, kMaxPolicyCount] or
+// reprobe_every outside [0, kMaxPolicyCount].
+Status ValidateStepPolicyOptions(const StepPolicyOptions& options);
+
 class StepPolicy {
  public:
+  // Values outside the limits above are clamped to them (ValidateStepPolicyOptions refuses them).
   explicit StepPolicy(const StepPolicyOptions& options);
   // The path for a layer step of `tokens` tokens; uva_possible: the step could run UVA.
   StepPath Choose(uint64_t tokens, bool uva_possible);

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -35,6 +36,8 @@ Status Errno(std::string_view what) {
   msg += std::strerror(e);
   if (e == ECONNREFUSED || e == ENOENT || e == EPIPE || e == ECONNRESET)
     return Status(Code::kUnavailable, std::move(msg));
+  if (e == EAGAIN || e == EWOULDBLOCK)
+    return Status(Code::kResourceExhausted, std::move(msg) + " (the peer does not read)");
   return Status(Code::kInternal, std::move(msg));
 }
 
@@ -73,11 +76,54 @@ UniqueFd Socket() { return UniqueFd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOE
 
 }  // namespace
 
+Result<PathState> ProbeSocketPath(const std::string& path) {
+  FERRY_ASSIGN_OR_RETURN(sockaddr_un addr, Address(path));
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno != ENOENT) return Errno("lstat " + path);
+    // Nothing there; the folder must exist for a bind to succeed.
+    const size_t slash = path.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    struct stat ds {};
+    if (::stat(dir.c_str(), &ds) != 0 || !S_ISDIR(ds.st_mode))
+      return Status(Code::kNotFound, "socket path " + path + ": folder " + dir + " does not exist");
+    return PathState::kFree;
+  }
+  if (!S_ISSOCK(st.st_mode)) return PathState::kNotSocket;
+  // A socket: live when something accepts (or queues) a connection there. A listener of another
+  // socket type (EPROTOTYPE) is live too.
+  UniqueFd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!probe.valid()) return Errno("socket");
+  if (::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0)
+    return PathState::kLive;
+  if (errno == ECONNREFUSED || errno == ENOENT) return PathState::kStale;
+  return PathState::kLive;  // EAGAIN (a full backlog), EPROTOTYPE, EINPROGRESS, ...
+}
+
+namespace {
+Status ListenError(const std::string& path, PathState state) {
+  if (state == PathState::kLive)
+    return Status(Code::kAlreadyExists,
+                  "socket path " + path + ": another service accepts connections there");
+  if (state == PathState::kNotSocket)
+    return Status(Code::kFailedPrecondition,
+                  "socket path " + path + " exists and is not a socket; remove it or pick another");
+  return Status::Ok();
+}
+}  // namespace
+
+Status CheckListenPath(const std::string& path) {
+  FERRY_ASSIGN_OR_RETURN(PathState state, ProbeSocketPath(path));
+  return ListenError(path, state);
+}
+
 Result<UniqueFd> Listen(const std::string& path) {
   FERRY_ASSIGN_OR_RETURN(sockaddr_un addr, Address(path));
+  FERRY_ASSIGN_OR_RETURN(PathState state, ProbeSocketPath(path));
+  FERRY_RETURN_IF_ERROR(ListenError(path, state));
   UniqueFd fd = Socket();
   if (!fd.valid()) return Errno("socket");
-  ::unlink(path.c_str());
+  if (state == PathState::kStale) ::unlink(path.c_str());
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
     return Errno("bind " + path);
   if (::listen(fd.get(), 128) != 0) return Errno("listen " + path);
@@ -98,9 +144,9 @@ Result<UniqueFd> Connect(const std::string& path, Deadline deadline) {
   }
 }
 
-Result<UniqueFd> Accept(int listen_fd, Deadline deadline, int wake_fd) {
+Result<UniqueFd> Accept(int listen_fd, Deadline deadline, int wake_fd, bool nonblocking) {
   FERRY_RETURN_IF_ERROR(WaitReadable(listen_fd, deadline, wake_fd));
-  int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+  int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | (nonblocking ? SOCK_NONBLOCK : 0));
   if (fd < 0) return Errno("accept");
   return UniqueFd(fd);
 }
@@ -142,9 +188,14 @@ Result<Message> Receive(int fd, Deadline deadline, int wake_fd) {
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
   ssize_t n;
-  do {
+  for (int reset = 0;;) {
     n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-  } while (n < 0 && errno == EINTR);
+    if (n < 0 && errno == EINTR) continue;
+    // A peer that closed with our message unread resets the connection, and the reset is
+    // reported before the messages it sent first: read those once the reset is reported.
+    if (n < 0 && errno == ECONNRESET && reset++ == 0) continue;
+    break;
+  }
   if (n < 0) {
     if (errno == EAGAIN) return Status(Code::kDeadlineExceeded, "no message ready");
     return Errno("recvmsg");
@@ -159,7 +210,14 @@ Result<Message> Receive(int fd, Deadline deadline, int wake_fd) {
       out.fds.emplace_back(received);
     }
   }
-  if (n == 0 && out.fds.empty()) return Status(Code::kUnavailable, "peer closed the connection");
+  if (n == 0 && out.fds.empty()) {
+    // A zero-length read is the end of the connection, or an empty datagram from a peer that is
+    // still connected (SOCK_SEQPACKET keeps them): the hang-up flag tells them apart.
+    pollfd p{fd, POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP)))
+      return Status(Code::kUnavailable, "peer closed the connection");
+    return Status(Code::kInvalidArgument, "empty message");
+  }
   if ((msg.msg_flags & MSG_TRUNC) || static_cast<size_t>(n) > kMaxMessageBytes)
     return Status(Code::kInvalidArgument,
                   "message larger than " + std::to_string(kMaxMessageBytes) + " bytes");
