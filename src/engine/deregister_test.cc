@@ -4,6 +4,7 @@
 // ended frees it. The transport is `local` behind that holding channel.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <mutex>
 
 #include "engine/engine_core.h"
@@ -142,6 +143,55 @@ TEST(Deregister, ANonPositiveTimeoutIsRefused) {
   EngineOptions options;
   options.deregister_timeout = Duration::zero();
   EXPECT_EQ(Engine::Create(options).status().code(), Code::kInvalidArgument);
+}
+
+// A transport whose peer process still holds the region when its wait ends (as cuda_ipc's lease
+// table reports a peer copying into GPU memory): Deregister says so, `refusals` times.
+class RevokingTransport final : public WrappedTransport {
+ public:
+  RevokingTransport(std::unique_ptr<Transport> inner, int refusals)
+      : WrappedTransport(std::move(inner)), refusals_(refusals) {}
+  Status Deregister(const Region& r) override {
+    ++calls;
+    if (refusals_ > 0) {
+      --refusals_;
+      return Status(Code::kDeadlineExceeded, "a peer process still copies into the region");
+    }
+    return WrappedTransport::Deregister(r);
+  }
+  static inline std::atomic<int> calls{0};
+
+ protected:
+  std::shared_ptr<Endpoint> Wrap(std::shared_ptr<Endpoint> ep) override { return ep; }
+
+ private:
+  int refusals_;
+};
+
+Result<std::unique_ptr<Transport>> MakeRevoking(const TransportContext& ctx) {
+  FERRY_ASSIGN_OR_RETURN(auto inner, MakeLocalTransport(ctx));
+  return std::unique_ptr<Transport>(new RevokingTransport(std::move(inner), 2));
+}
+
+TEST(Deregister, ARegionAPeerProcessStillHoldsStaysRetiringUntilItLetsGo) {
+  const TransportEntry entries[] = {{"local", &MakeRevoking}};
+  EngineOptions options;
+  options.key = "dereg-revoke";
+  auto e = EngineCore::Create(options, entries);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  std::vector<uint8_t> buf(4096);
+  auto d = (*e)->RegisterMemory(buf.data(), buf.size(), MemoryKind::kHost, -1);
+  ASSERT_TRUE(d.ok());
+  RevokingTransport::calls = 0;
+  Status first = (*e)->DeregisterMemory(d->region);
+  EXPECT_EQ(first.code(), Code::kDeadlineExceeded) << first.ToString();
+  EXPECT_NE(first.message().find("still copies"), std::string_view::npos) << first.ToString();
+  EXPECT_EQ((*e)->OpenSession(*d, *d).status().code(), Code::kFailedPrecondition);  // retiring
+  EXPECT_EQ((*e)->DeregisterMemory(d->region).code(), Code::kDeadlineExceeded);    // asked again
+  EXPECT_TRUE((*e)->DeregisterMemory(d->region).ok());                              // it let go
+  EXPECT_EQ(RevokingTransport::calls.load(), 3);
+  EXPECT_EQ((*e)->DeregisterMemory(d->region).code(), Code::kNotFound);
+  (*e)->Shutdown();
 }
 
 }  // namespace

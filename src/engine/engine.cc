@@ -142,9 +142,13 @@ void EngineCore::Shutdown() {
   for (auto& [id, entry] : regions) {
     Status s = entry.region->Retire(RetireDeadline(options_));
     if (!s.ok()) FERRY_LOG_WARN("engine shutdown: {}", s.ToString());
-    // A retiring region left the transports already (DeregisterMemory).
-    if (!entry.retiring)
-      for (const auto& t : transports_) t->Deregister(*entry.region);
+    // A retiring region left the transports already (DeregisterMemory), but for those a peer
+    // still held it in.
+    if (!entry.retiring) {
+      for (const auto& t : transports_) (void)t->Deregister(*entry.region);
+    } else {
+      for (size_t i : entry.holding) (void)transports_[i]->Deregister(*entry.region);
+    }
     if (entry.region->pinned && s.ok()) (void)cuda::HostUnregister(entry.region->base);
   }
 }
@@ -238,18 +242,40 @@ Result<MemoryDesc> EngineCore::RegisterMemory(void* ptr, uint64_t bytes, MemoryK
 Status EngineCore::DeregisterMemory(RegionId id) {
   const uint64_t key = static_cast<uint64_t>(id);
   std::shared_ptr<Region> region;
-  bool first = false;  // this call takes the region out of the transports
+  std::vector<size_t> ask;  // the transports this call takes the region out of
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = regions_.find(key);
     if (it == regions_.end())
       return Status(Code::kNotFound, "region " + std::to_string(key) + " is not registered");
     region = it->second.region;
-    first = !it->second.retiring;
+    if (!it->second.retiring) {
+      for (size_t i = 0; i < transports_.size(); ++i) ask.push_back(i);
+    } else {
+      ask.swap(it->second.holding);
+    }
     it->second.retiring = true;
   }
-  if (first)
-    for (const auto& t : transports_) t->Deregister(*region);
+  // A transport whose peer still holds the region (a peer process copying into GPU memory)
+  // keeps it: the region stays known, retiring, and a retry asks that transport again.
+  std::vector<size_t> holding;
+  Status held;
+  for (size_t i : ask) {
+    Status s = transports_[i]->Deregister(*region);
+    if (s.ok()) continue;
+    holding.push_back(i);
+    if (held.ok()) held = s;
+  }
+  if (!holding.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regions_.find(key);
+    if (it != regions_.end() && it->second.region == region) {
+      auto& h = it->second.holding;
+      h.insert(h.end(), holding.begin(), holding.end());
+    }
+    return Status(Code::kDeadlineExceeded, std::string(held.message()))
+        .WithContext("deregistration not finished; call DeregisterMemory again to retry");
+  }
   // A region still in use when the wait ends stays known, retiring: a later call waits again
   // and frees it once its last transfer let go.
   FERRY_RETURN_IF_ERROR(region->Retire(RetireDeadline(options_))

@@ -60,6 +60,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     // DeregisterMemory began: the transports let the region go, and it is freed (erased,
     // unpinned) once no transfer uses it; until then a retry of DeregisterMemory waits again.
     bool retiring = false;
+    // Transports (indexes into transports_) that did not let the region go yet: a peer still
+    // held it when their wait ended (Transport::Deregister); a retry asks them again.
+    std::vector<size_t> holding;
   };
   Result<EngineDesc> FindPeer(std::string_view key);
   Result<std::shared_ptr<Endpoint>> GetEndpoint(const EngineDesc& peer, size_t transport);

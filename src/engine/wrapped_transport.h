@@ -15,7 +15,7 @@ class WrappedTransport : public Transport {
   Capabilities caps() const override { return inner_->caps(); }
   TransportData Describe() const override { return inner_->Describe(); }
   Result<TransportData> Register(const std::shared_ptr<Region>& r) override { return inner_->Register(r); }
-  void Deregister(const Region& r) override { inner_->Deregister(r); }
+  Status Deregister(const Region& r) override { return inner_->Deregister(r); }
   bool CanReach(const EngineDesc& peer) const override { return inner_->CanReach(peer); }
   Result<std::shared_ptr<Endpoint>> Connect(const EngineDesc& peer) override {
     FERRY_ASSIGN_OR_RETURN(auto ep, inner_->Connect(peer));

@@ -87,7 +87,11 @@ class Transport {
   virtual std::vector<std::string> Addresses() const { return {}; }
   // Makes a region reachable; returns what peers need to reach it (goes into MemoryDesc).
   virtual Result<TransportData> Register(const std::shared_ptr<Region>& region) = 0;
-  virtual void Deregister(const Region& region) = 0;
+  // Makes a region unreachable for peers. kDeadlineExceeded when a peer may still write into or
+  // read from it (a peer process that holds it and does not let go in time): the engine keeps
+  // the region and calls again when the user retries; a call after one that returned OK, or for
+  // a region this transport never registered, returns OK.
+  virtual Status Deregister(const Region& region) = 0;
   // Whether this transport can reach `peer` at all (e.g. same process, same host).
   virtual bool CanReach(const EngineDesc& peer) const = 0;
   virtual Result<std::shared_ptr<Endpoint>> Connect(const EngineDesc& peer) = 0;

@@ -349,27 +349,40 @@ class IpcTransport final : public Transport {
     return TransportData{std::string(kName), PackRegionAccess(a)};
   }
 
-  void Deregister(const Region& region) override {
-    uint32_t slot = 0;
-    std::vector<cuda::VmmPiece> pieces;
+  // A peer process that still holds a lease when the wait ends may still be copying into the
+  // region: kDeadlineExceeded, and the slot stays revoking, so that a retry waits again.
+  Status Deregister(const Region& region) override {
+    const auto id = static_cast<uint64_t>(region.id);
+    Revoking r;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = slots_.find(static_cast<uint64_t>(region.id));
-      if (it == slots_.end()) return;
-      slot = it->second.slot;
-      pieces = std::move(it->second.pieces);
-      if (pieces.empty()) {
-        auto h = handles_.find(it->second.allocation);
-        if (h != handles_.end() && --h->second.second == 0) handles_.erase(h);
+      auto rv = revoking_.find(id);
+      if (rv != revoking_.end()) {
+        r = std::move(rv->second);
+        revoking_.erase(rv);
+      } else {
+        auto it = slots_.find(id);
+        if (it == slots_.end()) return Status::Ok();
+        r.slot = it->second.slot;
+        r.pieces = std::move(it->second.pieces);
+        if (r.pieces.empty()) {
+          auto h = handles_.find(it->second.allocation);
+          if (h != handles_.end() && --h->second.second == 0) handles_.erase(h);
+        }
+        slots_.erase(it);
       }
-      slots_.erase(it);
     }
-    Status s = shared_->table->Revoke(slot, Deadline::After(shared_->retire_wait));
-    if (!s.ok())
-      FERRY_LOG_WARN("cuda_ipc: deregistering region {}: {}", static_cast<uint64_t>(region.id), s.ToString());
+    Status s = shared_->table->Revoke(r.slot, Deadline::After(shared_->retire_wait));
+    if (!s.ok()) {
+      FERRY_LOG_WARN("cuda_ipc: deregistering region {}: {}", id, s.ToString());
+      std::lock_guard<std::mutex> lock(mu_);
+      revoking_[id] = std::move(r);
+      return s;
+    }
     // The descriptors go once the slot is revoked: a peer that took one later finds the
     // region gone at its next lease, whatever the number now names.
-    for (const auto& p : pieces) close(p.fd);
+    for (const auto& p : r.pieces) close(p.fd);
+    return Status::Ok();
   }
 
   bool CanReach(const EngineDesc& peer) const override {
@@ -403,6 +416,12 @@ class IpcTransport final : public Transport {
   std::mutex mu_;
   uint64_t last_export_ = 0;  // GUARDED_BY(mu_)
   std::unordered_map<uint64_t, Exported> slots_;  // GUARDED_BY(mu_): by region id
+  // Regions whose revocation passed its wait with a peer still holding a lease (Deregister).
+  struct Revoking {
+    uint32_t slot = 0;
+    std::vector<cuda::VmmPiece> pieces;
+  };
+  std::unordered_map<uint64_t, Revoking> revoking_;  // GUARDED_BY(mu_): by region id
   std::unordered_map<uint64_t, std::pair<cuda::IpcHandle, int>> handles_;  // GUARDED_BY(mu_): by allocation base
 };
 

@@ -203,9 +203,10 @@ class LocalTransport final : public Transport {
     entry_->regions[static_cast<uint64_t>(region->id)] = region;
     return TransportData{std::string(kName), ProcessToken()};
   }
-  void Deregister(const Region& region) override {
+  Status Deregister(const Region& region) override {
     std::lock_guard<std::mutex> lock(entry_->mu);
     entry_->regions.erase(static_cast<uint64_t>(region.id));
+    return Status::Ok();
   }
   bool CanReach(const EngineDesc& peer) const override {
     const TransportData* t = peer.FindTransport(kName);

@@ -256,7 +256,11 @@ class ShmTransport final : public Transport {
     if (region->kind != MemoryKind::kHost) return Status(Code::kUnsupported, "shm carries host memory");
     return core_->Register(region);
   }
-  void Deregister(const Region& region) override { core_->Deregister(region); }
+  // A peer that does not unmap in time is disconnected (Core::Deregister).
+  Status Deregister(const Region& region) override {
+    core_->Deregister(region);
+    return Status::Ok();
+  }
   uint64_t rejected_messages() const override { return core_->rejected(); }
   bool Poll() override { return core_->Poll(); }
   bool CanReach(const EngineDesc& peer) const override {

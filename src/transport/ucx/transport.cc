@@ -366,7 +366,12 @@ class UcxTransport final : public Transport {
       return Status(Code::kUnsupported, "no CUDA device to stage GPU memory through");
     return core_->Register(region);
   }
-  void Deregister(const Region& region) override { core_->Deregister(region); }
+  // A peer that does not confirm in time cannot reach the region afterwards: its remote key is
+  // unmapped and its messages find no region.
+  Status Deregister(const Region& region) override {
+    core_->Deregister(region);
+    return Status::Ok();
+  }
   uint64_t rejected_messages() const override { return core_->rejected(); }
   void AddGpuStats(EngineStats* s) const override { cuda::AddTo(core_->stager().copy_stats(), s); }
   bool Poll() override { return core_->Poll(); }
