@@ -261,6 +261,7 @@ Result<AnyMessage> Decode(std::string_view bytes) {
                                           std::to_string(kProtocolVersion));
   FERRY_ASSIGN_OR_RETURN(uint64_t type, r.UInt("type"));
   Result<AnyMessage> out = Bad("unknown message type " + std::to_string(type));
+  if (type > 0xff) return out;  // the cast below would keep only its low byte
   switch (static_cast<MessageType>(type)) {
     case MessageType::kRegister:
       out = DecodeRegister(r);

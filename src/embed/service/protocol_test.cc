@@ -130,5 +130,14 @@ TEST(EmbedProtocol, RequestSeqOfReadsThePrefix) {
   EXPECT_EQ(RequestSeqOf("\xff\xff"), std::nullopt);
 }
 
+// Found by embed_protocol_fuzz: a type of 0x4003 was taken for type 3 (a request).
+TEST(EmbedProtocol, TypesPastOneByteAreUnknown) {
+  const std::string bytes("\x96\x01\xcd\x40\x03\x00\x20\x01\x08", 9);
+  auto m = Decode(bytes);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), Code::kInvalidArgument) << m.status().ToString();
+  EXPECT_FALSE(RequestSeqOf(bytes).has_value());
+}
+
 }  // namespace
 }  // namespace ferry::embed::service
