@@ -21,17 +21,9 @@ Status Conn::Open(int lanes) {
   if (shard_->conn_by_id.count(id_) != 0)
     return Status(Code::kFailedPrecondition, "peer " + peer_.key + " gave a connection id already in use here");
   for (int i = 0; i < lanes; ++i) {
-    ucp_ep_params_t params = {};
-    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-    params.address = reinterpret_cast<const ucp_address_t*>(worker_address_.data());
-    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    params.err_handler.cb = &Conn::OnError;
-    params.err_handler.arg = this;
-    ucp_ep_h ep = nullptr;
-    ucs_status_t st = ucp_ep_create(shard_->worker->handle(), &params, &ep);
-    if (st != UCS_OK) return FromUcs(st, "connecting to " + peer_.key + " at " + address_);
-    eps_.push_back(ep);
+    auto ep = OpenEndpoint(shard_->worker->handle(), worker_address_, &Conn::OnError, this);
+    if (!ep.ok()) return ep.status().WithContext("connecting to " + peer_.key + " at " + address_);
+    eps_.push_back(*ep);
   }
   shard_->conn_by_id[id_] = this;
   return Status::Ok();

@@ -223,21 +223,13 @@ Welcome Core::Admit(const Hello& hello, Deadline deadline) {
     a->peer_key = hello.from_key;
     Status st;
     for (int i = 0; i < hello.lanes && st.ok(); ++i) {
-      ucp_ep_params_t params = {};
-      params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
-                          UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
-      params.address = reinterpret_cast<const ucp_address_t*>(padded.data());
-      params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-      params.err_handler.cb = &Core::OnAcceptedError;
-      params.err_handler.arg = this;
-      ucp_ep_h ep = nullptr;
-      ucs_status_t ust = ucp_ep_create(s0->worker->handle(), &params, &ep);
-      if (ust != UCS_OK) {
-        st = FromUcs(ust, "opening an endpoint back to " + hello.from_key);
+      auto ep = OpenEndpoint(s0->worker->handle(), padded, &Core::OnAcceptedError, this);
+      if (!ep.ok()) {
+        st = ep.status().WithContext("opening an endpoint back to " + hello.from_key);
         break;
       }
-      a->eps.push_back(ep);
-      s0->accepted_by_ep[ep] = id;
+      a->eps.push_back(*ep);
+      s0->accepted_by_ep[*ep] = id;
     }
     if (!st.ok()) {
       for (ucp_ep_h ep : a->eps) {

@@ -39,6 +39,21 @@ Status FromUcs(ucs_status_t status, std::string_view what) {
   return Status(code, std::string(what) + ": " + ucs_status_string(status));
 }
 
+Result<ucp_ep_h> OpenEndpoint(ucp_worker_h worker, const std::string& address, ucp_err_handler_cb_t on_error,
+                              void* arg) {
+  ucp_ep_params_t params = {};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLER |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = on_error;
+  params.err_handler.arg = arg;
+  ucp_ep_h ep = nullptr;
+  ucs_status_t st = ucp_ep_create(worker, &params, &ep);
+  if (st != UCS_OK) return FromUcs(st, "ucp_ep_create");
+  return ep;
+}
+
 void CloseEndpoint(ucp_ep_h ep) {
   ucp_request_param_t p = {};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;

@@ -33,6 +33,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -154,6 +155,12 @@ class Worker {
   bool closed_ = false;                       // GUARDED_BY(mu_)
   std::function<void()> last_;                // GUARDED_BY(mu_)
 };
+
+// Opens an endpoint of `worker` to the worker at `address` (a checked, padded worker address:
+// Core::CheckedWorkerAddress), with peer-failure handling reported to `on_error(arg, ...)`.
+// REQUIRES: the worker is held.
+Result<ucp_ep_h> OpenEndpoint(ucp_worker_h worker, const std::string& address, ucp_err_handler_cb_t on_error,
+                              void* arg);
 
 // Closes `ep` at once (in-flight operations on it fail). REQUIRES: its worker is held.
 void CloseEndpoint(ucp_ep_h ep);
