@@ -21,8 +21,10 @@
 #include <vector>
 
 #include "ferry/descriptors.h"
+#include "ferry/options.h"
 #include "ferry/status.h"
 #include "ferry/system.h"
+#include "ferry/types.h"
 
 namespace ferry {
 
@@ -31,118 +33,6 @@ class EngineCore;
 class SessionCore;
 class TransferState;
 }  // namespace internal
-
-using Duration = std::chrono::nanoseconds;
-
-// Settings of the `ucx` transport (the counterparts of MoRI-IO's RdmaBackendConfig). UCX's own
-// UCX_* environment variables still apply underneath (e.g. UCX_TLS, UCX_NET_DEVICES).
-struct UcxOptions {
-  enum class Progress : uint8_t {
-    kPolling,  // the progress thread spins: lowest latency, one busy core
-    kEvent,    // the progress thread sleeps on the worker's event fd when idle
-    // As kEvent, and while application threads poll (PopNotifications on an empty inbox
-    // progresses the worker from the calling thread) and nothing is outstanding, the progress
-    // thread steps back: arriving messages do not wake it, so they are handled by the polling
-    // thread alone, as by one thread of ucx_perftest. When the application stops polling, the
-    // thread resumes within 1 ms. For applications that poll notifications in a loop.
-    kShared,
-  };
-  enum class Rma : uint8_t {
-    kAuto,    // native RMA over RDMA verbs; active messages elsewhere (TCP, shared memory)
-    kAlways,  // always put/get
-    kNever,   // always active messages
-  };
-  // Where the engine listens for peers' connections: host (an IPv4 address) and port (0 = pick
-  // a free one). EngineDesc advertises the addresses peers can dial. The default, loopback,
-  // serves peers on this host only; "0.0.0.0" listens on every interface (and advertises each
-  // IPv4 address), a single address on that interface alone. Until peers authenticate, anyone
-  // who can reach the port and holds a region's descriptor can reach the region.
-  std::string listen_host = "127.0.0.1";
-  uint16_t listen_port = 0;
-  // A connection begins with ferry's handshake on the listening socket: at most
-  // max_pending_handshakes are in progress (a new one drops the oldest), each must finish
-  // within handshake_timeout, and at most max_connections peers' connections are served
-  // (more are refused with kResourceExhausted).
-  size_t max_pending_handshakes = 64;
-  size_t max_connections = 512;
-  std::chrono::milliseconds handshake_timeout = std::chrono::seconds(5);
-  // Endpoints opened to each peer; ops of a batch are striped across them.
-  int lanes = 1;
-  // UCX workers, each with its own progress thread (1..16). Connections to peers, and their
-  // lanes, are spread over them; connections that peers open to this engine are served by
-  // the first. Known problem: with more than one worker, a peer killed mid-transfer once
-  // aborted the process inside UCX 1.13's async event handling (`handler->async == async` in
-  // async.c during ucp_worker_progress). UCX keys its async handlers by file descriptor, and a
-  // missed event queued by one worker for a socket that closed can reach the handler another
-  // worker registered for the reused descriptor. Keep 1 where peers may fail.
-  int workers = 1;
-  // Ops posted to UCX before the progress thread lets the worker make progress.
-  int post_batch = 256;
-  Progress progress = Progress::kEvent;
-  Rma rma = Rma::kAuto;
-  // Largest piece sent as one active message; larger pieces are split.
-  uint64_t max_am_bytes = 8 << 20;
-  // How long a connection may take to come up before its transfers fail with kUnavailable.
-  std::chrono::milliseconds connect_timeout = std::chrono::seconds(10);
-};
-
-// Settings of the `shm` transport: host memory of this host's processes, reached in buffers
-// from ferry::AllocateSharedHost (ferry/shared_memory.h).
-struct ShmOptions {
-  // How long deregistering a region waits for the peers that map it to unmap it; a peer that
-  // has not answered by then (e.g. a stopped process) is disconnected.
-  std::chrono::milliseconds revoke_timeout = std::chrono::seconds(5);
-  // How long a round trip to a peer (mapping its region, Engine::Notify) may take.
-  std::chrono::milliseconds call_timeout = std::chrono::seconds(10);
-};
-
-// Bounds of EngineOptions' counts; values outside them fail Engine::Create (kInvalidArgument).
-inline constexpr int kMaxCopyThreads = 1024;
-inline constexpr size_t kMaxPendingNotifications = size_t{1} << 24;
-inline constexpr size_t kMaxPendingNotificationBytes = size_t{1} << 40;
-
-struct EngineOptions {
-  // Unique key of this engine; empty = "<hostname>:<pid>:<random>".
-  std::string key;
-  // Deadline of a transfer that does not set its own.
-  Duration default_deadline = std::chrono::seconds(30);
-  // How long DeregisterMemory waits for the transfers still using a region (a transfer that
-  // passed its deadline may still be copying); unset: default_deadline, and at least 10 s.
-  std::optional<Duration> deregister_timeout;
-  // Threads that copy host memory for large batches (the local and shm transports, each its
-  // own); 0 = one per core, at most 8; at most kMaxCopyThreads. Batches under
-  // `parallel_copy_bytes` are copied on the posting thread.
-  int copy_threads = 0;
-  uint64_t parallel_copy_bytes = 4 << 20;
-  // Page-lock host regions at registration when a CUDA device is present, so GPU copies and
-  // kernels can reach them directly.
-  bool pin_host_memory = true;
-  // Merge a batch's runs of adjacent ops (each starting where the previous one ended, on both
-  // sides) into one op per run before they reach a transport, when at least one op in eight
-  // joins its predecessor. The bytes moved are the same; KV blocks allocated in runs then travel
-  // as one piece per run.
-  bool merge_adjacent_ops = true;
-  // Transports to start, by name; empty = every transport compiled in and usable here.
-  std::vector<std::string> transports;
-  // Largest notification accepted (1..max_pending_notification_bytes), and how many
-  // undelivered ones an engine keeps, by count (1..kMaxPendingNotifications) and by bytes of
-  // their messages (at most kMaxPendingNotificationBytes). A notification beyond either bound
-  // is refused at the receiver (kResourceExhausted where the sender hears of it).
-  size_t max_notification_bytes = 64 * 1024;
-  size_t max_pending_notifications = 1 << 16;
-  size_t max_pending_notification_bytes = 64 << 20;
-  UcxOptions ucx;
-  ShmOptions shm;
-};
-
-enum class Op : uint8_t { kRead = 0, kWrite = 1 };
-
-// One piece of a batch: `size` bytes between local_offset and remote_offset.
-struct TransferOp {
-  uint64_t local_offset = 0;
-  uint64_t remote_offset = 0;
-  uint64_t size = 0;
-};
 
 struct TransferOptions {
   // Overrides EngineOptions::default_deadline for this transfer. Must be positive: a zero or
@@ -155,18 +45,6 @@ struct TransferOptions {
   // finished (layer-by-layer pushes may complete out of order). If one of those earlier writes
   // fails, the notification is not sent and this transfer fails with that write's error.
   std::optional<std::string> notification;
-};
-
-// How a transfer travels: which transport, and whether through a bounce buffer.
-struct TransferPath {
-  std::string transport;
-  bool staged = false;
-  std::string ToString() const;
-};
-
-struct Notification {
-  std::string from;     // key of the sending engine
-  std::string message;
 };
 
 class Transfer {
@@ -222,24 +100,6 @@ class Session {
   friend class Engine;
   explicit Session(std::shared_ptr<internal::SessionCore> core) : core_(std::move(core)) {}
   std::shared_ptr<internal::SessionCore> core_;
-};
-
-struct EngineStats {
-  // Messages from peers that were malformed or reached outside registered memory, and were
-  // rejected (the engine keeps serving).
-  uint64_t rejected_messages = 0;
-  // Notifications from peers that this engine refused (backlog full, too big) and dropped.
-  uint64_t dropped_notifications = 0;
-  // Ops of posted batches that joined the op before them and travelled as part of it
-  // (EngineOptions::merge_adjacent_ops).
-  uint64_t merged_ops = 0;
-  // GPU copies this engine's transports enqueued (CUDA builds): kernel launches and the pieces
-  // they copied, calls to the DMA engines and the copies they carried. A batch of many small
-  // pieces is a few launches, never a call per piece.
-  uint64_t gpu_kernel_launches = 0;
-  uint64_t gpu_kernel_pieces = 0;
-  uint64_t gpu_dma_calls = 0;
-  uint64_t gpu_dma_copies = 0;
 };
 
 class Engine {

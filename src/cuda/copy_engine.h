@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "base/deadline.h"
-#include "ferry/engine.h"  // TransferOp
+#include "ferry/types.h"
 #include "ferry/status.h"
 
 namespace ferry::cuda {

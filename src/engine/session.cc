@@ -242,9 +242,5 @@ uint64_t Transfer::bytes() const { return state_ ? state_->bytes() : 0; }
 TransferPath Transfer::path() const { return state_ ? state_->path() : TransferPath{}; }
 TransferId Transfer::id() const { return state_ ? state_->id() : TransferId{}; }
 
-std::string TransferPath::ToString() const {
-  if (transport.empty()) return "none";
-  return transport + (staged ? " (staged)" : " (direct)");
-}
 
 }  // namespace ferry

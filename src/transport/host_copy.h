@@ -8,7 +8,7 @@
 #include <span>
 
 #include "base/thread_pool.h"
-#include "ferry/engine.h"
+#include "ferry/types.h"
 #include "transport/transfer_state.h"
 
 namespace ferry::internal {

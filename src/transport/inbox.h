@@ -15,7 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "ferry/engine.h"
+#include "ferry/status.h"
+#include "ferry/types.h"
 
 namespace ferry::internal {
 

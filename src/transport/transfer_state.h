@@ -25,7 +25,9 @@
 #include <vector>
 
 #include "base/deadline.h"
-#include "ferry/engine.h"
+#include "ferry/descriptors.h"
+#include "ferry/status.h"
+#include "ferry/types.h"
 
 namespace ferry::internal {
 

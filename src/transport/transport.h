@@ -18,7 +18,8 @@
 #include <vector>
 
 #include "ferry/descriptors.h"
-#include "ferry/engine.h"
+#include "ferry/options.h"
+#include "ferry/types.h"
 #include "ferry/status.h"
 #include "transport/inbox.h"
 #include "transport/region.h"

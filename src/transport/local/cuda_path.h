@@ -8,7 +8,7 @@
 #include <span>
 
 #include "cuda/copy_engine.h"  // cuda::CopyStats (no CUDA header)
-#include "ferry/engine.h"
+#include "ferry/types.h"
 #include "transport/region.h"
 #include "transport/transfer_state.h"
 

@@ -37,7 +37,7 @@
 #include <thread>
 #include <vector>
 
-#include "ferry/engine.h"
+#include "ferry/options.h"
 #include "ferry/status.h"
 
 namespace ferry::internal::ucx {

@@ -1,0 +1,55 @@
+// ferry's vocabulary: the value types that every layer speaks (ops, paths, notifications,
+// statistics). The engine's public header includes it; the CUDA layer and the transports below
+// the engine use it instead of ferry/engine.h.
+//
+// Thread safety: plain values.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace ferry {
+
+using Duration = std::chrono::nanoseconds;
+
+enum class Op : uint8_t { kRead = 0, kWrite = 1 };
+
+// One piece of a batch: `size` bytes between local_offset and remote_offset.
+struct TransferOp {
+  uint64_t local_offset = 0;
+  uint64_t remote_offset = 0;
+  uint64_t size = 0;
+};
+
+// How a transfer travels: which transport, and whether through a bounce buffer.
+struct TransferPath {
+  std::string transport;
+  bool staged = false;
+  std::string ToString() const;
+};
+
+struct Notification {
+  std::string from;     // key of the sending engine
+  std::string message;
+};
+
+struct EngineStats {
+  // Messages from peers that were malformed or reached outside registered memory, and were
+  // rejected (the engine keeps serving).
+  uint64_t rejected_messages = 0;
+  // Notifications from peers that this engine refused (backlog full, too big) and dropped.
+  uint64_t dropped_notifications = 0;
+  // Ops of posted batches that joined the op before them and travelled as part of it
+  // (EngineOptions::merge_adjacent_ops).
+  uint64_t merged_ops = 0;
+  // GPU copies this engine's transports enqueued (CUDA builds): kernel launches and the pieces
+  // they copied, calls to the DMA engines and the copies they carried. A batch of many small
+  // pieces is a few launches, never a call per piece.
+  uint64_t gpu_kernel_launches = 0;
+  uint64_t gpu_kernel_pieces = 0;
+  uint64_t gpu_dma_calls = 0;
+  uint64_t gpu_dma_copies = 0;
+};
+
+}  // namespace ferry
