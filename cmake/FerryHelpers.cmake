@@ -3,7 +3,7 @@ add_library(ferry_flags INTERFACE)
 target_compile_options(ferry_flags INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
 if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
-  target_compile_options(ferry_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Wthread-safety>)
+  target_compile_options(ferry_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Wthread-safety -Werror=thread-safety>)
 endif()
 if(FERRY_SANITIZE)
   string(REPLACE ";" "," _san "${FERRY_SANITIZE}")
