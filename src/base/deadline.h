@@ -1,7 +1,12 @@
-// Deadline: a point on the steady clock after which a wait gives up.
+// Deadline: a point on the steady clock after which a wait gives up. The clock is read through
+// the OS seam (os::Env::SteadyNow), so a test can make it jump past a deadline.
+//
+// Thread safety: a value.
 #pragma once
 
 #include <chrono>
+
+#include "base/os.h"
 
 namespace ferry {
 
@@ -12,7 +17,7 @@ class Deadline {
   Deadline() : at_(Clock::time_point::max()) {}
   static Deadline After(Clock::duration d) {
     Deadline out;
-    auto now = Clock::now();
+    auto now = Now();
     out.at_ = d >= Clock::time_point::max() - now ? Clock::time_point::max() : now + d;
     return out;
   }
@@ -22,14 +27,15 @@ class Deadline {
     return out;
   }
   Clock::time_point at() const { return at_; }
-  bool expired() const { return Clock::now() >= at_; }
+  bool expired() const { return Now() >= at_; }
   Clock::duration remaining() const {
-    auto now = Clock::now();
+    auto now = Now();
     return now >= at_ ? Clock::duration::zero() : at_ - now;
   }
   static Deadline Earlier(Deadline a, Deadline b) { return a.at_ < b.at_ ? a : b; }
 
  private:
+  static Clock::time_point Now() { return os::Env::Current()->SteadyNow(); }
   Clock::time_point at_;
 };
 

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include "base/memory_file.h"
 #include "ferry/shared_memory.h"
 
 namespace ferry {
@@ -87,9 +88,9 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
 void HostBuffer::Reset() {
   if (data_ != nullptr) {
     internal::RemoveSharedHost(data_);
-    munmap(data_, mapped_);
+    (void)os::Env::Current()->Munmap(data_, mapped_);
   }
-  if (fd_ >= 0) close(fd_);
+  if (fd_ >= 0) (void)os::Env::Current()->Close(fd_);
   data_ = nullptr;
   size_ = mapped_ = 0;
   fd_ = -1;
@@ -100,29 +101,23 @@ Result<HostBuffer> AllocateSharedHost(uint64_t bytes) {
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   if (bytes > (uint64_t{1} << 48)) return Status(Code::kResourceExhausted, "shared buffer too large");
   const uint64_t mapped = (bytes + page - 1) / page * page;
-  int fd = memfd_create("ferry-shared-host", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return Status(Code::kResourceExhausted, std::string("memfd_create: ") + std::strerror(errno));
-  auto fail = [&](const char* what) {
-    Status s(Code::kResourceExhausted,
-             std::string(what) + " for " + std::to_string(bytes) + " shared bytes: " + std::strerror(errno));
-    close(fd);
-    return s;
-  };
-  if (ftruncate(fd, static_cast<off_t>(mapped)) != 0) return fail("ftruncate");
   // Peers map the file: its size may never change under them (no SIGBUS).
-  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) return fail("sealing");
+  FERRY_ASSIGN_OR_RETURN(os::UniqueFd fd, os::CreateMemoryFile("ferry-shared-host", mapped, /*final=*/true));
   // Reserve and fault in every page now, so the first transfer does not pay for it.
-  if (fallocate(fd, 0, 0, static_cast<off_t>(mapped)) != 0) return fail("fallocate");
-  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) return fail("mmap");
+  if (fallocate(fd.get(), 0, 0, static_cast<off_t>(mapped)) != 0)
+    return os::ErrnoStatus(Code::kResourceExhausted, "fallocate for " + std::to_string(bytes) + " shared bytes", errno);
+  Result<os::SharedMapping> m = os::SharedMapping::Map(fd.get(), 0, mapped);
+  if (!m.ok()) return Status(Code::kResourceExhausted, std::string(m.status().message()));
+  void* p = m->start();
   (void)madvise(p, mapped, MADV_HUGEPAGE);  // honoured where shmem hugepages are enabled
   (void)madvise(p, mapped, MADV_POPULATE_WRITE);
+  m->Release();
   HostBuffer buffer;
   buffer.data_ = static_cast<std::byte*>(p);
   buffer.size_ = bytes;
   buffer.mapped_ = mapped;
-  buffer.fd_ = fd;
-  internal::AddSharedHost(p, bytes, fd);
+  buffer.fd_ = fd.release();
+  internal::AddSharedHost(p, bytes, buffer.fd_);
   return buffer;
 }
 
