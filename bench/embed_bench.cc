@@ -29,11 +29,11 @@
 #include <vector>
 
 #include "cuda/runtime.h"
+#include "cuda/stream_ops.h"
 #include "embed/gather.h"
 #include "embed/row_ids.h"
-#include "embed/table.h"
 #include "embed/uva.h"
-#include "embed/uva_kernels.h"
+#include "ferry/embed.h"
 
 namespace {
 
@@ -259,7 +259,8 @@ void UvaGather(benchmark::State& state) {
     auto* p = static_cast<const int32_t*>(d.inputs[i]);
     DeviceStep step{p, p + s.tokens.size(), p + s.tokens.size() + s.qsl.size(),
                     static_cast<int64_t>(s.tokens.size()), static_cast<int64_t>(s.qsl.size()) - 1};
-    if (!(*uva)->Enqueue(step, d.dst, nullptr).ok() || SynchronizeUvaStream(nullptr) != 0)
+    if (!(*uva)->Enqueue(step, d.dst, nullptr).ok() ||
+        !ferry::cuda::StreamSync(nullptr, ferry::Deadline()).ok())
       return state.SkipWithError("uva gather");
     if (!same_step) i = (i + 1) % cycle;
   }

@@ -1,4 +1,4 @@
-// ferry.embed: the embedding-offload core (src/embed/) for Python: Config and Layout (row ids
+// ferry.embed: the embedding-offload core (ferry/embed.h) for Python: Config and Layout (row ids
 // of numpy inputs), Table (synthetic or safetensors), Gatherer (rows into a numpy array).
 // Integer inputs may be any numpy integer dtype; values are read as int32 with out-of-range
 // values saturated (so a huge id still fails as >= V and a huge query start as past the end).
@@ -12,10 +12,7 @@
 #include <vector>
 
 #include "binding.h"
-#include "embed/config.h"
-#include "embed/gather.h"
-#include "embed/row_ids.h"
-#include "embed/table.h"
+#include "ferry/embed.h"
 
 namespace ferry::python {
 namespace {
@@ -65,11 +62,11 @@ std::span<uint8_t> Writable(py::array& out) {
 }
 
 // threads - 1 workers (the caller is the first); RESOURCE_EXHAUSTED when one cannot start.
-std::unique_ptr<ThreadPool> PoolFor(int threads) {
+embed::Workers PoolFor(int threads) {
   if (threads < 1 || threads > embed::kMaxGatherThreads)
     ThrowInvalid("threads must be in [1, " + std::to_string(embed::kMaxGatherThreads) + "]");
   if (threads == 1) return nullptr;
-  return Unwrap(ThreadPool::Create(threads - 1, "embed-py"));
+  return Unwrap(embed::MakeWorkers(threads - 1, "embed-py"));
 }
 
 }  // namespace
@@ -79,7 +76,7 @@ void BindEmbed(py::module_& parent) {
       parent.def_submodule("embed", "The embedding-offload core: row ids, tables, gathers.");
   m.attr("PADDING_ROW") = embed::kPaddingRow;
 
-  py::class_<Config>(m, "Config", "The n-gram embedding configuration (see src/embed/config.h).")
+  py::class_<Config>(m, "Config", "The n-gram embedding configuration (see ferry/embed.h).")
       .def(py::init([](int64_t vocab_size, int64_t eos_id, int ngram_size, int heads_per_ngram,
                        int64_t embed_dim, uint64_t base_vocab, uint64_t row_padding, uint64_t seed,
                        int layer) {

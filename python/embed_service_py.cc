@@ -1,4 +1,4 @@
-// ferry.embed_service: the embedding-offload client (src/embed/service/client.h) for Python.
+// ferry.embed_service: the embedding-offload client (ferry/embed_service.h) for Python.
 // The shared inputs and the host-mode outputs are numpy views of the client's shared memory
 // (writable, no copies); they keep the client object alive. Blocking calls release the GIL.
 #include <pybind11/numpy.h>
@@ -11,8 +11,7 @@
 #include <vector>
 
 #include "binding.h"
-#include "embed/service/client.h"
-#include "embed/service/protocol.h"
+#include "ferry/embed_service.h"
 
 namespace ferry::python {
 namespace {
@@ -37,7 +36,7 @@ void BindEmbedService(py::module_& parent) {
   m.attr("FLAG_RESET") = embed::service::kFlagReset;
   m.attr("FLAG_DONE") = embed::service::kFlagDone;
   m.attr("FLAG_FAILED") = embed::service::kFlagFailed;
-  m.attr("PROTOCOL_VERSION") = embed::service::kProtocolVersion;
+  m.attr("PROTOCOL_VERSION") = embed::service::ProtocolVersion();
 
   py::class_<Client>(m, "Client", py::dynamic_attr(),
                      "One GPU worker's connection to `ferry embed-serve` (host-mode outputs).")

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cuda/runtime.h"
+#include "ferry/gpu.h"
 #include "ferry/system.h"
 #include "units.h"
 
@@ -34,9 +34,9 @@ Result<std::unique_ptr<Buffer>> Buffer::Allocate(MemoryKind kind, int device, ui
   }
   std::string reason;
   if (!CudaAvailable(&reason)) return Status(Code::kUnsupported, "CUDA memory: " + reason);
-  FERRY_ASSIGN_OR_RETURN(void* p, cuda::Malloc(device, bytes));
+  FERRY_ASSIGN_OR_RETURN(void* p, gpu::DeviceAlloc(device, bytes));
   std::unique_ptr<Buffer> buffer(new Buffer(kind, device, static_cast<std::byte*>(p), bytes));
-  FERRY_RETURN_IF_ERROR(cuda::MemsetSync(p, 0, bytes));
+  FERRY_RETURN_IF_ERROR(gpu::MemsetSync(p, 0, bytes));
   return buffer;
 }
 
@@ -45,7 +45,7 @@ Buffer::~Buffer() {
   if (kind_ == MemoryKind::kHost) {
     std::free(data_);
   } else {
-    (void)cuda::Free(data_);  // nothing to do about a failure while tearing down
+    (void)gpu::DeviceFree(data_);  // nothing to do about a failure while tearing down
   }
 }
 
@@ -54,7 +54,7 @@ Status Buffer::Write(uint64_t offset, std::span<const std::byte> from) {
     std::memcpy(data_ + offset, from.data(), from.size());
     return Status::Ok();
   }
-  return cuda::CopySync(data_ + offset, from.data(), from.size());
+  return gpu::CopySync(data_ + offset, from.data(), from.size());
 }
 
 Status Buffer::Read(uint64_t offset, std::span<std::byte> to) const {
@@ -62,7 +62,7 @@ Status Buffer::Read(uint64_t offset, std::span<std::byte> to) const {
     std::memcpy(to.data(), data_ + offset, to.size());
     return Status::Ok();
   }
-  return cuda::CopySync(to.data(), data_ + offset, to.size());
+  return gpu::CopySync(to.data(), data_ + offset, to.size());
 }
 
 void DeregisterAndFree(Engine& engine, const MemoryDesc& desc, std::unique_ptr<Buffer>& buffer) {

@@ -26,17 +26,13 @@
 
 #include "commands.h"
 #include "embed_flags.h"
-#include "embed/config.h"
-#include "embed/gather.h"
-#include "embed/row_ids.h"
-#include "embed/service/client.h"
-#include "embed/service/gpu_ops.h"
-#include "embed/service/protocol.h"
 #include "embed/service/served_layers.h"
 #include "embed/service/stats_query.h"
 #include "embed/service/step_policy.h"
 #include "embed/service/step_stats.h"
-#include "embed/table.h"
+#include "ferry/embed.h"
+#include "ferry/embed_service.h"
+#include "ferry/gpu.h"
 
 namespace ferry::tools {
 namespace {
@@ -171,12 +167,20 @@ Result<std::vector<Baselines>> RunBaselines(const BenchFlags& f, const embed::Co
   for (auto& s : shapes) max_tokens = std::max(max_tokens, s.tokens);
   std::vector<uint8_t> dst(max_tokens * token_bytes), out(max_tokens * token_bytes);
   const uint64_t row_bytes = layers[0].table->row_bytes();
-  void *pinned = nullptr, *dev = nullptr, *stream = nullptr, *event = nullptr;
+  void *pinned = nullptr, *dev = nullptr;
+  std::unique_ptr<gpu::Stream> stream;
+  struct Free {
+    void** pinned;
+    void** dev;
+    ~Free() {
+      if (*dev != nullptr) (void)gpu::DeviceFree(*dev);
+      if (*pinned != nullptr) (void)gpu::PinnedFree(*pinned);
+    }
+  } free_buffers{&pinned, &dev};
   if (cuda) {
-    FERRY_ASSIGN_OR_RETURN(event, svc::gpu::EventCreate());
-    FERRY_ASSIGN_OR_RETURN(pinned, svc::gpu::HostAlloc(dst.size()));
-    FERRY_ASSIGN_OR_RETURN(dev, svc::gpu::Malloc(dst.size()));
-    FERRY_ASSIGN_OR_RETURN(stream, svc::gpu::StreamCreate());
+    FERRY_ASSIGN_OR_RETURN(stream, gpu::Stream::Create(0));
+    FERRY_ASSIGN_OR_RETURN(pinned, gpu::PinnedAlloc(dst.size()));
+    FERRY_ASSIGN_OR_RETURN(dev, gpu::DeviceAlloc(0, dst.size()));
   }
   std::vector<Baselines> result;
   for (const StepShape& s : shapes) {
@@ -204,9 +208,8 @@ Result<std::vector<Baselines>> RunBaselines(const BenchFlags& f, const embed::Co
     for (int it = 0; cuda && it < f.iters + 1; ++it) {
       auto t0 = Clock::now();
       for (int l = 0; l < f.layers; ++l)
-        FERRY_RETURN_IF_ERROR(svc::gpu::MemcpyAsync(dev, pinned, s.tokens * token_bytes, stream));
-      FERRY_RETURN_IF_ERROR(svc::gpu::EventRecord(event, stream));
-      FERRY_RETURN_IF_ERROR(svc::gpu::EventSpin(event, Deadline::After(std::chrono::seconds(30))));
+        FERRY_RETURN_IF_ERROR(stream->CopyAsync(dev, pinned, s.tokens * token_bytes));
+      FERRY_RETURN_IF_ERROR(stream->Sync(std::chrono::seconds(30)));
       if (it > 0) copy_ms.push_back(Ms(Clock::now() - t0));
     }
     Baselines b;
@@ -215,10 +218,6 @@ Result<std::vector<Baselines>> RunBaselines(const BenchFlags& f, const embed::Co
     if (cuda) b.copy_ms = Summarize(copy_ms).median_ms;
     result.push_back(b);
   }
-  if (event != nullptr) (void)svc::gpu::EventDestroy(event);
-  if (stream != nullptr) (void)svc::gpu::StreamDestroy(stream);
-  if (dev != nullptr) (void)svc::gpu::Free(dev);
-  if (pinned != nullptr) (void)svc::gpu::HostFree(pinned);
   return result;
 }
 
@@ -266,25 +265,14 @@ Result<std::vector<ServiceRun>> RunService(const BenchFlags& f, const embed::Con
     ranks.push_back(std::move(r));
   }
   svc::Client* client = ranks[0].get();
-  void* stream = nullptr;
+  std::unique_ptr<gpu::Stream> gpu_stream;
   if (cuda) {
-    FERRY_ASSIGN_OR_RETURN(stream, svc::gpu::StreamCreate());
+    FERRY_ASSIGN_OR_RETURN(gpu_stream, gpu::Stream::Create(0));
   }
-  void* event = nullptr;
-  if (cuda) {
-    FERRY_ASSIGN_OR_RETURN(event, svc::gpu::EventCreate());
-  }
-  struct StreamGuard {
-    void *s, *e;
-    ~StreamGuard() {
-      if (e != nullptr) (void)svc::gpu::EventDestroy(e);
-      if (s != nullptr) (void)svc::gpu::StreamDestroy(s);
-    }
-  } guard{stream, event};
+  void* stream = gpu_stream ? gpu_stream->handle() : nullptr;
   // The stream's work done, seen within a few microseconds (no sleeping poll).
   auto sync = [&](Clock::duration d) -> Status {
-    FERRY_RETURN_IF_ERROR(svc::gpu::EventRecord(event, stream));
-    return svc::gpu::EventSpin(event, Deadline::After(d));
+    return gpu_stream->Sync(std::chrono::duration_cast<std::chrono::nanoseconds>(d));
   };
   const Clock::duration kWait = std::chrono::seconds(30);
   // auto: its probes (both paths, a few steps each) run before the timed steps.

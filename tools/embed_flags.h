@@ -1,5 +1,5 @@
 // The model flags shared by `ferry embed-serve` and `ferry bench-embed` (the n-gram layout of
-// embed/config.h): one declaration of the options, their defaults (the model ferry serves:
+// ferry/embed.h): one declaration of the options, their defaults (the model ferry serves:
 // V 248320, N 3, H 8, E 2560, B 20,000,000, P 128, S 1234), and the arguments that hand the
 // same values to a spawned embed-serve.
 #pragma once
@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "embed/config.h"
+#include "ferry/embed.h"
 #include "ferry/status.h"
 
 namespace ferry::tools {

@@ -23,17 +23,15 @@
 #include <string>
 #include <vector>
 
-#include "base/thread_pool.h"
 #include "commands.h"
 #include "embed_flags.h"
-#include "embed/config.h"
-#include "embed/gather.h"
-#include "embed/service/protocol.h"
 #include "embed/service/served_layers.h"
 #include "embed/service/server.h"
 #include "embed/service/step_policy.h"
 #include "embed/service/step_stats.h"
 #include "embed/service/unix_socket.h"
+#include "ferry/embed.h"
+#include "ferry/embed_service.h"
 
 namespace ferry::tools {
 namespace {
@@ -142,8 +140,7 @@ Status Serve(const ServeFlags& f) {
   std::vector<embed::service::ServedLayer> layers;
   Status pinned;
   {
-    FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ThreadPool> pool,
-                           ThreadPool::Create(f.threads, "embed-fill"));
+    FERRY_ASSIGN_OR_RETURN(embed::Workers pool, embed::MakeWorkers(f.threads, "embed-fill"));
     Result<std::vector<embed::service::ServedLayer>> made = embed::service::MakeServedLayers(
         c, f.layers, dtype, f.tables, f.synthetic_rows, pool.get(),
         uva == embed::service::UvaMode::kOff ? nullptr : &pinned);

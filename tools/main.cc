@@ -4,9 +4,9 @@
 
 #include <cstdlib>
 
-#include "base/log.h"
 #include "commands.h"
 #include "ferry/engine.h"
+#include "ferry/log.h"
 #include "ferry/status.h"
 
 namespace ferry::tools {

@@ -6,11 +6,12 @@
 
 #include <string_view>
 
+#include "ferry/log.h"
+
 namespace ferry {
 
 spdlog::logger& Log();
-// "trace", "debug", "info", "warn", "error", "off"; unknown names keep the current level.
-void SetLogLevel(std::string_view level);
+// SetLogLevel: ferry/log.h.
 
 }  // namespace ferry
 

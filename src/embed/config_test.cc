@@ -4,7 +4,7 @@
 
 #include <random>
 
-#include "embed/fastmod.h"
+#include "ferry/embed.h"
 #include "embed/primes.h"
 
 namespace ferry::embed {

@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "base/thread_pool.h"
 #include "embed/parallel.h"
+#include "embed/row_ids.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -156,6 +158,20 @@ Result<std::unique_ptr<Gatherer>> Gatherer::Create(const GatherOptions& options)
 }
 
 Gatherer::Gatherer(const GatherOptions& options) : options_(options) {}
+Gatherer::~Gatherer() = default;
+
+static_assert(kMaxGatherThreads == ThreadPool::kMaxThreads);
+
+void WorkersDeleter::operator()(ThreadPool* pool) const { delete pool; }
+
+Result<Workers> MakeWorkers(int threads, const std::string& name) {
+  if (threads < 1 || threads > kMaxGatherThreads)
+    return Status(Code::kInvalidArgument, "threads must be in [1, " +
+                                              std::to_string(kMaxGatherThreads) + "], not " +
+                                              std::to_string(threads));
+  FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ThreadPool> pool, ThreadPool::Create(threads, name));
+  return Workers(pool.release());
+}
 
 Status Gatherer::Gather(const Table& table, int heads, std::span<const uint64_t> row_ids,
                         std::span<uint8_t> dst, const ChunkDone& on_chunk) {

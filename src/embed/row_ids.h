@@ -35,29 +35,16 @@
 
 #include "base/thread_pool.h"
 #include "embed/config.h"
+#include "ferry/embed.h"
 #include "ferry/status.h"
 
 namespace ferry::embed {
 
-inline constexpr uint64_t kPaddingRow = ~0ull;
+// StepInput, kPaddingRow, ValidateStep and ComputeRowIds: ferry/embed.h.
 
-struct StepInput {
-  std::span<const int32_t> tokens;
-  std::span<const int32_t> query_start_loc;
-  std::span<const int32_t> ngram_context;
-
-  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
-  int64_t num_reqs() const { return static_cast<int64_t>(query_start_loc.size()) - 1; }
-};
-
-// Checks `in` against `layout` (sizes, query starts, ids); the errors listed above.
-Status ValidateStep(const Layout& layout, const StepInput& in);
-
-// Fills row_ids[num_tokens * G]. Steps of at least kParallelTokens tokens are split into
-// token ranges run on `pool` (and the calling thread) when pool is not null.
+// ComputeRowIds splits steps of at least kParallelTokens tokens into token ranges run on its
+// pool (and the calling thread).
 inline constexpr int64_t kParallelTokens = 2048;
-Status ComputeRowIds(const Layout& layout, const StepInput& in, std::span<uint64_t> row_ids,
-                     ThreadPool* pool = nullptr);
 
 // The row ids of tokens [begin, end) of a validated step (no checks; used by ComputeRowIds
 // and by callers that interleave id computation with gathering).

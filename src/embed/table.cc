@@ -1,4 +1,4 @@
-#include "embed/table.h"
+#include "ferry/embed.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,7 +11,9 @@
 #include <cstring>
 #include <thread>
 
+#include "base/thread_pool.h"
 #include "cuda/runtime.h"
+#include "embed/config.h"
 #include "embed/parallel.h"
 #include "embed/safetensors.h"
 

@@ -5,9 +5,13 @@
 #include <vector>
 
 #include "cuda/runtime.h"
+#include "cuda/stream_ops.h"
 
 namespace ferry::embed {
 namespace {
+
+using cuda::UvaHead;
+using cuda::UvaStepArgs;
 
 Status CudaError(int error, const char* what) {
   if (error == 0) return Status::Ok();
@@ -37,7 +41,7 @@ UvaStepArgs UvaBaseArgs(const Layout& layout, const Table& table, const UvaHead*
   a.ngram = layout.ngram_size();
   a.vocab_size = layout.config().vocab_size;
   a.eos = static_cast<uint64_t>(layout.config().eos_id);
-  for (int k = 0; k < layout.ngram_size() && k < kUvaMaxNgram; ++k)
+  for (int k = 0; k < layout.ngram_size() && k < cuda::kUvaMaxNgram; ++k)
     a.multipliers[k] = layout.multipliers()[k];
   a.error = error;
   return a;
@@ -55,9 +59,9 @@ Result<std::unique_ptr<UvaGatherer>> UvaGatherer::Create(const Layout& layout, c
   FERRY_ASSIGN_OR_RETURN(uint64_t row_bytes, RowBytes(table.dtype(), layout.head_dim()));
   if (row_bytes != table.row_bytes() || table.rows() < layout.used_rows())
     return Status(Code::kInvalidArgument, "the table does not fit the layout");
-  if (layout.ngram_size() > kUvaMaxNgram)
+  if (layout.ngram_size() > cuda::kUvaMaxNgram)
     return Status(Code::kInvalidArgument,
-                  "the UVA kernel takes ngram_size <= " + std::to_string(kUvaMaxNgram));
+                  "the UVA kernel takes ngram_size <= " + std::to_string(cuda::kUvaMaxNgram));
 
   auto g = std::unique_ptr<UvaGatherer>(new UvaGatherer());
   g->device_ = device;
@@ -90,17 +94,18 @@ Status UvaGatherer::Enqueue(const DeviceStep& step, void* dst, void* stream) {
   a.num_tokens = step.num_tokens;
   a.num_reqs = step.num_reqs;
   a.dst = static_cast<uint8_t*>(dst);
-  return CudaError(LaunchUvaGather(a, static_cast<CUstream_st*>(stream)), "the UVA gather launch");
+  return CudaError(cuda::LaunchUvaGather(a, static_cast<CUstream_st*>(stream)),
+                   "the UVA gather launch");
 }
 
 Status UvaGatherer::CheckErrors() {
   int32_t error = 0;
   FERRY_RETURN_IF_ERROR(cuda::CopySync(&error, error_, sizeof(error)));
-  if (error == kUvaOk) return Status::Ok();
+  if (error == cuda::kUvaOk) return Status::Ok();
   FERRY_RETURN_IF_ERROR(cuda::MemsetSync(error_, 0, sizeof(int32_t)));
-  if (error == kUvaIdOutOfRange)
+  if (error == cuda::kUvaIdOutOfRange)
     return Status(Code::kOutOfRange, "a token id of the step is outside the vocabulary");
-  if (error == kUvaQueryStartPastEnd)
+  if (error == cuda::kUvaQueryStartPastEnd)
     return Status(Code::kOutOfRange, "the step's last query start is past its tokens");
   return Status(Code::kInvalidArgument, "the step's query start locations are not sound");
 }
@@ -121,7 +126,7 @@ Status UvaGatherer::GatherSync(const StepInput& in, void* dst) {
   if (s.ok() && n_ctx) s = cuda::CopySync(d + n_tok + n_qsl, in.ngram_context.data(), n_ctx * 4);
   DeviceStep step{d, d + n_tok, d + n_tok + n_qsl, static_cast<int64_t>(n_tok), in.num_reqs()};
   if (s.ok()) s = Enqueue(step, dst, nullptr);
-  if (s.ok()) s = CudaError(SynchronizeUvaStream(nullptr), "cudaStreamSynchronize");
+  if (s.ok()) s = cuda::StreamSync(nullptr, Deadline());  // the legacy default stream
   if (s.ok()) s = CheckErrors();
   (void)cuda::Free(buf);
   return s;

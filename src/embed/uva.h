@@ -20,10 +20,10 @@
 #include <memory>
 #include <vector>
 
+#include "cuda/uva_kernels.h"
 #include "embed/config.h"
 #include "embed/row_ids.h"
-#include "embed/table.h"
-#include "embed/uva_kernels.h"
+#include "ferry/embed.h"
 #include "ferry/status.h"
 
 namespace ferry::embed {
@@ -39,14 +39,14 @@ struct DeviceStep {
 // The kernel's per-head constants and the fields of its arguments that come from the layout
 // and the table (`heads` and `error` are where the kernel finds them). Used by UvaGatherer and
 // by the host test of the kernel's logic.
-std::vector<UvaHead> UvaHeads(const Layout& layout);
-UvaStepArgs UvaBaseArgs(const Layout& layout, const Table& table, const UvaHead* heads,
-                        int32_t* error);
+std::vector<cuda::UvaHead> UvaHeads(const Layout& layout);
+cuda::UvaStepArgs UvaBaseArgs(const Layout& layout, const Table& table,
+                              const cuda::UvaHead* heads, int32_t* error);
 
 class UvaGatherer {
  public:
   // kFailedPrecondition without a GPU or when the table is not pinned; kInvalidArgument when
-  // the table is several segments, does not fit the layout, or N > kUvaMaxNgram.
+  // the table is several segments, does not fit the layout, or N > cuda::kUvaMaxNgram.
   static Result<std::unique_ptr<UvaGatherer>> Create(const Layout& layout, const Table& table,
                                                      int device = 0);
   ~UvaGatherer();
@@ -64,9 +64,9 @@ class UvaGatherer {
 
  private:
   UvaGatherer() = default;
-  UvaStepArgs base_{};  // the layout's and table's fields
+  cuda::UvaStepArgs base_{};  // the layout's and table's fields
   int device_ = 0;
-  UvaHead* heads_ = nullptr;  // device memory
+  cuda::UvaHead* heads_ = nullptr;  // device memory
   int32_t* error_ = nullptr;  // device memory
 };
 

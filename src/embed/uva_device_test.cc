@@ -1,6 +1,6 @@
 // The UVA kernel's per-token logic (uva_device.h), run on the host: its row ids must equal
 // ComputeRowIds', and unsound inputs must never make it read outside them (run under ASan).
-#include "embed/uva_device.h"
+#include "cuda/uva_device.h"
 
 #include <gtest/gtest.h>
 
@@ -12,6 +12,11 @@
 
 namespace ferry::embed {
 namespace {
+
+using cuda::kUvaMaxNgram;
+using cuda::UvaHead;
+using cuda::UvaStepArgs;
+namespace uva = cuda::uva;
 
 struct Step {
   std::vector<int32_t> tokens, qsl, ctx;

@@ -29,25 +29,15 @@
 #include <vector>
 
 #include "embed/service/step_stats.h"
+#include "ferry/embed_service.h"
 #include "ferry/status.h"
 
 namespace ferry::embed::service {
 
 inline constexpr uint64_t kProtocolVersion = 1;
 
-inline constexpr uint32_t kFlagReset = 0;
-inline constexpr uint32_t kFlagDone = 1;
-inline constexpr uint32_t kFlagFailed = 2;
-
-// Limits every decoder enforces.
-inline constexpr uint64_t kMaxDpRanks = 1024;
-inline constexpr uint64_t kMaxTpSize = 64;
-inline constexpr uint64_t kMaxLayers = 256;
-inline constexpr uint64_t kMaxLayerIndex = 4096;
-inline constexpr uint64_t kMaxTokens = 1u << 20;
-inline constexpr uint64_t kMaxRequests = 1u << 16;
-inline constexpr uint64_t kMaxContext = 15;
-inline constexpr uint64_t kMaxTokenBytes = 1u << 20;
+// The flag values, the limits of counts and sizes and OutputMode: ferry/embed_service.h.
+// Further limits every decoder enforces.
 inline constexpr size_t kMaxStatusMessage = 4096;
 inline constexpr size_t kCudaIpcHandleBytes = 64;
 
@@ -58,12 +48,6 @@ enum class MessageType : uint8_t {
   kReply = 4,
   kStatsRequest = 5,
   kStats = 6,
-};
-
-// Where a client's outputs and flags live.
-enum class OutputMode : uint8_t {
-  kHost = 0,  // in the outputs memfd (the CPU-only mode)
-  kCuda = 1,  // in device memory, reached through CUDA IPC handles
 };
 
 // One layer's output buffer (max_tokens x token_bytes) and flag word of one client.

@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "embed/table.h"
+#include "ferry/embed.h"
 
 namespace ferry::embed::service {
 namespace {

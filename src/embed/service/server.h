@@ -47,7 +47,7 @@
 #include "embed/gather.h"
 #include "embed/service/step_policy.h"
 #include "embed/service/step_stats.h"
-#include "embed/table.h"
+#include "ferry/embed.h"
 #include "ferry/status.h"
 
 namespace ferry::embed::service {

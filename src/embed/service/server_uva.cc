@@ -8,7 +8,8 @@
 #include <cstring>
 
 #include "base/log.h"
-#include "embed/service/gpu_ops.h"
+#include "cuda/runtime.h"
+#include "cuda/stream_ops.h"
 #include "embed/service/server_internal.h"
 
 namespace ferry::embed::service {
@@ -23,11 +24,11 @@ namespace {
 
 // Frees everything (on its device); the state can be set up again.
 void Release(UvaState& u) {
-  if (u.device >= 0) (void)gpu::SetDevice(u.device);
+  if (u.device >= 0) (void)cuda::SetDevice(u.device);
   u.gatherers.clear();
-  if (u.dev_inputs != nullptr) (void)gpu::Free(u.dev_inputs);
-  if (u.host_inputs != nullptr) (void)gpu::HostFree(u.host_inputs);
-  if (u.event != nullptr) (void)gpu::EventDestroy(u.event);
+  if (u.dev_inputs != nullptr) (void)cuda::Free(u.dev_inputs);
+  if (u.host_inputs != nullptr) (void)cuda::HostFree(u.host_inputs);
+  if (u.event != nullptr) (void)cuda::EventDestroy(u.event);
   u.dev_inputs = u.host_inputs = nullptr;
   u.event = nullptr;
   u.capacity = 0;
@@ -40,22 +41,22 @@ void Release(UvaState& u) {
 Status SetUp(UvaState& u, const Register& reg, int device) {
   if (u.device != device) Release(u);
   u.device = device;
-  FERRY_RETURN_IF_ERROR(gpu::SetDevice(device));
+  FERRY_RETURN_IF_ERROR(cuda::SetDevice(device));
   const size_t want = reg.max_tokens + reg.max_reqs + 1 + reg.max_reqs * reg.context_len;
   if (u.capacity < want) {
-    if (u.dev_inputs != nullptr) (void)gpu::Free(u.dev_inputs);
-    if (u.host_inputs != nullptr) (void)gpu::HostFree(u.host_inputs);
+    if (u.dev_inputs != nullptr) (void)cuda::Free(u.dev_inputs);
+    if (u.host_inputs != nullptr) (void)cuda::HostFree(u.host_inputs);
     u.dev_inputs = u.host_inputs = nullptr;
     u.capacity = 0;
-    FERRY_ASSIGN_OR_RETURN(void* d, gpu::Malloc(want * 4));
+    FERRY_ASSIGN_OR_RETURN(void* d, cuda::Malloc(device, want * 4));
     u.dev_inputs = static_cast<int32_t*>(d);
-    FERRY_ASSIGN_OR_RETURN(void* h, gpu::HostAlloc(want * 4));
+    FERRY_ASSIGN_OR_RETURN(void* h, cuda::HostAlloc(want * 4));
     u.host_inputs = static_cast<int32_t*>(h);
     u.capacity = want;
     u.uploaded_for = 0;
   }
   if (u.event == nullptr) {
-    FERRY_ASSIGN_OR_RETURN(u.event, gpu::EventCreate());
+    FERRY_ASSIGN_OR_RETURN(u.event, cuda::EventCreate());
   }
   return Status::Ok();
 }
@@ -96,7 +97,7 @@ Status Server::Impl::UvaLayer(Group& g, const std::vector<std::shared_ptr<Member
                               Clock::time_point* last_copy, uint64_t* copies) {
   UvaState& u = g.uva;
   OutputSink& s0 = *members[0]->sink;
-  FERRY_RETURN_IF_ERROR(gpu::SetDevice(u.device));
+  FERRY_RETURN_IF_ERROR(cuda::SetDevice(u.device));
   const size_t n_tok = in.tokens.size(), n_qsl = in.query_start_loc.size(),
                n_ctx = in.ngram_context.size();
   if (n_tok + n_qsl + n_ctx > u.capacity)
@@ -108,7 +109,7 @@ Status Server::Impl::UvaLayer(Group& g, const std::vector<std::shared_ptr<Member
     std::memcpy(h + n_tok, in.query_start_loc.data(), n_qsl * 4);
     if (n_ctx) std::memcpy(h + n_tok + n_qsl, in.ngram_context.data(), n_ctx * 4);
     FERRY_RETURN_IF_ERROR(
-        gpu::MemcpyAsync(u.dev_inputs, h, (n_tok + n_qsl + n_ctx) * 4, s0.stream()));
+        cuda::MemcpyAsync(u.dev_inputs, h, (n_tok + n_qsl + n_ctx) * 4, s0.stream()));
     u.uploaded_for = g.serial;
   }
   const int32_t* d = u.dev_inputs;
@@ -123,9 +124,9 @@ Status Server::Impl::UvaLayer(Group& g, const std::vector<std::shared_ptr<Member
     const size_t bytes = n_tok * members[0]->reg.token_bytes;
     for (size_t i = 1; i < members.size(); ++i)
       FERRY_RETURN_IF_ERROR(
-          gpu::MemcpyAsync(members[i]->sink->device_output(slot), out, bytes, s0.stream()));
+          cuda::MemcpyAsync(members[i]->sink->device_output(slot), out, bytes, s0.stream()));
     *copies = members.size() - 1;
-    FERRY_RETURN_IF_ERROR(gpu::EventRecord(u.event, s0.stream()));
+    FERRY_RETURN_IF_ERROR(cuda::EventRecord(u.event, s0.stream()));
     for (size_t i = 1; i < members.size(); ++i)
       FERRY_RETURN_IF_ERROR(members[i]->sink->WaitEvent(u.event));
   }
@@ -136,7 +137,7 @@ Status Server::Impl::UvaLayer(Group& g, const std::vector<std::shared_ptr<Member
 Status Server::Impl::UvaCheck(Group& g) {
   UvaState& u = g.uva;
   if (g.serial % kUvaCheckEvery != 1) return Status::Ok();
-  FERRY_RETURN_IF_ERROR(gpu::SetDevice(u.device));
+  FERRY_RETURN_IF_ERROR(cuda::SetDevice(u.device));
   for (auto& [index, k] : u.gatherers) FERRY_RETURN_IF_ERROR(k->CheckErrors());
   return Status::Ok();
 }

@@ -1,5 +1,6 @@
-// Client: a GPU worker's side of the embedding-offload protocol (the seed's
-// PleOffloadConnector role), one per data-parallel x tensor-parallel rank.
+// The embedding-offload client: a GPU worker's side of the protocol it speaks with
+// `ferry embed-serve` (the role of vLLM's PleOffloadConnector), one Client per data-parallel x
+// tensor-parallel rank, and the protocol's limits and flag values that a worker needs.
 //
 // Create() allocates the shared memory (the inputs on tensor-parallel rank 0; in host mode the
 // per-layer outputs and flags too), connects to the service and registers. Then, per forward:
@@ -35,10 +36,34 @@
 #include <string>
 #include <vector>
 
-#include "embed/service/protocol.h"
 #include "ferry/status.h"
 
 namespace ferry::embed::service {
+
+// The version of the wire protocol this build speaks (the first element of every message).
+uint64_t ProtocolVersion();
+
+// Flag words (uint32) hold kFlagReset, kFlagDone or kFlagFailed; a waiter waits for
+// >= kFlagDone, so a failed step never leaves it blocked.
+inline constexpr uint32_t kFlagReset = 0;
+inline constexpr uint32_t kFlagDone = 1;
+inline constexpr uint32_t kFlagFailed = 2;
+
+// Limits of the protocol, which every decoder enforces (and ClientOptions must respect).
+inline constexpr uint64_t kMaxDpRanks = 1024;
+inline constexpr uint64_t kMaxTpSize = 64;
+inline constexpr uint64_t kMaxLayers = 256;
+inline constexpr uint64_t kMaxLayerIndex = 4096;
+inline constexpr uint64_t kMaxTokens = 1u << 20;
+inline constexpr uint64_t kMaxRequests = 1u << 16;
+inline constexpr uint64_t kMaxContext = 15;
+inline constexpr uint64_t kMaxTokenBytes = 1u << 20;
+
+// Where a client's outputs and flags live.
+enum class OutputMode : uint8_t {
+  kHost = 0,  // in the outputs memfd (the CPU-only mode)
+  kCuda = 1,  // in device memory, reached through CUDA IPC handles
+};
 
 // The longest connect_timeout and step_timeout ClientOptions may hold.
 inline constexpr std::chrono::seconds kMaxClientTimeout{24 * 3600};

@@ -1,22 +1,16 @@
-// gpu_ops.h in a build without CUDA: every call reports kUnsupported.
-#include "embed/service/gpu_ops.h"
+// stream_ops.h in a build without CUDA: every call reports kUnsupported.
+#include "cuda/stream_ops.h"
 
-namespace ferry::embed::service::gpu {
+namespace ferry::cuda {
 namespace {
-Status No() { return Status(Code::kUnsupported, "this build of ferry has no CUDA"); }
+Status No() { return Status(Code::kUnsupported, "ferry was built without CUDA"); }
 }  // namespace
 
-bool Usable(std::string* reason) {
-  if (reason) *reason = "this build of ferry has no CUDA";
+bool StreamOpsUsable(std::string* reason) {
+  if (reason) *reason = "ferry was built without CUDA";
   return false;
 }
 Status SetDevice(int) { return No(); }
-Result<void*> Malloc(size_t) { return No(); }
-Status Free(void*) { return No(); }
-Status IpcHandleOf(void*, std::string*, uint64_t*) { return No(); }
-Result<void*> IpcOpen(const std::string&) { return No(); }
-Status IpcClose(void*) { return No(); }
-Result<uint64_t> AllocationBytes(void*) { return No(); }
 Result<void*> StreamCreate() { return No(); }
 Status StreamDestroy(void*) { return No(); }
 Status StreamSync(void*, Deadline) { return No(); }
@@ -33,4 +27,4 @@ Status MemsetAsync(void*, int, size_t, void*) { return No(); }
 Status StreamWaitGeq(void*, uint32_t*, uint32_t) { return No(); }
 Status StreamWrite(void*, uint32_t*, uint32_t) { return No(); }
 
-}  // namespace ferry::embed::service::gpu
+}  // namespace ferry::cuda

@@ -1,11 +1,12 @@
 // The per-token logic of the UVA kernel, shared by the kernel (nvcc, device code) and a host
-// test that checks it against the CPU path on machines without a GPU (uva_device_test.cc).
+// test that checks it against the CPU path on machines without a GPU
+// (src/embed/uva_device_test.cc).
 // Plain functions of UvaStepArgs; every read is bounds-checked against the step's sizes.
 #pragma once
 
 #include <cstdint>
 
-#include "embed/uva_kernels.h"
+#include "cuda/uva_kernels.h"
 
 #if defined(__CUDACC__)
 #define FERRY_HD __host__ __device__ __forceinline__
@@ -13,7 +14,7 @@
 #define FERRY_HD inline
 #endif
 
-namespace ferry::embed::uva {
+namespace ferry::cuda::uva {
 
 inline constexpr uint64_t kNoRow = ~0ull;
 
@@ -75,4 +76,4 @@ FERRY_HD uint64_t RowId(const UvaStepArgs& a, int64_t t, int64_t r, int64_t i, i
   return Mod(mix, a.heads[h]) + a.heads[h].offset;
 }
 
-}  // namespace ferry::embed::uva
+}  // namespace ferry::cuda::uva

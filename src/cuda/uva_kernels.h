@@ -1,13 +1,16 @@
-// The UVA-mode kernel: row ids (bit-exact with RowIdsOfRange) and row gathering on the GPU,
-// reading rows straight from page-locked host memory. The interface holds no CUDA type so
-// that plain C++ files can include it; uva.h is the API.
+// The UVA-mode kernel of the embedding offload: row ids (bit-exact with embed's
+// RowIdsOfRange) and row gathering on the GPU, reading rows straight from page-locked host
+// memory. The interface holds no CUDA type so that plain C++ files can include it;
+// src/embed/uva.h is the API. Without CUDA (uva_kernels_none.cc) the launch fails.
+//
+// Thread safety: launches may be made from any thread; a launch's order is its stream's.
 #pragma once
 
 #include <cstdint>
 
 struct CUstream_st;  // cudaStream_t is CUstream_st*
 
-namespace ferry::embed {
+namespace ferry::cuda {
 
 inline constexpr int kUvaMaxNgram = 16;
 
@@ -50,7 +53,5 @@ struct UvaStepArgs {
 
 // Enqueues the kernel on `stream`; returns the launch's cudaError_t (0 = success).
 int LaunchUvaGather(const UvaStepArgs& args, CUstream_st* stream);
-// cudaStreamSynchronize(stream); returns its cudaError_t.
-int SynchronizeUvaStream(CUstream_st* stream);
 
-}  // namespace ferry::embed
+}  // namespace ferry::cuda

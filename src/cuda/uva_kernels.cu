@@ -6,10 +6,10 @@
 // hoist the loads itself). Otherwise rows are copied one by one, bytewise.
 #include <cuda_runtime.h>
 
-#include "embed/uva_device.h"
-#include "embed/uva_kernels.h"
+#include "cuda/uva_device.h"
+#include "cuda/uva_kernels.h"
 
-namespace ferry::embed {
+namespace ferry::cuda {
 namespace {
 
 constexpr int kWarp = 32;
@@ -120,8 +120,4 @@ int LaunchUvaGather(const UvaStepArgs& args, CUstream_st* stream) {
   return static_cast<int>(cudaGetLastError());
 }
 
-int SynchronizeUvaStream(CUstream_st* stream) {
-  return static_cast<int>(cudaStreamSynchronize(stream));
-}
-
-}  // namespace ferry::embed
+}  // namespace ferry::cuda

@@ -1,0 +1,58 @@
+// GPU memory and streams for programs that hand ferry GPU buffers: the `ferry` CLI's
+// benchmarks and demos, examples and tests. Device memory, page-locked host memory, and a
+// stream with one completion event (for work that ferry's calls take a stream for, such as
+// the embedding client's, and for timing copies). In a build without CUDA, or on a machine
+// without a usable GPU, every call fails (kUnsupported or kFailedPrecondition) and
+// Available() is false with the reason.
+//
+// Thread safety: the free functions may be called from any thread; a Stream is used by one
+// thread at a time.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "ferry/status.h"
+
+namespace ferry::gpu {
+
+// True when a device can be used (with the stream memory operations ferry needs); otherwise
+// false, and why in *reason when it is not null.
+bool Available(std::string* reason = nullptr);
+
+// Device memory on `device`.
+Result<void*> DeviceAlloc(int device, size_t bytes);
+Status DeviceFree(void* ptr);
+// Synchronous copies in any direction (unified addressing) and device memsets.
+Status CopySync(void* dst, const void* src, size_t bytes);
+Status MemsetSync(void* ptr, int value, size_t bytes);
+// Page-locked host memory: copies between it and a device are asynchronous.
+Result<void*> PinnedAlloc(size_t bytes);
+Status PinnedFree(void* ptr);
+
+// A CUDA stream (non-blocking with respect to the legacy default stream) on one device.
+class Stream {
+ public:
+  static Result<std::unique_ptr<Stream>> Create(int device);
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  // The cudaStream_t, for ferry calls that take a stream.
+  void* handle() const;
+  // Enqueues a copy (any direction) on the stream.
+  Status CopyAsync(void* dst, const void* src, size_t bytes);
+  // Waits until the work enqueued so far is done, spinning (no sleep, so the completion is seen
+  // within microseconds), or kDeadlineExceeded after `timeout`.
+  Status Sync(std::chrono::nanoseconds timeout);
+
+ private:
+  Stream(int device, void* stream, void* event);
+  int device_;
+  void* stream_;
+  void* event_;
+};
+
+}  // namespace ferry::gpu
