@@ -13,12 +13,12 @@ Status Conn::Send(const Header& h, std::string_view payload, std::span<const int
   if (failed()) return failure();
   std::string bytes = Encode(h, payload);
   std::lock_guard<std::mutex> lock(send_mu_);
-  return Sent(SendMessage(fd_, bytes, pass_fds, Deadline::After(send_timeout_)));
+  return Sent(os::SendMessage(fd_, bytes, pass_fds, Deadline::After(send_timeout_)));
 }
 
 Status Conn::TrySend(const Header& h) {
   if (failed()) return failure();
-  Status s = SendMessage(fd_, Encode(h), {}, Deadline::After(Clock::duration::zero()));
+  Status s = os::SendMessage(fd_, Encode(h), {}, Deadline::After(Clock::duration::zero()));
   if (s.code() == Code::kDeadlineExceeded) return Status(Code::kResourceExhausted, "the peer's socket is full");
   return Sent(std::move(s));
 }
@@ -196,7 +196,7 @@ void Conn::WakePeer() {
   h.type = MsgType::kWake;
   // Without waiting: a full socket holds messages enough to wake the peer anyway, and a peer
   // that is gone is noticed by the I/O thread.
-  (void)SendMessage(fd_, Encode(h), {}, Deadline::After(Clock::duration::zero()));
+  (void)os::SendMessage(fd_, Encode(h), {}, Deadline::After(Clock::duration::zero()));
 }
 
 void Conn::RevokeSlot(uint64_t region) {

@@ -46,7 +46,7 @@ TEST(ShmConn, TrySendReportsAFullSocketAtOnceAndKeepsTheConnection) {
   EXPECT_FALSE(p.conn->failed());
 
   // The peer reads one: the next ack goes, and the peer sees them in order.
-  auto first = ReceiveMessage(p.peer, kHeaderBytes + 64);
+  auto first = os::ReceiveMessage(p.peer, kHeaderBytes + 64);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   auto h = DecodeHeader(first->bytes.data(), first->bytes.size());
   ASSERT_TRUE(h.ok()) << h.status().ToString();

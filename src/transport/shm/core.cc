@@ -48,7 +48,8 @@ Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx) {
   if (threads > 1) { FERRY_ASSIGN_OR_RETURN(core->pool_, ThreadPool::Create(threads, "ferry-shm")); }
   FERRY_ASSIGN_OR_RETURN(core->table_, RevocationTable::Create());
   core->socket_name_ = RandomName();
-  FERRY_ASSIGN_OR_RETURN(core->listen_fd_, ListenAbstract(core->socket_name_));
+  FERRY_ASSIGN_OR_RETURN(os::UniqueFd listen_fd, os::ListenUnix(os::UnixAddress::Abstract(core->socket_name_)));
+  core->listen_fd_ = listen_fd.release();
   core->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (core->wake_fd_ < 0) return Status(Code::kUnavailable, "eventfd failed");
   try {
@@ -171,13 +172,13 @@ void Core::Deregister(const Region& region) {
 
 Result<std::shared_ptr<Conn>> Core::Dial(const std::string& peer_key, const std::string& name) {
   if (stopping_.load()) return Status(Code::kAborted, "the shm transport was shut down");
-  FERRY_ASSIGN_OR_RETURN(int fd, DialAbstract(name));
-  auto uid = PeerUid(fd);
-  if (!uid.ok() || *uid != getuid()) {
-    close(fd);
+  // No retry: the peer listens from before it was described.
+  const Deadline now = Deadline::At(Clock::time_point::min());
+  FERRY_ASSIGN_OR_RETURN(os::UniqueFd fd, os::ConnectUnix(os::UnixAddress::Abstract(name), now));
+  auto uid = os::PeerUid(fd.get());
+  if (!uid.ok() || *uid != getuid())
     return Status(Code::kUnavailable, "the shm socket of " + peer_key + " belongs to another user");
-  }
-  auto conn = std::make_shared<Conn>(fd, Conn::Role::kInitiator, peer_key, kSendTimeout);
+  auto conn = std::make_shared<Conn>(fd.release(), Conn::Role::kInitiator, peer_key, kSendTimeout);
   Add(conn);
   Header hello;
   hello.type = MsgType::kHello;
@@ -220,15 +221,14 @@ void Core::Run() {
 
 void Core::Accept() {
   for (int i = 0; i < 16; ++i) {
-    auto fd = AcceptOne(listen_fd_);
+    auto fd = os::AcceptUnix(listen_fd_);
     if (!fd.ok()) return;
-    auto uid = PeerUid(*fd);
+    auto uid = os::PeerUid(fd->get());
     if (!uid.ok() || *uid != getuid()) {
       Reject("connection from another user");
-      close(*fd);
-      continue;
+      continue;  // `fd` closes itself
     }
-    Add(std::make_shared<Conn>(*fd, Conn::Role::kTarget, "(unnamed)", kSendTimeout));
+    Add(std::make_shared<Conn>(fd->release(), Conn::Role::kTarget, "(unnamed)", kSendTimeout));
   }
 }
 
@@ -246,7 +246,7 @@ void Core::Drop(const std::shared_ptr<Conn>& conn, Status why) {
 void Core::Receive(const std::shared_ptr<Conn>& conn) {
   const size_t max_bytes = kHeaderBytes + kMaxKeyBytes;  // notifications travel in the ring
   for (int i = 0; i < 64 && !conn->failed(); ++i) {
-    auto msg = ReceiveMessage(conn->fd(), max_bytes);
+    auto msg = os::ReceiveMessage(conn->fd(), max_bytes);
     if (!msg.ok()) {
       if (msg.status().code() != Code::kInProgress) Drop(conn, msg.status());
       return;
@@ -255,13 +255,10 @@ void Core::Receive(const std::shared_ptr<Conn>& conn) {
   }
 }
 
-void Core::Handle(const std::shared_ptr<Conn>& conn, Received& msg) {
+void Core::Handle(const std::shared_ptr<Conn>& conn, os::Received& msg) {
   // Descriptors are expected only with a successful kOpenReply (two); any other is closed.
   int region_fd = -1, table_fd = -1;
-  auto close_fds = [&] {
-    for (int f : msg.fds) close(f);
-    msg.fds.clear();
-  };
+  auto close_fds = [&] { msg.fds.clear(); };
   auto m = Decode(msg.bytes.data(), msg.bytes.size());
   if (!m.ok() || msg.truncated) {
     close_fds();
@@ -275,8 +272,8 @@ void Core::Handle(const std::shared_ptr<Conn>& conn, Received& msg) {
                         : m->header.type == MsgType::kRing      ? 1
                                                                 : 0;
   if (wanted != 0 && msg.fds.size() == wanted) {
-    region_fd = msg.fds[0];
-    table_fd = wanted == 2 ? msg.fds[1] : -1;
+    region_fd = msg.fds[0].release();
+    table_fd = wanted == 2 ? msg.fds[1].release() : -1;
     msg.fds.clear();
   } else if (!msg.fds.empty() || wanted != 0) {
     close_fds();

@@ -30,10 +30,10 @@
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "base/unix_socket.h"
 #include "transport/shm/mapping.h"
 #include "transport/shm/revocation.h"
 #include "transport/shm/ring.h"
-#include "transport/shm/socket.h"
 #include "transport/shm/wire.h"
 #include "transport/transport.h"
 
@@ -166,7 +166,7 @@ class Core : public std::enable_shared_from_this<Core> {
   void Run();
   void Accept();
   void Receive(const std::shared_ptr<Conn>& conn);
-  void Handle(const std::shared_ptr<Conn>& conn, Received& msg);
+  void Handle(const std::shared_ptr<Conn>& conn, os::Received& msg);
   void HandleAtTarget(const std::shared_ptr<Conn>& conn, const Message& m);
   void HandleAtInitiator(const std::shared_ptr<Conn>& conn, const Message& m, int region_fd, int table_fd);
   void Drop(const std::shared_ptr<Conn>& conn, Status why);

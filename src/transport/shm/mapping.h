@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 
+#include "base/memory_file.h"
 #include "ferry/status.h"
 #include "transport/shm/revocation.h"
 
@@ -30,17 +31,14 @@ class Mapping {
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
 
-  std::byte* base() const { return base_; }
-  uint64_t size() const { return size_; }
+  std::byte* base() const { return mapping_.data(); }
+  uint64_t size() const { return mapping_.size(); }
   // Runs once the mapping is gone (after munmap).
   void OnUnmapped(std::function<void()> f) { on_unmapped_ = std::move(f); }
 
  private:
   Mapping() = default;
-  void* start_ = nullptr;
-  size_t length_ = 0;
-  std::byte* base_ = nullptr;
-  uint64_t size_ = 0;
+  os::SharedMapping mapping_;
   std::function<void()> on_unmapped_;
 };
 
