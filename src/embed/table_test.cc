@@ -1,4 +1,4 @@
-#include "embed/table.h"
+#include "ferry/embed.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

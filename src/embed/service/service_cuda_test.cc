@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "cuda/runtime.h"
-#include "embed/service/gpu_ops.h"
+#include "cuda/stream_ops.h"
 #include "embed/service/service_test_util.h"
 #include "embed/service/stats_query.h"
 
@@ -34,7 +34,7 @@ class EmbedServiceCudaTest : public ::testing::Test {
     ::unlink(ready.c_str());
     // Before the service starts: --uva always makes it refuse to start without a GPU.
     std::string reason;
-    if (!gpu::Usable(&reason)) GTEST_SKIP() << "no usable GPU: " << reason;
+    if (!cuda::StreamOpsUsable(&reason)) GTEST_SKIP() << "no usable GPU: " << reason;
     std::vector<std::string> args = {FERRY_BIN,
                                      "embed-serve",
                                      "--socket",
@@ -77,15 +77,15 @@ class EmbedServiceCudaTest : public ::testing::Test {
     for (int i = 0; i < 2000 && ::access(ready.c_str(), F_OK) != 0; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     ASSERT_EQ(::access(ready.c_str(), F_OK), 0) << FERRY_BIN << " embed-serve did not start";
-    ASSERT_TRUE(gpu::SetDevice(0).ok());
-    auto s = gpu::StreamCreate();
+    ASSERT_TRUE(cuda::SetDevice(0).ok());
+    auto s = cuda::StreamCreate();
     ASSERT_TRUE(s.ok());
     stream_ = *s;
   }
   // More `ferry embed-serve` flags (the default is --uva auto).
   virtual std::vector<std::string> ExtraArgs() const { return {}; }
   void TearDown() override {
-    if (stream_ != nullptr) (void)gpu::StreamDestroy(stream_);
+    if (stream_ != nullptr) (void)cuda::StreamDestroy(stream_);
     KillService();
   }
   void KillService() {
@@ -107,8 +107,8 @@ class EmbedServiceCudaTest : public ::testing::Test {
   // Copies the slot's device rows to a host client-shaped buffer and checks them.
   void ExpectDeviceRows(Client& c, size_t slot, const StepData& s) {
     std::vector<uint8_t> host(s.tokens.size() * kTokenBytes);
-    ASSERT_TRUE(gpu::MemcpyAsync(host.data(), c.device_output(slot), host.size(), stream_).ok());
-    ASSERT_TRUE(gpu::StreamSync(stream_, Deadline::After(std::chrono::seconds(10))).ok());
+    ASSERT_TRUE(cuda::MemcpyAsync(host.data(), c.device_output(slot), host.size(), stream_).ok());
+    ASSERT_TRUE(cuda::StreamSync(stream_, Deadline::After(std::chrono::seconds(10))).ok());
     Result<Layout> layout = Layout::Create(SmallConfig(static_cast<int>(kLayers[slot])));
     ASSERT_TRUE(layout.ok());
     const int G = layout->num_heads();
@@ -139,7 +139,7 @@ class EmbedServiceCudaTest : public ::testing::Test {
       }
     }
     for (Client* c : ranks) ASSERT_TRUE(c->ReleaseOutputs(stream_).ok());
-    ASSERT_TRUE(gpu::StreamSync(stream_, Deadline::After(std::chrono::seconds(10))).ok());
+    ASSERT_TRUE(cuda::StreamSync(stream_, Deadline::After(std::chrono::seconds(10))).ok());
   }
 
   std::string path_;
@@ -178,18 +178,18 @@ TEST_F(EmbedServiceCudaTest, DummyForwardOnTheStream) {
   ASSERT_TRUE(r0);
   ASSERT_TRUE(r0->PrepareForward(1, 16, true, stream_).ok());
   for (size_t slot = 0; slot < r0->slots(); ++slot) ASSERT_TRUE(r0->Wait(slot, stream_).ok());
-  ASSERT_TRUE(gpu::StreamSync(stream_, Deadline::After(std::chrono::seconds(10))).ok());
+  ASSERT_TRUE(cuda::StreamSync(stream_, Deadline::After(std::chrono::seconds(10))).ok());
   std::vector<uint8_t> host(16 * kTokenBytes, 0xff);
   ASSERT_TRUE(cuda::CopySync(host.data(), r0->device_output(2), host.size()).ok());
   for (uint8_t b : host) ASSERT_EQ(b, 0);
   EXPECT_EQ(r0->flag(0), kFlagDone);
   ASSERT_TRUE(r0->ReleaseOutputs(stream_).ok());
-  ASSERT_TRUE(gpu::StreamSync(stream_, Deadline::After(std::chrono::seconds(10))).ok());
+  ASSERT_TRUE(cuda::StreamSync(stream_, Deadline::After(std::chrono::seconds(10))).ok());
   EXPECT_EQ(r0->flag(0), kFlagReset);
 }
 
 TEST_F(EmbedServiceCudaTest, OutputsOutsideTheirAllocationAreRefused) {
-  auto small = gpu::Malloc(4096);
+  auto small = cuda::Malloc(0, 4096);
   ASSERT_TRUE(small.ok());
   ClientOptions o = SmallClientOptions(path_, 0, 0, 1);
   o.mode = OutputMode::kCuda;
@@ -200,7 +200,7 @@ TEST_F(EmbedServiceCudaTest, OutputsOutsideTheirAllocationAreRefused) {
   }
   auto c = Client::Create(o);
   EXPECT_EQ(c.status().code(), Code::kOutOfRange) << c.status().ToString();
-  (void)gpu::Free(*small);
+  (void)cuda::Free(*small);
 }
 
 TEST_F(EmbedServiceCudaTest, KilledServiceReleasesTheStreamWait) {
@@ -213,7 +213,7 @@ TEST_F(EmbedServiceCudaTest, KilledServiceReleasesTheStreamWait) {
   ASSERT_TRUE(r0->Wait(0, stream_).ok());  // the stream now waits on the service
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   KillService();
-  Status s = gpu::StreamSync(stream_, Deadline::After(std::chrono::seconds(5)));
+  Status s = cuda::StreamSync(stream_, Deadline::After(std::chrono::seconds(5)));
   EXPECT_TRUE(s.ok()) << "the stream stayed blocked: " << s.ToString();
   EXPECT_EQ(r0->flag(0), kFlagFailed);
   EXPECT_EQ(r0->Wait(1, stream_).code(), Code::kUnavailable);

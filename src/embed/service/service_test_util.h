@@ -12,13 +12,13 @@
 
 #include "embed/config.h"
 #include "embed/row_ids.h"
-#include "embed/service/client.h"
 #include "embed/service/host_flag.h"
 #include "embed/service/protocol.h"
 #include "embed/service/server.h"
 #include "embed/service/shared_memory.h"
 #include "embed/service/unix_socket.h"
-#include "embed/table.h"
+#include "ferry/embed.h"
+#include "ferry/embed_service.h"
 
 namespace ferry::embed::service::testing {
 
