@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -32,20 +33,8 @@ namespace internal {
 class EngineCore;
 class SessionCore;
 class TransferState;
+struct TransferAccess;
 }  // namespace internal
-
-struct TransferOptions {
-  // Overrides EngineOptions::default_deadline for this transfer. Must be positive: a zero or
-  // negative one fails the transfer with kInvalidArgument before any byte moves.
-  std::optional<Duration> deadline;
-  // Id reported by Transfer::id(); default = Engine::AllocateTransferId().
-  std::optional<TransferId> id;
-  // Writes only: a notification delivered to the remote engine after all of this batch's data
-  // is in place at the target, and after every write this session posted before it has
-  // finished (layer-by-layer pushes may complete out of order). If one of those earlier writes
-  // fails, the notification is not sent and this transfer fails with that write's error.
-  std::optional<std::string> notification;
-};
 
 class Transfer {
  public:
@@ -66,8 +55,58 @@ class Transfer {
  private:
   friend class Session;
   friend class internal::SessionCore;
+  friend struct internal::TransferAccess;
   explicit Transfer(std::shared_ptr<internal::TransferState> state) : state_(std::move(state)) {}
   std::shared_ptr<internal::TransferState> state_;
+};
+
+// Waits on many transfers at once, blocking on a condition variable (no spinning), each
+// wait bounded by the earliest deadline among the transfers still running.
+//
+// WaitAll: OK once every transfer finished OK; the first error (in the order the transfers
+// finished) as soon as one fails, without waiting for the rest. A transfer whose deadline
+// passes fails with kDeadlineExceeded. An empty list is OK.
+Status WaitAll(std::span<const Transfer> transfers);
+// The same, giving up after `timeout` with kInProgress (the transfers keep running).
+Status WaitAll(std::span<const Transfer> transfers, Duration timeout);
+// WaitAny: the index of a finished transfer (successful or not: see its status()); the
+// lowest index when several have finished. kDeadlineExceeded when the earliest deadline among
+// them passes with none finished (that transfer then has failed with kDeadlineExceeded, so a
+// later call returns it). kInvalidArgument for an empty list.
+Result<size_t> WaitAny(std::span<const Transfer> transfers);
+// The same, giving up after `timeout` with kInProgress.
+Result<size_t> WaitAny(std::span<const Transfer> transfers, Duration timeout);
+
+struct TransferOptions {
+  // Overrides EngineOptions::default_deadline for this transfer. Must be positive: a zero or
+  // negative one fails the transfer with kInvalidArgument before any byte moves.
+  std::optional<Duration> deadline;
+  // Id reported by Transfer::id(); default = Engine::AllocateTransferId().
+  std::optional<TransferId> id;
+  // Writes only: a notification delivered to the remote engine after all of this batch's data
+  // is in place at the target, and after every write this session posted before it has
+  // finished (layer-by-layer pushes may complete out of order). If one of those earlier writes
+  // fails, the notification is not sent and this transfer fails with that write's error.
+  // At most EngineOptions::max_notification_bytes (kInvalidArgument beyond).
+  std::optional<std::string> notification;
+  // The topic the notification is delivered on (Engine::PopNotifications(topic)); "" is the
+  // application's. At most kMaxTopicBytes (kInvalidArgument beyond).
+  std::string notification_topic;
+  // Earlier transfers, of any session of this engine (e.g. one session per KV layer to the same
+  // peer), that this one is ordered after: it finishes, and its notification leaves, only once
+  // each of them finished OK. If one failed, the notification is not sent and this transfer
+  // fails with that one's error. Its own data is posted at once, not held back. With an empty
+  // batch (or Engine::NotifyAfter) it is a notification that follows them. An empty handle
+  // here fails the transfer with kInvalidArgument.
+  std::vector<Transfer> after;
+  // Runs exactly once with the final status, on the engine's completion thread (one per
+  // engine, running callbacks one at a time, never with a lock of the engine or of a transport
+  // held, so it may post transfers or notify), or at once on the calling thread when the
+  // transfer has already finished when posted (e.g. refused arguments). A transfer nobody waits
+  // on still finishes by its deadline, and the callback runs then (kDeadlineExceeded).
+  // Callbacks of transfers that finish after the engine is destroyed run on the thread that
+  // finishes them (kAborted). Keep it short: a slow callback delays the ones after it.
+  std::function<void(const Status&)> on_complete;
 };
 
 class Session {
@@ -155,14 +194,30 @@ class Engine {
   // a process (`local`) the receiver holds it on return, and a full backlog is reported here
   // (kResourceExhausted) as well as counted. To know that the receiver holds a notification,
   // send it with a write batch (TransferOptions::notification): the batch completes only then.
-  Status Notify(std::string_view peer_key, std::string_view message);
-  // Takes every notification received so far, in arrival order. On an empty inbox it lets
+  //
+  // `topic` sorts notifications at the receiver: PopNotifications(topic) returns only that
+  // topic's, so a subsystem (e.g. the KV connector, on its own topic) never sees the
+  // application's messages, nor they its. At most kMaxTopicBytes (kInvalidArgument beyond).
+  // The message is at most EngineOptions::max_notification_bytes whatever the topic (the
+  // topic travels in a small frame beside it; "" travels unframed, as before topics).
+  Status Notify(std::string_view peer_key, std::string_view message, std::string_view topic = {});
+  // A notification to a peer that leaves only once each transfer of `after` (of any sessions
+  // of this engine) finished OK, i.e. after their data is in place at their targets: e.g. "the
+  // KV cache of request 7 is complete" after the writes of every layer's session. The returned
+  // transfer finishes when the notification was delivered as Notify() would (or fails: if one
+  // of `after` failed, with that one's error and nothing is sent). `options`: deadline, id,
+  // notification_topic and on_complete apply; `notification` and `after` must be unset
+  // (kInvalidArgument). Unknown peers fail the transfer with kFailedPrecondition.
+  Transfer NotifyAfter(std::string_view peer_key, std::string_view message,
+                       std::span<const Transfer> after, const TransferOptions& options = {});
+  // Takes every notification of `topic` received so far, in arrival order (the other topics'
+  // stay; the backlog bounds count every topic together). On an empty inbox it lets
   // the transports make progress once from this thread if they can without waiting (`ucx`:
   // a try-lock of the UCX worker, never waiting behind its progress thread; `shm`: drains the
   // notification rings, one load per ring when they are empty), so that a
   // polling thread receives without a hand-off between threads. A thread may poll it in a
   // loop, yielding between calls where cores are few (the progress threads need them too).
-  std::vector<Notification> PopNotifications();
+  std::vector<Notification> PopNotifications(std::string_view topic = {});
 
   EngineStats stats() const;
 

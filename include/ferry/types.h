@@ -6,8 +6,10 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace ferry {
 
@@ -29,14 +31,25 @@ struct TransferPath {
   std::string ToString() const;
 };
 
+// Longest notification topic (Engine::Notify, TransferOptions::notification_topic).
+inline constexpr size_t kMaxTopicBytes = 64;
+
 struct Notification {
+  Notification() = default;
+  Notification(std::string from_key, std::string payload, std::string topic_name = {})
+      : from(std::move(from_key)), message(std::move(payload)), topic(std::move(topic_name)) {}
+
   std::string from;     // key of the sending engine
   std::string message;
+  // The subsystem it is for: "" for the application, e.g. "ferry.kv" for the KV connector.
+  // Engine::PopNotifications(topic) returns one topic's notifications only.
+  std::string topic;
 };
 
 struct EngineStats {
-  // Messages from peers that were malformed or reached outside registered memory, and were
-  // rejected (the engine keeps serving).
+  // Messages from peers that were malformed (including notifications whose topic frame does
+  // not decode) or reached outside registered memory, and were rejected (the engine keeps
+  // serving).
   uint64_t rejected_messages = 0;
   // Notifications from peers that this engine refused (backlog full, too big) and dropped.
   uint64_t dropped_notifications = 0;

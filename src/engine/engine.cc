@@ -83,7 +83,11 @@ Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& opti
   core->inbox_ = std::make_shared<Inbox>(options.max_pending_notifications, options.max_notification_bytes,
                                          options.max_pending_notification_bytes);
 
-  TransportContext ctx{core->options_.key, &core->options_, core->inbox_};
+  FERRY_ASSIGN_OR_RETURN(core->completions_, Completions::Create());
+  // The transports carry a topic frame beside each notification.
+  core->transport_options_ = core->options_;
+  core->transport_options_.max_notification_bytes += kNotifyFrameOverhead;
+  TransportContext ctx{core->options_.key, &core->transport_options_, core->inbox_};
   std::map<std::string, Status, std::less<>> unusable;  // why each transport asked for failed
   for (const TransportEntry& entry : entries) {
     if (!options.transports.empty() &&
@@ -151,6 +155,8 @@ void EngineCore::Shutdown() {
     }
     if (entry.region->pinned && s.ok()) (void)cuda::HostUnregister(entry.region->base);
   }
+  // The callbacks of the transfers that shutting down failed run before this returns.
+  if (completions_) completions_->Stop();
 }
 
 EngineStats EngineCore::stats() const {
@@ -159,6 +165,7 @@ EngineStats EngineCore::stats() const {
     s.rejected_messages += t->rejected_messages();
     t->AddGpuStats(&s);
   }
+  s.rejected_messages += inbox_->rejected();  // notification frames that did not decode
   s.dropped_notifications = inbox_->dropped();
   s.merged_ops = merged_ops_.load(std::memory_order_relaxed);
   return s;
@@ -398,47 +405,6 @@ Result<std::shared_ptr<SessionCore>> EngineCore::OpenSession(const MemoryDesc& l
   return last;
 }
 
-Result<std::shared_ptr<Endpoint>> EngineCore::NotificationEndpoint(const EngineDesc& peer) {
-  Status last(Code::kUnavailable, "no transport carries notifications to " + peer.key);
-  for (size_t i = 0; i < transports_.size(); ++i) {
-    if (!transports_[i]->caps().notifications || !transports_[i]->CanReach(peer)) continue;
-    auto endpoint = GetEndpoint(peer, i);
-    if (endpoint.ok()) return endpoint;
-    last = endpoint.status();
-  }
-  return last;
-}
-
-Status EngineCore::Notify(std::string_view peer_key, std::string_view message) {
-  if (closed()) return Status(Code::kAborted, "the engine was shut down");
-  if (message.size() > options_.max_notification_bytes)
-    return Status(Code::kInvalidArgument, "notification exceeds max_notification_bytes");
-  std::shared_ptr<Endpoint> endpoint;
-  uint64_t generation;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = notify_endpoints_.find(peer_key);
-    if (it != notify_endpoints_.end() && it->second->healthy()) endpoint = it->second;
-    generation = peers_generation_;
-  }
-  if (!endpoint) {
-    FERRY_ASSIGN_OR_RETURN(EngineDesc peer, FindPeer(peer_key));
-    FERRY_ASSIGN_OR_RETURN(endpoint, NotificationEndpoint(peer));
-    std::lock_guard<std::mutex> lock(mu_);
-    // Not when the peer's descriptor changed meanwhile: the endpoint may be the old one's.
-    if (generation == peers_generation_ && !closed()) notify_endpoints_[std::string(peer_key)] = endpoint;
-  }
-  return endpoint->Notify(message);
-}
-
-std::vector<Notification> EngineCore::PopNotifications() {
-  std::vector<Notification> got = inbox_->PopAll();
-  if (!got.empty() || closed()) return got;
-  bool progressed = false;
-  for (const auto& t : transports_) progressed = t->Poll() || progressed;
-  return progressed ? inbox_->PopAll() : got;
-}
-
 }  // namespace internal
 
 // Engine: the public handle.
@@ -466,10 +432,6 @@ Result<Session> Engine::OpenSession(const MemoryDesc& local, const MemoryDesc& r
   return Session(std::move(core));
 }
 TransferId Engine::AllocateTransferId() { return core_->AllocateTransferId(); }
-Status Engine::Notify(std::string_view peer_key, std::string_view message) {
-  return core_->Notify(peer_key, message);
-}
-std::vector<Notification> Engine::PopNotifications() { return core_->PopNotifications(); }
 EngineStats Engine::stats() const { return core_->stats(); }
 
 std::string_view Version() { return FERRY_VERSION; }

@@ -1,4 +1,7 @@
 // EngineCore and SessionCore: the state behind the public Engine and Session handles.
+// engine.cc holds the engine's registry (regions, peers, routes), notify.cc its notifications
+// (topics, NotifyAfter), session.cc the posting of transfers, completions.h the completion
+// thread (callbacks, deadlines), wait_many.cc WaitAll/WaitAny.
 //
 // Thread safety: EngineCore's maps are guarded by mu_; transports_ is fixed after Create.
 // A SessionCore is immutable after OpenSession.
@@ -13,10 +16,22 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/completions.h"
 #include "ferry/engine.h"
 #include "transport/transport.h"
 
 namespace ferry::internal {
+
+// The state behind a public Transfer handle (null for an empty handle).
+struct TransferAccess {
+  static const std::shared_ptr<TransferState>& Of(const Transfer& t) { return t.state_; }
+  static Transfer Make(std::shared_ptr<TransferState> s) { return Transfer(std::move(s)); }
+};
+
+// The wire bytes of `message` on `topic` (transport/notify_frame.h), after the engine's bounds:
+// kInvalidArgument for a topic over kMaxTopicBytes or a message over max_notification_bytes.
+Result<std::string> FrameNotification(const EngineOptions& options, std::string_view topic,
+                                      std::string_view message);
 
 class EngineCore : public std::enable_shared_from_this<EngineCore> {
  public:
@@ -44,10 +59,19 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   TransferId AllocateTransferId() {
     return static_cast<TransferId>(next_transfer_.fetch_add(1, std::memory_order_relaxed));
   }
-  Status Notify(std::string_view peer_key, std::string_view message);
+  Status Notify(std::string_view peer_key, std::string_view message, std::string_view topic = {});
+  Transfer NotifyAfter(std::string_view peer_key, std::string_view message,
+                       std::span<const Transfer> after, const TransferOptions& options);
   // On an empty inbox, lets each transport progress once from this thread (Transport::Poll),
   // then looks again.
-  std::vector<Notification> PopNotifications();
+  std::vector<Notification> PopNotifications(std::string_view topic = {});
+  // Where a peer's notifications go (cached per peer).
+  Result<std::shared_ptr<Endpoint>> NotifyEndpointFor(std::string_view peer_key);
+  // Hands `state` out as a Transfer: attaches `on_complete` (if set), and has the transfers
+  // of `after` (already gated on) finish at their deadlines.
+  Transfer Issue(std::shared_ptr<TransferState> state, const std::function<void(const Status&)>& on_complete,
+                 std::span<const Transfer> after = {});
+  Completions& completions() { return *completions_; }
   EngineStats stats() const;
   // Ops that Session::Post merged into the op before them (EngineStats::merged_ops).
   void CountMerged(uint64_t n) { merged_ops_.fetch_add(n, std::memory_order_relaxed); }
@@ -70,6 +94,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   Result<std::shared_ptr<Endpoint>> NotificationEndpoint(const EngineDesc& peer);
 
   EngineOptions options_;
+  // options_ as the transports see them: notifications carry a topic frame beside the user's
+  // message (max_notification_bytes + kNotifyFrameOverhead).
+  EngineOptions transport_options_;
+  std::shared_ptr<Completions> completions_;
   EngineDesc desc_;
   std::shared_ptr<Inbox> inbox_;
   std::vector<std::unique_ptr<Transport>> transports_;  // sorted by cost; fixed after Create

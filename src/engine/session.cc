@@ -2,6 +2,7 @@
 #include <mutex>
 #include <string>
 
+#include "engine/after_gate.h"
 #include "engine/coalesce.h"
 #include "engine/engine_core.h"
 
@@ -20,56 +21,6 @@ Status OutOfRange(size_t index, const TransferOp& op, const MemoryDesc& local,
                     " of " + std::to_string(d.size) + " bytes");
 }
 
-// Holds a write batch's notification until every write posted before the batch has finished
-// and the batch's own data is in place (Arrive once for each). If one of those writes failed,
-// the notification is not sent and the batch fails with that write's error.
-class NotifyGate {
- public:
-  NotifyGate(std::shared_ptr<Endpoint> endpoint, std::string message, int arrivals)
-      : endpoint_(std::move(endpoint)), message_(std::move(message)), left_(arrivals) {}
-
-  // The batch's continuation: its data is in place. Holds a part of the batch until the
-  // notification is handed to the endpoint.
-  void DataPlaced(const std::shared_ptr<TransferState>& batch) {
-    batch->AddParts(1);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      batch_ = batch;
-    }
-    Arrive(Status::Ok());
-  }
-  // An earlier write finished with `status`.
-  void EarlierFinished(const Status& status, TransferId id) {
-    Arrive(status.ok() ? status
-                       : Status(status.code(), "notification not sent: earlier write " +
-                                                   std::to_string(static_cast<uint64_t>(id)) +
-                                                   " of this session failed: " + std::string(status.message())));
-  }
-
- private:
-  void Arrive(const Status& status) {
-    std::shared_ptr<TransferState> batch;
-    Status error;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!status.ok() && error_.ok()) error_ = status;
-      if (--left_ > 0) return;
-      batch = std::move(batch_);
-      error = error_;
-    }
-    if (!error.ok()) return batch->PartDone(error);
-    if (!batch->finished()) endpoint_->NotifyPart(std::move(message_), batch);
-    batch->PartDone(Status::Ok());
-  }
-
-  const std::shared_ptr<Endpoint> endpoint_;
-  std::string message_;
-  std::mutex mu_;
-  int left_;                             // GUARDED_BY(mu_)
-  Status error_;                         // GUARDED_BY(mu_)
-  std::shared_ptr<TransferState> batch_;  // GUARDED_BY(mu_)
-};
-
 }  // namespace
 
 Transfer SessionCore::Post(Op op, std::span<const TransferOp> ops, const TransferOptions& options) const {
@@ -79,24 +30,31 @@ Transfer SessionCore::Post(Op op, std::span<const TransferOp> ops, const Transfe
 
 Transfer SessionCore::PostOwned(Op op, std::span<TransferOp> ops, const TransferOptions& options) const {
   TransferId id = options.id ? *options.id : engine_->AllocateTransferId();
-  if (engine_->closed())
-    return Transfer(TransferState::Failed(Status(Code::kAborted, "the engine was shut down"), id, path_));
+  auto fail = [&](Status s) {
+    return engine_->Issue(TransferState::Failed(std::move(s), id, path_), options.on_complete);
+  };
+  if (engine_->closed()) return fail(Status(Code::kAborted, "the engine was shut down"));
   if (options.deadline && *options.deadline <= Duration::zero())
-    return Transfer(TransferState::Failed(
-        Status(Code::kInvalidArgument, "a transfer's deadline must be positive, not " +
-                                           std::to_string(options.deadline->count()) + " ns"),
-        id, path_));
-  if (options.notification && op != Op::kWrite)
-    return Transfer(TransferState::Failed(
-        Status(Code::kInvalidArgument, "only writes carry a notification"), id, path_));
-  if (options.notification && options.notification->size() > engine_->options().max_notification_bytes)
-    return Transfer(TransferState::Failed(
-        Status(Code::kInvalidArgument, "notification exceeds max_notification_bytes"), id, path_));
-  if (options.notification && !notify_)
-    return Transfer(TransferState::Failed(
-        Status(Code::kUnavailable, "no transport carries notifications to " + remote_.engine_key +
-                                       " (the " + path_.transport + " transport has none of its own)"),
-        id, path_));
+    return fail(Status(Code::kInvalidArgument, "a transfer's deadline must be positive, not " +
+                                                   std::to_string(options.deadline->count()) + " ns"));
+  std::optional<std::string> wire;
+  if (options.notification) {
+    if (op != Op::kWrite) return fail(Status(Code::kInvalidArgument, "only writes carry a notification"));
+    Result<std::string> framed =
+        FrameNotification(engine_->options(), options.notification_topic, *options.notification);
+    if (!framed.ok()) return fail(framed.status());
+    if (!notify_)
+      return fail(Status(Code::kUnavailable, "no transport carries notifications to " + remote_.engine_key +
+                                                 " (the " + path_.transport + " transport has none of its own)"));
+    wire = std::move(framed).value();
+  }
+  std::vector<GateInput> inputs;
+  for (size_t i = 0; i < options.after.size(); ++i) {
+    const auto& s = TransferAccess::Of(options.after[i]);
+    if (!s)
+      return fail(Status(Code::kInvalidArgument, "after[" + std::to_string(i) + "] is an empty transfer handle"));
+    inputs.push_back({s, "transfer " + std::to_string(static_cast<uint64_t>(s->id())) + " named in `after`"});
+  }
 
   // Validate every op against both regions before any byte moves. `ops` is the engine's own
   // copy: what is checked here is what the transport gets.
@@ -107,12 +65,11 @@ Transfer SessionCore::PostOwned(Op op, std::span<TransferOp> ops, const Transfer
   for (size_t i = 0; i < ops.size(); ++i) {
     const TransferOp& o = ops[i];
     if (!InBounds(o.local_offset, o.size, local_size)) [[unlikely]]
-      return Transfer(TransferState::Failed(OutOfRange(i, o, local_, remote_, true), id, path_));
+      return fail(OutOfRange(i, o, local_, remote_, true));
     if (!InBounds(o.remote_offset, o.size, remote_size)) [[unlikely]]
-      return Transfer(TransferState::Failed(OutOfRange(i, o, local_, remote_, false), id, path_));
+      return fail(OutOfRange(i, o, local_, remote_, false));
     if (__builtin_add_overflow(total, o.size, &total)) [[unlikely]]
-      return Transfer(TransferState::Failed(
-          Status(Code::kOutOfRange, "batch size overflows 64 bits"), id, path_));
+      return fail(Status(Code::kOutOfRange, "batch size overflows 64 bits"));
     joins.Add(o);
   }
   if (engine_->options().merge_adjacent_ops && WorthCoalescing(joins.joins(), ops.size())) {
@@ -124,16 +81,19 @@ Transfer SessionCore::PostOwned(Op op, std::span<TransferOp> ops, const Transfer
   Duration deadline = options.deadline ? *options.deadline : engine_->options().default_deadline;
   auto state = std::make_shared<TransferState>(id, total, path_, Deadline::After(deadline));
   if (op == Op::kWrite) {
-    std::vector<std::shared_ptr<TransferState>> earlier;
+    // A notification waits for the session's earlier writes still running.
     {
       std::lock_guard<std::mutex> lock(writes_mu_);
-      if (options.notification || writes_.size() >= prune_at_) {
+      if (wire || writes_.size() >= prune_at_) {
         // Drop the finished writes; a notification waits for the rest.
         size_t kept = 0;
         for (auto& w : writes_) {
           std::shared_ptr<TransferState> live = w.lock();
           if (!live || live->finished()) continue;
-          if (options.notification) earlier.push_back(live);
+          if (wire) {
+            inputs.push_back({live, "earlier write " + std::to_string(static_cast<uint64_t>(live->id())) +
+                                        " of this session"});
+          }
           writes_[kept++] = std::move(w);
         }
         writes_.resize(kept);
@@ -141,61 +101,51 @@ Transfer SessionCore::PostOwned(Op op, std::span<TransferOp> ops, const Transfer
       }
       writes_.push_back(state);
     }
-    if (options.notification) {
-      // The notification leaves once every byte of the batch is in place at the target and
-      // every earlier write of the session has finished; the transfer completes when the
-      // receiver has it.
-      if (earlier.empty()) {
-        state->SetContinuation([endpoint = notify_, message = *options.notification](
-                                   const std::shared_ptr<TransferState>& s) {
-          endpoint->NotifyPart(message, s);
-        });
-      } else {
-        auto gate = std::make_shared<NotifyGate>(notify_, *options.notification,
-                                                 static_cast<int>(earlier.size()) + 1);
-        state->SetContinuation([gate](const std::shared_ptr<TransferState>& s) { gate->DataPlaced(s); });
-        for (const auto& w : earlier)
-          w->OnFinish([gate, id = w->id()](const Status& st) { gate->EarlierFinished(st, id); });
-      }
-    }
   }
+  // The notification leaves once every byte of the batch is in place at the target, every
+  // earlier write of the session and every transfer of `after` has finished; the transfer
+  // completes when the receiver has it.
+  if (wire || !inputs.empty()) InstallAfterGate(state, std::move(inputs), notify_, std::move(wire));
   if (!ops.empty()) {
     Status posted = channel_->Post(op, ops, total, state);
     if (!posted.ok()) state->Finish(std::move(posted));
   }
   state->PartDone(Status::Ok());  // the poster's own part
-  return Transfer(std::move(state));
+  return engine_->Issue(std::move(state), options.on_complete, options.after);
 }
 
 }  // namespace internal
 
 namespace {
-std::shared_ptr<internal::TransferState> NoSession() {
-  return internal::TransferState::Failed(Status(Code::kFailedPrecondition, "empty session handle"));
+// An empty session's transfer: failed, its callback run at once.
+Transfer NoSession(const TransferOptions& options) {
+  const Status failed(Code::kFailedPrecondition, "empty session handle");
+  if (options.on_complete) options.on_complete(failed);
+  return internal::TransferAccess::Make(internal::TransferState::Failed(failed));
 }
 }  // namespace
 
 Transfer Session::Post(Op op, std::span<const TransferOp> ops, const TransferOptions& options) const {
-  if (!core_) return Transfer(NoSession());
+  if (!core_) return NoSession(options);
   return core_->Post(op, ops, options);
 }
 
 Transfer Session::Post(Op op, std::vector<TransferOp>&& ops, const TransferOptions& options) const {
-  if (!core_) return Transfer(NoSession());
+  if (!core_) return NoSession(options);
   std::vector<TransferOp> owned = std::move(ops);
   return core_->PostOwned(op, owned, options);
 }
 
 Transfer Session::Write(uint64_t local_offset, uint64_t remote_offset, uint64_t bytes,
                         const TransferOptions& options) const {
-  if (!core_) return Transfer(NoSession());
+  if (!core_) return NoSession(options);
   TransferOp op{local_offset, remote_offset, bytes};
   return core_->PostOwned(Op::kWrite, std::span<TransferOp>(&op, 1), options);
 }
 
 Transfer Session::Read(uint64_t local_offset, uint64_t remote_offset, uint64_t bytes,
                        const TransferOptions& options) const {
-  if (!core_) return Transfer(NoSession());
+  if (!core_) return NoSession(options);
   TransferOp op{local_offset, remote_offset, bytes};
   return core_->PostOwned(Op::kRead, std::span<TransferOp>(&op, 1), options);
 }

@@ -1,7 +1,9 @@
-// Inbox: notifications received by one engine, in arrival order, with a backlog bounded by
-// count and by the bytes of its messages.
-// Every notification it refuses (backlog full, too big) is counted, so that a refusal the
-// sender did not wait to hear about (one-way notifications) is still visible at the receiver.
+// Inbox: notifications received by one engine, sorted by topic, each topic in arrival order,
+// with one backlog over every topic bounded by count and by the bytes of their messages.
+// A received message carries its topic in a notification frame (transport/notify_frame.h);
+// the inbox decodes it, drops a malformed one and counts it (rejected()). Every notification it
+// refuses (backlog full, too big) is counted (dropped()), so that a refusal the sender did not
+// wait to hear about (one-way notifications) is still visible at the receiver.
 //
 // Thread safety: all methods may be called from any thread. PopAll() on an empty inbox takes
 // no lock (an application thread may poll it in a loop without slowing the transports that
@@ -11,25 +13,33 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ferry/status.h"
 #include "ferry/types.h"
+#include "transport/notify_frame.h"
 
 namespace ferry::internal {
 
 class Inbox {
  public:
-  // `max_pending` notifications of at most `max_bytes` each, together at most
-  // `max_pending_bytes`.
+  // `max_pending` notifications of at most `max_bytes` each (their payloads, without the
+  // frame), together at most `max_pending_bytes`.
   Inbox(size_t max_pending, size_t max_bytes, size_t max_pending_bytes = SIZE_MAX)
       : max_pending_(max_pending), max_bytes_(max_bytes), max_pending_bytes_(max_pending_bytes) {}
 
-  // kResourceExhausted when the backlog is full (by count or by bytes), kInvalidArgument when
-  // the message is too big.
+  // Takes a received notification whose `message` is still framed (n.topic is ignored).
+  // kInvalidArgument when the frame is malformed (counted in rejected()) or the payload too
+  // big; kResourceExhausted when the backlog is full (by count or by bytes).
   Status Push(Notification n) {
+    if (!DecodeNotifyFrame(&n.message, &n.topic)) {
+      rejected_.fetch_add(1, std::memory_order_relaxed);
+      return Status(Code::kInvalidArgument, "malformed notification frame");
+    }
     if (n.message.size() > max_bytes_) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
       return Status(Code::kInvalidArgument, "notification of " + std::to_string(n.message.size()) +
@@ -37,7 +47,7 @@ class Inbox {
                                                 std::to_string(max_bytes_));
     }
     std::lock_guard<std::mutex> lock(mu_);
-    if (pending_.size() >= max_pending_) {
+    if (size_.load(std::memory_order_relaxed) >= max_pending_) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
       return Status(Code::kResourceExhausted, "the receiver's notification backlog is full (" +
                                                   std::to_string(max_pending_) + " notifications)");
@@ -49,37 +59,50 @@ class Inbox {
                                                   std::to_string(max_pending_bytes_) + " bytes)");
     }
     pending_bytes_ += n.message.size();
-    pending_.push_back(std::move(n));
-    size_.store(pending_.size(), std::memory_order_release);
+    std::deque<Notification>& queue = pending_[n.topic];
+    queue.push_back(std::move(n));
+    size_.fetch_add(1, std::memory_order_release);
     return Status::Ok();
   }
 
-  std::vector<Notification> PopAll() {
+  // Takes every pending notification of `topic`, in arrival order.
+  std::vector<Notification> PopAll(std::string_view topic = {}) {
     if (size_.load(std::memory_order_acquire) == 0) return {};
     std::lock_guard<std::mutex> lock(mu_);
-    std::vector<Notification> out(std::make_move_iterator(pending_.begin()),
-                                  std::make_move_iterator(pending_.end()));
-    pending_.clear();
-    pending_bytes_ = 0;
-    size_.store(0, std::memory_order_release);
+    auto it = pending_.find(topic);
+    if (it == pending_.end()) return {};
+    std::vector<Notification> out(std::make_move_iterator(it->second.begin()),
+                                  std::make_move_iterator(it->second.end()));
+    pending_.erase(it);
+    for (const Notification& n : out) pending_bytes_ -= n.message.size();
+    size_.fetch_sub(out.size(), std::memory_order_release);
     return out;
   }
 
-  size_t max_bytes() const { return max_bytes_; }
+  // The largest message a transport carries into the inbox: the largest payload with the
+  // longest frame.
+  size_t max_bytes() const { return max_bytes_ + kNotifyFrameOverhead; }
+  // The largest payload taken.
+  size_t max_payload_bytes() const { return max_bytes_; }
   size_t max_pending() const { return max_pending_; }
   size_t max_pending_bytes() const { return max_pending_bytes_; }
   // Notifications refused since the inbox was made.
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
+  // Messages dropped because their frame did not decode.
+  uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
 
  private:
   const size_t max_pending_;
   const size_t max_bytes_;
   const size_t max_pending_bytes_;
   std::mutex mu_;
-  std::deque<Notification> pending_;  // GUARDED_BY(mu_)
-  size_t pending_bytes_ = 0;          // GUARDED_BY(mu_): bytes of pending_'s messages
-  std::atomic<size_t> size_{0};       // pending_.size(), written under mu_
+  // Topic -> its notifications; a topic with none is erased (a peer cannot grow the map past
+  // the backlog's bound).
+  std::map<std::string, std::deque<Notification>, std::less<>> pending_;  // GUARDED_BY(mu_)
+  size_t pending_bytes_ = 0;     // GUARDED_BY(mu_): bytes of pending_'s payloads
+  std::atomic<size_t> size_{0};  // notifications in pending_, written under mu_
   std::atomic<uint64_t> dropped_{0};
+  std::atomic<uint64_t> rejected_{0};
 };
 
 }  // namespace ferry::internal

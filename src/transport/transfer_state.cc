@@ -12,19 +12,33 @@ TransferState::~TransferState() {
   if (!on_finish_.empty()) {
     const Status dropped(Code::kAborted, "transfer " + std::to_string(static_cast<uint64_t>(id_)) +
                                              " was dropped before it finished");
-    for (auto& fn : on_finish_) fn(dropped);
+    for (auto& o : on_finish_) o.fn(dropped);
   }
 }
 
-void TransferState::OnFinish(std::function<void(const Status&)> fn) {
+uint64_t TransferState::OnFinish(std::function<void(const Status&)> fn) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (phase_.load(std::memory_order_relaxed) == kRunning) {
-      on_finish_.push_back(std::move(fn));
-      return;
+      const uint64_t handle = next_observer_++;
+      on_finish_.push_back(Observer{handle, std::move(fn)});
+      return handle;
     }
   }
   fn(status());
+  return 0;
+}
+
+bool TransferState::RemoveOnFinish(uint64_t handle) {
+  std::function<void(const Status&)> gone;  // destroyed after the lock is released
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = on_finish_.begin(); it != on_finish_.end(); ++it) {
+    if (it->handle != handle) continue;
+    gone = std::move(it->fn);
+    on_finish_.erase(it);
+    return true;
+  }
+  return false;
 }
 
 std::shared_ptr<TransferState> TransferState::Failed(Status status, TransferId id,
@@ -65,7 +79,7 @@ void TransferState::PartDone(const Status& status) {
 }
 
 bool TransferState::Finish(Status status) {
-  std::vector<std::function<void(const Status&)>> observers;
+  std::vector<Observer> observers;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (phase_.load(std::memory_order_relaxed) != kRunning) return false;
@@ -74,7 +88,7 @@ bool TransferState::Finish(Status status) {
     observers.swap(on_finish_);
   }
   cv_.notify_all();
-  for (auto& fn : observers) fn(status_);  // status_ is immutable once finished
+  for (auto& o : observers) o.fn(status_);  // status_ is immutable once finished
   return true;
 }
 

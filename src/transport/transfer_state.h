@@ -54,12 +54,18 @@ class TransferState : public std::enable_shared_from_this<TransferState> {
   }
   // Runs `fn` with the final status once the transfer finishes (at once, on this thread, if it
   // has), on the thread that finishes it, with no lock held. A transfer destroyed unfinished
-  // runs it with kAborted.
-  void OnFinish(std::function<void(const Status&)> fn);
+  // runs it with kAborted. Returns a handle for RemoveOnFinish, 0 when `fn` already ran.
+  uint64_t OnFinish(std::function<void(const Status&)> fn);
+  // Forgets an observer that has not run (e.g. a waiter that gave up); false if it ran or is
+  // running.
+  bool RemoveOnFinish(uint64_t handle);
   // Called by Test/Wait to drive completion. Set before posting.
   void SetPoller(std::function<void()> poller) { poller_ = std::move(poller); }
   // Keeps `hold` alive until every part is done.
   void Hold(std::shared_ptr<void> hold) { holds_.push_back(std::move(hold)); }
+
+  // Whether completion arrives only through polling (SetPoller): a waiter must call Test().
+  bool has_poller() const { return static_cast<bool>(poller_); }
 
   bool Test();
   Status Wait(Deadline until);
@@ -83,7 +89,12 @@ class TransferState : public std::enable_shared_from_this<TransferState> {
   std::function<void(const std::shared_ptr<TransferState>&)> continuation_;
   std::function<void()> poller_;
   std::vector<std::shared_ptr<void>> holds_;  // released when parts_ reaches zero
-  std::vector<std::function<void(const Status&)>> on_finish_;  // GUARDED_BY(mu_)
+  struct Observer {
+    uint64_t handle;
+    std::function<void(const Status&)> fn;
+  };
+  std::vector<Observer> on_finish_;  // GUARDED_BY(mu_)
+  uint64_t next_observer_ = 1;       // GUARDED_BY(mu_)
 
   std::atomic<int> phase_{kRunning};
   std::atomic<int64_t> parts_{1};  // one extra part held by the poster until posting is done
