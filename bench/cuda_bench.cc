@@ -34,9 +34,9 @@
 #include "bench_loop.h"  // PlanScatteredOps
 #include "cuda/copy_kernels.h"
 #include "cuda/runtime.h"
-#include "engine/peer_process.h"
 #include "ferry/engine.h"
 #include "ferry/system.h"
+#include "testing/peer_process.h"
 
 namespace {
 

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "embed/test_util.h"
+#include "testing/embed_files.h"
 
 namespace ferry::embed {
 namespace {

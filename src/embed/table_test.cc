@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "cuda/runtime.h"
-#include "embed/test_util.h"
+#include "testing/embed_files.h"
 
 namespace ferry::embed {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "cuda/runtime.h"
 #include "embed/gather.h"
-#include "embed/test_util.h"
+#include "testing/embed_files.h"
 
 namespace ferry::embed {
 namespace {

@@ -1,7 +1,7 @@
 // The transport conformance suite, notifications and concurrency: notifications after their
 // data and in order, a full inbox, many threads and sessions, transfer ids, sessions that
-// outlive their engine. Fixture and parameters: conformance.h, conformance_test.cc.
-#include "engine/conformance.h"
+// outlive their engine. Fixture and parameters: testing/conformance.h, conformance_test.cc.
+#include "testing/conformance.h"
 
 namespace ferry::conformance {
 namespace {

@@ -1,7 +1,7 @@
 // The transport conformance suite, data movement: single and batched writes and reads, large
 // and merged batches, bounds, deregistration, deadlines; and the suite's parameters (every
-// transport compiled in, heap and shareable host buffers). Fixture: conformance.h.
-#include "engine/conformance.h"
+// transport compiled in, heap and shareable host buffers). Fixture: testing/conformance.h.
+#include "testing/conformance.h"
 
 #include "base/tsan.h"
 

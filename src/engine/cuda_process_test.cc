@@ -7,8 +7,9 @@
 
 #include <thread>
 
-#include "engine/peer_process.h"
-#include "transport/local/cuda_test_util.h"
+#include "ferry/engine.h"
+#include "testing/cuda_buffer.h"
+#include "testing/peer_process.h"
 
 namespace ferry {
 namespace {

@@ -8,7 +8,7 @@
 #include <mutex>
 
 #include "engine/engine_core.h"
-#include "engine/wrapped_transport.h"
+#include "testing/wrapped_transport.h"
 
 namespace ferry::internal {
 

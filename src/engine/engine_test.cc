@@ -1,7 +1,8 @@
 #include <gtest/gtest.h>
 
-#include "engine/test_util.h"
+#include "ferry/engine.h"
 #include "ferry/system.h"
+#include "testing/bytes.h"
 
 namespace ferry {
 namespace {

@@ -10,8 +10,9 @@
 #include <thread>
 
 #include "engine/engine_core.h"
-#include "engine/test_util.h"
-#include "engine/wrapped_transport.h"
+#include "ferry/engine.h"
+#include "testing/bytes.h"
+#include "testing/wrapped_transport.h"
 
 namespace ferry::internal {
 

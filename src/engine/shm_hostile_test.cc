@@ -11,7 +11,7 @@
 
 #include "base/codec.h"
 #include "base/unix_socket.h"
-#include "engine/shm_test_util.h"
+#include "testing/shm_peer.h"
 #include "transport/shm/ring_format.h"
 #include "transport/shm/wire.h"
 

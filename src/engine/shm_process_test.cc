@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "base/tsan.h"
-#include "engine/shm_test_util.h"
+#include "testing/shm_peer.h"
 
 namespace ferry {
 namespace {

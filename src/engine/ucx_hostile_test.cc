@@ -16,8 +16,9 @@
 #include <thread>
 
 #include "base/codec.h"
-#include "engine/peer_process.h"
-#include "engine/test_util.h"
+#include "ferry/engine.h"
+#include "testing/bytes.h"
+#include "testing/peer_process.h"
 #include "transport/ucx/am_wire.h"
 #include "transport/ucx/core.h"
 #include "transport/ucx/door.h"

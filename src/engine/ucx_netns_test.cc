@@ -12,8 +12,9 @@
 #include <filesystem>
 #include <sstream>
 
-#include "engine/peer_process.h"
-#include "engine/test_util.h"
+#include "ferry/engine.h"
+#include "testing/bytes.h"
+#include "testing/peer_process.h"
 
 namespace ferry {
 namespace {

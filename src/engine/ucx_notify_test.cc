@@ -10,8 +10,9 @@
 #include <map>
 #include <thread>
 
-#include "engine/peer_process.h"
-#include "engine/test_util.h"
+#include "ferry/engine.h"
+#include "testing/bytes.h"
+#include "testing/peer_process.h"
 
 namespace ferry {
 namespace {

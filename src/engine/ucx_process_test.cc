@@ -13,8 +13,9 @@
 #include <cstring>
 #include <thread>
 
-#include "engine/peer_process.h"
-#include "engine/test_util.h"
+#include "ferry/engine.h"
+#include "testing/bytes.h"
+#include "testing/peer_process.h"
 #include "transport/ucx/am_wire.h"
 #include "transport/ucx/listen_socket.h"
 

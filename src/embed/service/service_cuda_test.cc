@@ -2,7 +2,7 @@
 // buffers and flags through CUDA IPC, copies the gathered rows with asynchronous copies and
 // sets DONE with stream memory writes; the clients' waits are stream memory waits. Skips,
 // saying why, without a usable GPU. The service is the `ferry embed-serve` binary (FERRY_BIN)
-// with the tests' small synthetic model (service_test_util.h). The UVA tests force the UVA path
+// with the tests' small synthetic model (embed_service.h). The UVA tests force the UVA path
 // (--uva always) or let the service choose (--uva auto) and check the same bytes as the CPU
 // path's, and the service's counts of the paths it ran (QueryStats).
 #include <gtest/gtest.h>
@@ -16,8 +16,8 @@
 
 #include "cuda/runtime.h"
 #include "cuda/stream_ops.h"
-#include "embed/service/service_test_util.h"
 #include "embed/service/stats_query.h"
+#include "testing/embed_service.h"
 
 namespace ferry::embed::service {
 namespace {

@@ -12,10 +12,10 @@
 #include <thread>
 
 #include "embed/service/served_layers.h"
-#include "embed/service/service_test_util.h"
 #include "embed/service/staging.h"
 #include "embed/service/stats_query.h"
 #include "embed/start_thread.h"
+#include "testing/embed_service.h"
 
 namespace ferry::embed::service {
 namespace {

@@ -8,7 +8,7 @@
 
 #include <thread>
 
-#include "embed/service/service_test_util.h"
+#include "testing/embed_service.h"
 
 namespace ferry::embed::service {
 namespace {

@@ -7,9 +7,9 @@
 #include <thread>
 
 #include "embed/service/protocol.h"
-#include "embed/service/service_test_util.h"
 #include "embed/service/stats_query.h"
 #include "embed/service/unix_socket.h"
+#include "testing/embed_service.h"
 
 namespace ferry::embed::service {
 namespace {

@@ -5,9 +5,9 @@
 #include <thread>
 
 #include "embed/service/host_flag.h"
-#include "embed/service/service_test_util.h"
 #include "embed/service/shared_memory.h"
 #include "embed/service/unix_socket.h"
+#include "testing/embed_service.h"
 
 namespace ferry::embed::service {
 namespace {

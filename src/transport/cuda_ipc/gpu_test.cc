@@ -5,8 +5,8 @@
 // Skips where no GPU is usable.
 #include <gtest/gtest.h>
 
+#include "testing/cuda_buffer.h"
 #include "transport/cuda_ipc/transport.h"
-#include "transport/local/cuda_test_util.h"
 
 namespace ferry::internal::cuda_ipc {
 namespace {

@@ -13,7 +13,7 @@
 #include <map>
 #include <thread>
 
-#include "engine/test_util.h"
+#include "testing/bytes.h"
 
 namespace ferry::internal::cuda_ipc {
 namespace {

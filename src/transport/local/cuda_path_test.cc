@@ -2,7 +2,7 @@
 // device memory in every direction, single ops and batches of thousands of scattered pieces
 // (random data, odd sizes, misaligned offsets), deadlines, notifications, many posters.
 // Every test skips where no CUDA device is usable.
-#include "transport/local/cuda_test_util.h"
+#include "testing/cuda_engine_pair.h"
 
 namespace ferry {
 namespace {

@@ -1,7 +1,7 @@
 // The CUDA runtime seam and the copy engine directly, and a disabled test that measures the
 // local transport's CUDA bandwidth:
 //   cuda_runtime_test --gtest_also_run_disabled_tests --gtest_filter='*Bandwidth*'
-#include "transport/local/cuda_test_util.h"
+#include "testing/cuda_engine_pair.h"
 
 namespace ferry {
 namespace {

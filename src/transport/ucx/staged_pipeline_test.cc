@@ -10,8 +10,8 @@
 #include <deque>
 #include <thread>
 
-#include "engine/test_util.h"
-#include "transport/local/cuda_test_util.h"
+#include "testing/bytes.h"
+#include "testing/cuda_buffer.h"
 #include "transport/ucx/staged.h"
 
 namespace ferry::internal::ucx {

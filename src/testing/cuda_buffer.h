@@ -1,5 +1,6 @@
-// Helpers of the CUDA tests of the local transport: host or device buffers, a pair of engines
-// with a session between two buffers, scattered ops, and skipping where no GPU is usable.
+// Helpers of the CUDA tests, below the engine: host or device buffers, scattered ops and their
+// check, and skipping (with the reason) where no GPU is usable. Links ferry_cuda.
+// Thread safety: a Buffer is used by one thread at a time; the functions are pure.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -15,8 +16,9 @@
 
 #include "cuda/copy_engine.h"
 #include "cuda/runtime.h"
-#include "engine/test_util.h"
-#include "ferry/system.h"
+#include "ferry/descriptors.h"
+#include "ferry/types.h"
+#include "testing/bytes.h"
 
 namespace ferry::cuda_testing {
 
@@ -71,48 +73,6 @@ class Buffer {
   std::unique_ptr<uint8_t[]> host_;
 };
 
-// Engines a and b (local transport only), a buffer registered with each, and a session from
-// a's buffer to b's. Buffers are declared first so that they outlive the engines.
-struct Pair {
-  std::unique_ptr<Buffer> a_buf, b_buf;
-  std::unique_ptr<Engine> a, b;
-  MemoryDesc a_desc, b_desc;
-  Session session;
-
-  static std::unique_ptr<Pair> Make(Loc a_loc, Loc b_loc, size_t bytes, EngineOptions options = {}) {
-    static std::atomic<int> counter{0};
-    auto p = std::make_unique<Pair>();
-    const std::string suffix = std::to_string(counter.fetch_add(1));
-    options.transports = {"local"};
-    options.key = "cuda-a" + suffix;
-    auto a = Engine::Create(options);
-    options.key = "cuda-b" + suffix;
-    auto b = Engine::Create(options);
-    EXPECT_TRUE(a.ok() && b.ok());
-    if (!a.ok() || !b.ok()) return nullptr;
-    p->a_buf = Buffer::Make(a_loc, bytes);
-    p->b_buf = Buffer::Make(b_loc, bytes);
-    if (!p->a_buf || !p->b_buf) return nullptr;
-    p->a = std::move(a).value();
-    p->b = std::move(b).value();
-    auto ad = p->a->RegisterMemory(p->a_buf->ptr(), bytes, a_loc.kind, a_loc.device);
-    auto bd = p->b->RegisterMemory(p->b_buf->ptr(), bytes, b_loc.kind, b_loc.device);
-    EXPECT_TRUE(ad.ok()) << ad.status().ToString();
-    EXPECT_TRUE(bd.ok()) << bd.status().ToString();
-    if (!ad.ok() || !bd.ok()) return nullptr;
-    p->a_desc = *ad;
-    p->b_desc = *bd;
-    EXPECT_TRUE(p->a->AddPeer(p->b->Describe()).ok());
-    EXPECT_TRUE(p->b->AddPeer(p->a->Describe()).ok());
-    auto s = p->a->OpenSession(p->a_desc, p->b_desc);
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    if (!s.ok()) return nullptr;
-    p->session = *s;
-    EXPECT_EQ(p->session.path().transport, "local");
-    return p;
-  }
-};
-
 // `count` pieces of 1..max_piece bytes at random (so mostly misaligned) offsets, one per slot
 // on each side, the remote slots shuffled; no two pieces overlap on either side.
 inline std::vector<TransferOp> Scattered(size_t region, size_t count, size_t max_piece, uint64_t seed) {
@@ -142,7 +102,10 @@ inline void ExpectApplied(const std::vector<uint8_t>& src, const std::vector<uin
 }
 
 inline bool SkipWithoutCuda(int gpus, std::string* why) {
-  if (!CudaAvailable(why)) return true;
+  if (!cuda::Available()) {
+    *why = cuda::UnavailableReason();
+    return true;
+  }
   if (cuda::DeviceCount() < gpus) {
     *why = "needs " + std::to_string(gpus) + " CUDA devices, found " + std::to_string(cuda::DeviceCount());
     return true;

@@ -16,8 +16,8 @@
 #include <random>
 #include <thread>
 
-#include "engine/test_util.h"
 #include "ferry/system.h"
+#include "testing/engine_pair.h"
 #include "transport/transport.h"
 
 namespace ferry::conformance {

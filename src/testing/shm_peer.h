@@ -11,10 +11,10 @@
 #include <thread>
 #include <vector>
 
-#include "engine/peer_process.h"
-#include "engine/test_util.h"
 #include "ferry/engine.h"
 #include "ferry/shared_memory.h"
+#include "testing/bytes.h"
+#include "testing/peer_process.h"
 
 namespace ferry::shm_testing {
 
