@@ -178,10 +178,9 @@ void Server::Impl::Loop() {
 }
 
 bool Server::Impl::AcceptOne() {
-  Result<UniqueFd> fd = Accept(listen_fd.get(), Deadline::After(Clock::duration::zero()), -1,
-                               /*nonblocking=*/true);
+  Result<UniqueFd> fd = os::AcceptUnix(listen_fd.get());
   if (!fd.ok()) {
-    if (fd.status().code() == Code::kDeadlineExceeded) return false;
+    if (fd.status().code() == Code::kInProgress) return false;
     // Out of descriptors (EMFILE) leaves the listener readable: do not spin on it.
     FERRY_LOG_WARN("embed-serve: {}", fd.status().ToString());
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -192,7 +191,7 @@ bool Server::Impl::AcceptOne() {
                    "the embedding service serves at most " +
                        std::to_string(options.max_connections) +
                        " connections at once; this one is refused");
-    (void)Send(fd->get(), Encode(Registered{refused}));
+    (void)os::SendMessage(fd->get(), Encode(Registered{refused}), {}, Deadline::After(Clock::duration::zero()));
     FERRY_LOG_WARN("embed-serve: {}", refused.ToString());
     return true;  // closed here
   }

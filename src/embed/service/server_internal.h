@@ -53,8 +53,10 @@ struct Connection {
   Status Send(const std::string& bytes) {
     std::lock_guard<std::mutex> lock(send_mu);
     if (!fd.valid()) return Status(Code::kUnavailable, "the connection is closed");
-    Status s = service::Send(fd.get(), bytes);
-    if (!s.ok()) ::shutdown(fd.get(), SHUT_RDWR);
+    Status s = os::SendMessage(fd.get(), bytes, {}, Deadline::After(Clock::duration::zero()));
+    if (s.ok()) return s;
+    ::shutdown(fd.get(), SHUT_RDWR);
+    if (s.code() == Code::kDeadlineExceeded) return Status(Code::kResourceExhausted, "the client does not read its socket");
     return s;
   }
   void Close() {

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "base/memory_file.h"
 #include "embed/service/unix_socket.h"
 #include "ferry/status.h"
 
@@ -23,29 +24,27 @@ namespace ferry::embed::service {
 
 class SharedMemory {
  public:
-  // A new zero-filled memfd of `bytes` (> 0) bytes, named `name` (for /proc and debugging).
+  // A new zero-filled memfd of `bytes` (> 0) bytes, named `name` (for /proc and debugging);
+  // kResourceExhausted when the system cannot give it.
   static Result<std::unique_ptr<SharedMemory>> Create(const std::string& name, size_t bytes);
   // Maps a received memfd. kInvalidArgument for an empty file, one that is not sealed against
-  // shrinking, or a descriptor that cannot be mapped shared read-write.
+  // shrinking; a failing mmap is its errno's code (os::ErrnoCode).
   static Result<std::unique_ptr<SharedMemory>> Map(UniqueFd fd);
-  ~SharedMemory();
   SharedMemory(const SharedMemory&) = delete;
   SharedMemory& operator=(const SharedMemory&) = delete;
 
-  uint8_t* data() const { return data_; }
-  size_t bytes() const { return bytes_; }
+  uint8_t* data() const { return reinterpret_cast<uint8_t*>(mapping_.data()); }
+  size_t bytes() const { return mapping_.size(); }
   int fd() const { return fd_.get(); }
   // True when [offset, offset + bytes) lies inside the mapping (overflow-safe).
   bool Contains(uint64_t offset, uint64_t bytes) const {
-    return offset <= bytes_ && bytes <= bytes_ - offset;
+    return offset <= this->bytes() && bytes <= this->bytes() - offset;
   }
 
  private:
-  SharedMemory(UniqueFd fd, uint8_t* data, size_t bytes)
-      : fd_(std::move(fd)), data_(data), bytes_(bytes) {}
+  SharedMemory(UniqueFd fd, os::SharedMapping mapping) : fd_(std::move(fd)), mapping_(std::move(mapping)) {}
   UniqueFd fd_;
-  uint8_t* data_;
-  size_t bytes_;
+  os::SharedMapping mapping_;
 };
 
 }  // namespace ferry::embed::service
