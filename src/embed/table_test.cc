@@ -10,7 +10,9 @@
 #include <cstring>
 #include <thread>
 
+#include "base/thread_pool.h"
 #include "cuda/runtime.h"
+#include "embed/config.h"
 #include "testing/embed_files.h"
 
 namespace ferry::embed {
