@@ -7,28 +7,30 @@
 #include <cstring>
 #include <string>
 
+#include "base/os.h"
+
 namespace ferry::cuda {
 namespace {
 
 // Takes the descriptors `fds` of process `pid` into this one (pidfd_getfd: same user, and
 // ptrace rights over that process where Yama restricts them).
 Result<std::vector<int>> TakeDescriptors(int pid, const std::vector<VmmPiece>& pieces) {
-  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-  if (pidfd < 0)
-    return Status(Code::kUnavailable, "pidfd_open(" + std::to_string(pid) + "): " + std::strerror(errno));
+  os::Env* env = os::Env::Current();
+  const int pidfd = env->PidfdOpen(pid, 0);
+  if (pidfd < 0) return os::ErrnoStatus(Code::kUnavailable, "pidfd_open(" + std::to_string(pid) + ")", errno);
   std::vector<int> fds;
   for (const auto& p : pieces) {
-    const int fd = static_cast<int>(syscall(SYS_pidfd_getfd, pidfd, p.fd, 0));
+    const int fd = env->PidfdGetfd(pidfd, p.fd, 0);
     if (fd < 0) {
       const int e = errno;
-      for (int x : fds) close(x);
-      close(pidfd);
-      return Status(e == EPERM ? Code::kPermissionDenied : Code::kUnavailable,
-                    "pidfd_getfd of the peer's allocation: " + std::string(std::strerror(e)));
+      for (int x : fds) (void)env->Close(x);
+      (void)env->Close(pidfd);
+      return os::ErrnoStatus(e == EPERM ? Code::kPermissionDenied : Code::kUnavailable,
+                             "pidfd_getfd of the peer's allocation", e);
     }
     fds.push_back(fd);
   }
-  close(pidfd);
+  (void)env->Close(pidfd);
   return fds;
 }
 

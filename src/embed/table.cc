@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "base/thread_pool.h"
+#include "base/os.h"
 #include "cuda/runtime.h"
 #include "embed/config.h"
 #include "embed/parallel.h"
@@ -21,14 +22,6 @@ namespace ferry::embed {
 namespace {
 
 constexpr uint64_t kHugePage = 2ull << 20;
-
-Status Errno(int err, const std::string& what) {
-  Code code = err == ENOENT                   ? Code::kNotFound
-              : err == EACCES || err == EPERM ? Code::kPermissionDenied
-              : err == ENOMEM                 ? Code::kResourceExhausted
-                                              : Code::kInternal;
-  return Status(code, what + ": " + std::strerror(err));
-}
 
 struct TensorRows {
   Dtype dtype;
@@ -96,7 +89,7 @@ Result<std::unique_ptr<Table>> Table::Synthetic(const Layout& layout, Dtype dtyp
   void* addr = mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (addr == MAP_FAILED)
-    return Errno(errno, "mmap of a " + std::to_string(mapped) + "-byte table");
+    return os::ErrnoStatus("mmap of a " + std::to_string(mapped) + "-byte table", errno);
   (void)madvise(addr, mapped, MADV_HUGEPAGE);  // advice only: EINVAL without THP
 
   auto table = std::unique_ptr<Table>(new Table());
@@ -131,12 +124,12 @@ Result<std::unique_ptr<Table>> Table::Open(const Layout& layout, std::span<const
     const std::string& path = paths[i];
     // O_NONBLOCK: a FIFO (or a device) would block the open until a writer comes.
     int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) return Errno(errno, "open " + path);
+    if (fd < 0) return os::ErrnoStatus("open " + path, errno);
     struct stat st {};
     if (fstat(fd, &st) != 0) {
       int err = errno;
       close(fd);
-      return Errno(err, "fstat " + path);
+      return os::ErrnoStatus("fstat " + path, err);
     }
     if (!S_ISREG(st.st_mode)) {
       close(fd);
@@ -151,7 +144,7 @@ Result<std::unique_ptr<Table>> Table::Open(const Layout& layout, std::span<const
     void* addr = mmap(nullptr, size, PROT_READ, flags, fd, 0);
     int err = errno;
     close(fd);  // the mapping keeps the file
-    if (addr == MAP_FAILED) return Errno(err, "mmap " + path);
+    if (addr == MAP_FAILED) return os::ErrnoStatus("mmap " + path, err);
     table->mappings_.push_back({addr, size});  // unmapped by ~Table on any error below
     (void)madvise(addr, size, MADV_HUGEPAGE);
     if (!options.populate) (void)madvise(addr, size, MADV_RANDOM);

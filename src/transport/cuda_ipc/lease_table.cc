@@ -12,6 +12,8 @@
 #include <random>
 #include <thread>
 
+#include "base/os.h"
+
 namespace ferry::internal::cuda_ipc {
 
 struct LeaseTable::Layout {
@@ -40,10 +42,6 @@ bool ProcessAlive(int32_t pid) {
   return errno == EPERM;
 }
 
-Status Errno(const std::string& what) {
-  return Status(Code::kUnavailable, what + ": " + std::strerror(errno));
-}
-
 }  // namespace
 
 Result<std::shared_ptr<LeaseTable>> LeaseTable::Create() {
@@ -51,9 +49,9 @@ Result<std::shared_ptr<LeaseTable>> LeaseTable::Create() {
   char name[96];
   snprintf(name, sizeof(name), "/ferry-ipc-%d-%08x%08x", static_cast<int>(getpid()), rd(), rd());
   int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) return Errno(std::string("shm_open ") + name);
+  if (fd < 0) return os::ErrnoStatus(Code::kUnavailable, std::string("shm_open ") + name, errno);
   if (ftruncate(fd, sizeof(Layout)) != 0) {
-    Status s = Errno("ftruncate lease table");
+    Status s = os::ErrnoStatus(Code::kUnavailable, "ftruncate lease table", errno);
     close(fd);
     shm_unlink(name);
     return s;
@@ -61,7 +59,7 @@ Result<std::shared_ptr<LeaseTable>> LeaseTable::Create() {
   void* p = mmap(nullptr, sizeof(Layout), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (p == MAP_FAILED) {
-    Status s = Errno("mmap lease table");
+    Status s = os::ErrnoStatus(Code::kUnavailable, "mmap lease table", errno);
     shm_unlink(name);
     return s;
   }
@@ -81,7 +79,7 @@ Result<std::shared_ptr<LeaseTable>> LeaseTable::Open(const std::string& name) {
   if (name.empty() || name[0] != '/' || name.find('/', 1) != std::string::npos)
     return Status(Code::kInvalidArgument, "bad lease table name '" + name + "'");
   int fd = shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) return Errno("opening lease table " + name + " (is the peer gone?)");
+  if (fd < 0) return os::ErrnoStatus(Code::kUnavailable, "opening lease table " + name + " (is the peer gone?)", errno);
   struct stat st {};
   if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != sizeof(Layout)) {
     close(fd);
@@ -89,7 +87,7 @@ Result<std::shared_ptr<LeaseTable>> LeaseTable::Open(const std::string& name) {
   }
   void* p = mmap(nullptr, sizeof(Layout), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
-  if (p == MAP_FAILED) return Errno("mmap lease table " + name);
+  if (p == MAP_FAILED) return os::ErrnoStatus(Code::kUnavailable, "mmap lease table " + name, errno);
   auto* layout = static_cast<Layout*>(p);
   if (layout->magic != Layout::kMagic || layout->version != Layout::kVersion || layout->slots != kSlots ||
       layout->rows != kRows) {

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <string>
 
+#include "base/memory_file.h"
+
 namespace ferry::internal::shm {
 namespace {
 constexpr size_t kBytes = kRevocationSlots * sizeof(uint64_t);
@@ -16,22 +18,21 @@ constexpr size_t kBytes = kRevocationSlots * sizeof(uint64_t);
 
 Result<std::unique_ptr<RevocationTable>> RevocationTable::Create() {
   std::unique_ptr<RevocationTable> t(new RevocationTable());
-  t->fd_ = memfd_create("ferry-shm-revocations", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (t->fd_ < 0) return Status(Code::kUnavailable, std::string("memfd_create: ") + std::strerror(errno));
-  if (ftruncate(t->fd_, kBytes) != 0 ||
-      fcntl(t->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
-    return Status(Code::kUnavailable, std::string("revocation table: ") + std::strerror(errno));
-  void* p = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, t->fd_, 0);
-  if (p == MAP_FAILED) return Status(Code::kUnavailable, std::string("revocation table: ") + std::strerror(errno));
-  t->words_ = static_cast<uint64_t*>(p);
+  Result<os::UniqueFd> fd = os::CreateMemoryFile("ferry-shm-revocations", kBytes, /*final=*/true);
+  if (!fd.ok()) return Status(Code::kUnavailable, std::string(fd.status().message())).WithContext("revocation table");
+  t->fd_ = fd->release();
+  Result<os::SharedMapping> m = os::SharedMapping::Map(t->fd_, 0, kBytes);
+  if (!m.ok()) return Status(Code::kUnavailable, std::string(m.status().message())).WithContext("revocation table");
+  t->words_ = reinterpret_cast<uint64_t*>(m->data());
+  m->Release();  // unmapped by the destructor
   t->free_.reserve(kRevocationSlots);
   for (uint32_t i = kRevocationSlots; i > 0; --i) t->free_.push_back(i - 1);
   return t;
 }
 
 RevocationTable::~RevocationTable() {
-  if (words_ != nullptr) munmap(words_, kBytes);
-  if (fd_ >= 0) close(fd_);
+  if (words_ != nullptr) (void)os::Env::Current()->Munmap(words_, kBytes);
+  if (fd_ >= 0) (void)os::Env::Current()->Close(fd_);
 }
 
 std::pair<uint32_t, uint64_t> RevocationTable::Publish() {
@@ -58,15 +59,15 @@ Result<std::shared_ptr<RevocationView>> RevocationView::Map(int fd) {
   struct stat st = {};
   if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < kBytes)
     return Status(Code::kInvalidArgument, "the peer's revocation table is too small");
-  void* p = mmap(nullptr, kBytes, PROT_READ, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) return Status(Code::kResourceExhausted, std::string("revocation table: ") + std::strerror(errno));
+  void* p = os::Env::Current()->Mmap(nullptr, kBytes, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return os::ErrnoStatus(Code::kResourceExhausted, "revocation table", errno);
   std::shared_ptr<RevocationView> v(new RevocationView());
   v->words_ = static_cast<const uint64_t*>(p);
   return v;
 }
 
 RevocationView::~RevocationView() {
-  if (words_ != nullptr) munmap(const_cast<uint64_t*>(words_), kBytes);
+  if (words_ != nullptr) (void)os::Env::Current()->Munmap(const_cast<uint64_t*>(words_), kBytes);
 }
 
 }  // namespace ferry::internal::shm

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <string>
 
+#include "base/memory_file.h"
+
 namespace ferry::internal::shm {
 namespace {
 
@@ -26,15 +28,13 @@ Result<std::unique_ptr<RingReader>> RingReader::Create(uint64_t capacity, size_t
   r->capacity_ = capacity;
   r->max_message_bytes_ = RingMessageLimit(capacity, max_message_bytes);
   r->length_ = kRingControlBytes + capacity;
-  r->fd_ = memfd_create("ferry-shm-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (r->fd_ < 0) return Status(Code::kResourceExhausted, std::string("memfd_create: ") + std::strerror(errno));
-  if (ftruncate(r->fd_, static_cast<off_t>(r->length_)) != 0 ||
-      fcntl(r->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
-    return Status(Code::kResourceExhausted, std::string("notification ring: ") + std::strerror(errno));
-  void* p = mmap(nullptr, r->length_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd_, 0);
-  if (p == MAP_FAILED)
-    return Status(Code::kResourceExhausted, std::string("notification ring: ") + std::strerror(errno));
-  r->base_ = static_cast<std::byte*>(p);
+  Result<os::UniqueFd> fd = os::CreateMemoryFile("ferry-shm-ring", r->length_, /*final=*/true);
+  if (!fd.ok()) return fd.status().WithContext("notification ring");
+  r->fd_ = fd->release();
+  Result<os::SharedMapping> m = os::SharedMapping::Map(r->fd_, 0, r->length_, MAP_POPULATE);
+  if (!m.ok()) return Status(Code::kResourceExhausted, std::string(m.status().message())).WithContext("notification ring");
+  r->base_ = m->data();
+  m->Release();  // unmapped by the destructor
   *Word32(r->base_, kRingMagicOffset) = kRingMagic;
   *Word32(r->base_, kRingVersionOffset) = kRingVersion;
   *Word(r->base_, kRingCapacityOffset) = capacity;
@@ -43,8 +43,8 @@ Result<std::unique_ptr<RingReader>> RingReader::Create(uint64_t capacity, size_t
 }
 
 RingReader::~RingReader() {
-  if (base_ != nullptr) munmap(base_, length_);
-  if (fd_ >= 0) close(fd_);
+  if (base_ != nullptr) (void)os::Env::Current()->Munmap(base_, length_);
+  if (fd_ >= 0) (void)os::Env::Current()->Close(fd_);
 }
 
 bool RingReader::Pending() const {

@@ -14,13 +14,16 @@
 #include <cstring>
 
 #include "base/log.h"
+#include "base/os.h"
 
 namespace ferry::internal::ucx {
 namespace {
 
 constexpr auto kAcceptPause = std::chrono::milliseconds(100);
 
-Status Errno(const std::string& what) { return Status(Code::kUnavailable, what + ": " + std::strerror(errno)); }
+// The OS seam: every socket call of the door goes through it.
+os::Env* Os() { return os::Env::Current(); }
+
 
 int PollMs(Clock::duration d) {
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
@@ -46,7 +49,7 @@ bool WaitFd(int fd, short events, Deadline deadline) {
   for (;;) {
     if (deadline.expired()) return false;
     pollfd p = {fd, events, 0};
-    int n = poll(&p, 1, PollMs(deadline.remaining()));
+    int n = Os()->Poll(&p, 1, PollMs(deadline.remaining()));
     if (n > 0) return true;
     if (n < 0 && errno != EINTR) return true;  // the next call reports the error
   }
@@ -60,23 +63,24 @@ Result<std::unique_ptr<Door>> Door::Create(const DoorOptions& options, AdmitFn a
   addr.sin_port = htons(options.port);
   if (inet_pton(AF_INET, options.host.c_str(), &addr.sin_addr) != 1)
     return Status(Code::kInvalidArgument, "ucx.listen_host '" + options.host + "' is not an IPv4 address");
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status(Code::kResourceExhausted, std::string("socket: ") + std::strerror(errno));
+  int fd = Os()->Socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return os::ErrnoStatus(Code::kResourceExhausted, "socket", errno);
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   const std::string where = options.host + ":" + std::to_string(options.port);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 128) != 0) {
-    Status s = Status(errno == EADDRINUSE ? Code::kUnavailable : Code::kInvalidArgument,
-                      "listening on " + where + ": " + std::strerror(errno));
-    close(fd);
+  if (Os()->Bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || Os()->Listen(fd, 128) != 0) {
+    const int err = errno;
+    Status s = os::ErrnoStatus(err == EADDRINUSE ? Code::kUnavailable : Code::kInvalidArgument, "listening on " + where, err);
+    Os()->Close(fd);
     return s;
   }
   socklen_t len = sizeof(addr);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   int wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake < 0) {
-    close(fd);
-    return Status(Code::kResourceExhausted, std::string("eventfd: ") + std::strerror(errno));
+    Status s = os::ErrnoStatus(Code::kResourceExhausted, "eventfd", errno);
+    Os()->Close(fd);
+    return s;
   }
   std::unique_ptr<Door> door(new Door(options, std::move(admit), std::move(gone), fd, wake, ntohs(addr.sin_port)));
   try {
@@ -94,7 +98,7 @@ Door::Door(DoorOptions options, AdmitFn admit, GoneFn gone, int listen_fd, int w
 
 Door::~Door() {
   Stop();
-  close(wake_fd_);
+  Os()->Close(wake_fd_);
 }
 
 void Door::Stop() {
@@ -107,7 +111,7 @@ void Door::Stop() {
   uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
   if (thread_.joinable()) thread_.join();
-  close(listen_fd_);  // new connections are refused from now on
+  Os()->Close(listen_fd_);  // new connections are refused from now on
   listen_fd_ = -1;
 }
 
@@ -122,7 +126,7 @@ void Door::Forget(uint64_t conn_id) {
 }
 
 void Door::Refuse(int fd, const char* why) {
-  close(fd);
+  Os()->Close(fd);
   uint64_t n = refused_.fetch_add(1, std::memory_order_relaxed) + 1;
   // The first few, then every 1000th: a peer that floods the door must not flood the log.
   if (n <= 8 || n % 1000 == 0) FERRY_LOG_WARN("ucx: refused connection #{} on port {}: {}", n, port_, why);
@@ -152,7 +156,7 @@ void Door::Loop() {
     if (!listening) wake_at = std::min(wake_at, paused_until_);
     pending_count_.store(pending_.size(), std::memory_order_relaxed);
     established_count_.store(established_.size(), std::memory_order_relaxed);
-    int n = poll(fds.data(), fds.size(), PollMs(wake_at - now));
+    int n = Os()->Poll(fds.data(), fds.size(), PollMs(wake_at - now));
     if (n < 0 && errno != EINTR) {
       FERRY_LOG_WARN("ucx: the listener's poll failed: {}", std::strerror(errno));
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -170,7 +174,7 @@ void Door::Loop() {
       for (uint64_t id : forget) {
         auto it = std::find_if(established_.begin(), established_.end(), [id](const Established& e) { return e.conn_id == id; });
         if (it == established_.end()) continue;
-        close(it->fd);
+        Os()->Close(it->fd);
         established_.erase(it);
       }
     }
@@ -186,7 +190,7 @@ void Door::Loop() {
     for (size_t k = ended.size(); k-- > 0;) {
       Established e = established_[ended[k]];
       established_.erase(established_.begin() + static_cast<ptrdiff_t>(ended[k]));
-      close(e.fd);
+      Os()->Close(e.fd);
       gone_(e.conn_id);
     }
     // Pending handshakes.
@@ -202,8 +206,8 @@ void Door::Loop() {
     }
     if (fds[1].fd >= 0 && (fds[1].revents & POLLIN)) Accept();
   }
-  for (const auto& p : pending_) close(p.fd);
-  for (const auto& e : established_) close(e.fd);
+  for (const auto& p : pending_) Os()->Close(p.fd);
+  for (const auto& e : established_) Os()->Close(e.fd);
   pending_.clear();
   established_.clear();
   pending_count_.store(0);
@@ -212,7 +216,7 @@ void Door::Loop() {
 
 void Door::Accept() {
   for (int round = 0; round < 64; ++round) {
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = Os()->Accept(listen_fd_, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
@@ -250,7 +254,7 @@ void Door::Read(Pending& p, bool* done) {
   char chunk[4096];
   size_t room = want > p.buf.size() ? std::min(sizeof(chunk), want - p.buf.size()) : 0;
   if (room == 0) room = 1;
-  ssize_t n = recv(p.fd, chunk, room, 0);
+  ssize_t n = Os()->Recv(p.fd, chunk, room, 0);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   if (n <= 0) {
     *done = true;
@@ -266,7 +270,7 @@ void Door::Read(Pending& p, bool* done) {
       w.code = Code::kFailedPrecondition;
       w.message = std::string(length.status().message());
       std::string frame = EncodeWelcome(w);
-      (void)!send(p.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      (void)!Os()->Send(p.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     }
     return Refuse(p.fd, std::string(length.status().message()).c_str());
   }
@@ -292,7 +296,7 @@ void Door::Finish(Pending& p) {
   w.key = options_.key;
   std::string frame = EncodeWelcome(w);
   // A welcome is far smaller than a socket's buffer: it goes out whole or the peer is gone.
-  ssize_t sent = send(p.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  ssize_t sent = Os()->Send(p.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   if (sent != static_cast<ssize_t>(frame.size())) {
     if (w.code == Code::kOk) gone_(w.conn_id);
     return Refuse(p.fd, "the welcome could not be sent");
@@ -303,44 +307,44 @@ void Door::Finish(Pending& p) {
 
 Result<Dialed> Dial(const std::string& address, const Hello& hello, Deadline deadline) {
   FERRY_ASSIGN_OR_RETURN(sockaddr_in addr, ParseAddress(address));
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status(Code::kResourceExhausted, std::string("socket: ") + std::strerror(errno));
+  int fd = Os()->Socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return os::ErrnoStatus(Code::kResourceExhausted, "socket", errno);
   auto fail = [fd](Status s) {
-    close(fd);
+    Os()->Close(fd);
     return s;
   };
   const std::string ms = std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(deadline.remaining()).count());
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    if (errno != EINPROGRESS) return fail(Errno("connecting to " + address));
+  if (Os()->Connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (errno != EINPROGRESS) return fail(os::ErrnoStatus(Code::kUnavailable, "connecting to " + address, errno));
     if (!WaitFd(fd, POLLOUT, deadline)) return fail(Status(Code::kUnavailable, address + " did not accept a connection within " + ms + " ms"));
     int err = 0;
     socklen_t len = sizeof(err);
     getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
     if (err != 0) {
       errno = err;
-      return fail(Errno("connecting to " + address));
+      return fail(os::ErrnoStatus(Code::kUnavailable, "connecting to " + address, errno));
     }
   }
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   const std::string frame = EncodeHello(hello);
   for (size_t sent = 0; sent < frame.size();) {
-    ssize_t n = send(fd, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
+    ssize_t n = Os()->Send(fd, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
     if (n > 0) {
       sent += static_cast<size_t>(n);
       continue;
     }
-    if (n < 0 && errno != EAGAIN && errno != EINTR) return fail(Errno("sending ferry's handshake to " + address));
+    if (n < 0 && errno != EAGAIN && errno != EINTR) return fail(os::ErrnoStatus(Code::kUnavailable, "sending ferry's handshake to " + address, errno));
     if (!WaitFd(fd, POLLOUT, deadline)) return fail(Status(Code::kUnavailable, address + " did not take ferry's handshake within " + ms + " ms"));
   }
   std::string buf;
   size_t want = kDoorPrefixBytes;
   while (buf.size() < want) {
     char chunk[4096];
-    ssize_t n = recv(fd, chunk, std::min(sizeof(chunk), want - buf.size()), 0);
+    ssize_t n = Os()->Recv(fd, chunk, std::min(sizeof(chunk), want - buf.size()), 0);
     if (n == 0) return fail(Status(Code::kUnavailable, address + " closed the connection during ferry's handshake"));
     if (n < 0) {
-      if (errno != EAGAIN && errno != EINTR) return fail(Errno("receiving ferry's handshake from " + address));
+      if (errno != EAGAIN && errno != EINTR) return fail(os::ErrnoStatus(Code::kUnavailable, "receiving ferry's handshake from " + address, errno));
       if (!WaitFd(fd, POLLIN, deadline))
         return fail(Status(Code::kUnavailable, address + " did not answer ferry's handshake within " + ms +
                                                    " ms (a stopped or busy engine, or not a ferry engine)"));
