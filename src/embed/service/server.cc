@@ -149,10 +149,10 @@ void Server::Impl::Loop() {
     fds.push_back({listen_fd.get(), POLLIN, 0});
     for (const auto& c : connections) fds.push_back({c->poll_fd, POLLIN, 0});
     // The timeout only bounds how long a retired group waits to be joined.
-    int n = ::poll(fds.data(), fds.size(), 200);
+    int n = os::Env::Current()->Poll(fds.data(), fds.size(), 200);
     if (n < 0) {
       if (errno != EINTR) {
-        FERRY_LOG_WARN("embed-serve: poll: {}", std::strerror(errno));
+        FERRY_LOG_WARN("embed-serve: {}", os::ErrnoStatus("poll", errno).ToString());
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
       continue;

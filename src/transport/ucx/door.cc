@@ -158,7 +158,7 @@ void Door::Loop() {
     established_count_.store(established_.size(), std::memory_order_relaxed);
     int n = Os()->Poll(fds.data(), fds.size(), PollMs(wake_at - now));
     if (n < 0 && errno != EINTR) {
-      FERRY_LOG_WARN("ucx: the listener's poll failed: {}", std::strerror(errno));
+      FERRY_LOG_WARN("ucx: {}", os::ErrnoStatus(Code::kInternal, "the listener's poll failed", errno).message());
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       continue;
     }
@@ -224,7 +224,8 @@ void Door::Accept() {
       // accepting for a moment (the kernel keeps the connections queued meanwhile).
       const int err = errno;
       if (++accept_errors_ <= 8 || accept_errors_ % 1000 == 0)
-        FERRY_LOG_WARN("ucx: accepting on port {} failed (#{}): {}", port_, accept_errors_, std::strerror(err));
+        FERRY_LOG_WARN("ucx: accepting on port {} failed (#{}): {}", port_, accept_errors_,
+                       os::ErrnoStatus("accept4", err).ToString());
       if (!pending_.empty()) {
         Refuse(pending_.front().fd, "dropped to make room");
         pending_.erase(pending_.begin());
