@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 
 #include <exception>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -36,10 +37,28 @@ T Unwrap(Result<T> r) {
   return std::move(r).value();
 }
 
-// The Python class raised for a failed Status (ferry.Error, set at import by __init__.py).
+// The Python class raised for a failed Status (ferry.Error, set at import by __init__.py),
+// and for INVALID_ARGUMENT (ferry.InvalidArgumentError: a ferry.Error and a ValueError).
 py::object& ErrorClass();
+py::object& InvalidArgumentClass();
 // Sets the Python error indicator to ferry.Error(code name, message). REQUIRES: the GIL.
 void RaiseError(const Status& s);
+
+// Whether the interpreter is shutting down (no Python code may run then).
+inline bool Finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+// A Python callable as a completion callback (TransferOptions::on_complete): called as
+// fn(code, message) with the GIL acquired, on the engine's completion thread (or at once on
+// the posting thread when the transfer was refused). An exception it raises is reported as
+// unraisable (sys.unraisablehook) and ignored. None gives an empty function. Raises TypeError
+// for anything else that is not callable.
+std::function<void(const Status&)> CompletionCallback(const py::object& fn);
 
 // Milliseconds (float) to a Duration; raises INVALID_ARGUMENT for NaN, infinities and values
 // a Duration cannot hold. `what` names the argument in the message.

@@ -1,12 +1,19 @@
 // The Status -> ferry.Error bridge and the argument conversions of the binding.
 #include <chrono>
 #include <cmath>
+#include <memory>
+#include <string>
 
 #include "binding.h"
 
 namespace ferry::python {
 
 py::object& ErrorClass() {
+  static py::object* cls = new py::object();  // leaked: lives as long as the interpreter
+  return *cls;
+}
+
+py::object& InvalidArgumentClass() {
   static py::object* cls = new py::object();  // leaked: lives as long as the interpreter
   return *cls;
 }
@@ -18,8 +25,36 @@ void RaiseError(const Status& s) {
     PyErr_SetString(PyExc_RuntimeError, s.ToString().c_str());
     return;
   }
-  py::object error = ErrorClass()(code, message);
-  PyErr_SetObject(ErrorClass().ptr(), error.ptr());
+  py::object& cls = s.code() == Code::kInvalidArgument && InvalidArgumentClass() ? InvalidArgumentClass() : ErrorClass();
+  py::object error = cls(code, message);
+  PyErr_SetObject(cls.ptr(), error.ptr());
+}
+
+std::function<void(const Status&)> CompletionCallback(const py::object& fn) {
+  if (fn.is_none()) return {};
+  if (!PyCallable_Check(fn.ptr())) throw py::type_error("on_complete must be callable (code, message)");
+  // The callable is released with the GIL held, on whichever thread drops the last copy.
+  std::shared_ptr<py::object> held(new py::object(fn), [](py::object* o) {
+    if (Finalizing()) {
+      (void)o->release();  // no Python call may run now: leak the reference
+    } else {
+      py::gil_scoped_acquire gil;
+      delete o;
+      return;
+    }
+    delete o;
+  });
+  return [held](const Status& s) {
+    if (Finalizing()) return;
+    py::gil_scoped_acquire gil;
+    try {
+      (*held)(std::string(CodeName(s.code())), std::string(s.message()));
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("ferry on_complete callback");
+    } catch (...) {  // nothing may escape onto the completion thread
+      PyErr_Clear();
+    }
+  };
 }
 
 Duration Millis(double ms, const char* what) {

@@ -5,8 +5,11 @@
 // cannot free memory that a transfer may still touch. Calls that can block release the GIL.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -15,14 +18,6 @@
 
 namespace ferry::python {
 namespace {
-
-bool Finalizing() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing();
-#else
-  return _Py_IsFinalizing();
-#endif
-}
 
 // The Python-side Engine: a ferry::Engine plus the Python objects whose memory it borrows.
 class PyEngine {
@@ -109,6 +104,11 @@ class PyEngine {
   std::unordered_map<uint64_t, py::object> owners_;  // region id -> memoryview or owner
 };
 
+// A notification's bytes: bytes-like, or str sent as UTF-8.
+std::string MessageBytes(const py::object& message) {
+  return PyUnicode_Check(message.ptr()) ? message.cast<std::string>() : BytesOf(message, "message");
+}
+
 // Runs `f` with the GIL released on the engine of `self`.
 template <typename F>
 auto Call(const PyEngine& self, F&& f) {
@@ -117,26 +117,74 @@ auto Call(const PyEngine& self, F&& f) {
   return f(*e);
 }
 
-std::unique_ptr<PyEngine> MakeEngine(std::string key, double default_deadline_ms, int copy_threads,
-                                     uint64_t parallel_copy_bytes, bool pin_host_memory,
-                                     bool merge_adjacent_ops, std::vector<std::string> transports,
-                                     size_t max_notification_bytes,
-                                     size_t max_pending_notifications,
-                                     size_t max_pending_notification_bytes, std::string listen_host,
-                                     uint16_t listen_port) {
+// An integer option, range-checked for its C++ field. Errors here are INVALID_ARGUMENT naming the
+// field (ferry.InvalidArgumentError, a ValueError), as the engine's own range checks are.
+template <typename T>
+T IntOption(int64_t v, const char* name, int64_t lo = 0) {
+  const int64_t hi = static_cast<int64_t>(std::min<uint64_t>(std::numeric_limits<T>::max(), INT64_MAX));
+  if (v < lo || v > hi)
+    ThrowInvalid(std::string(name) + " must be in " + std::to_string(lo) + ".." + std::to_string(hi) + ", not " +
+                 std::to_string(v));
+  return static_cast<T>(v);
+}
+
+// Milliseconds for a std::chrono::milliseconds option; a positive time under 1 ms is 1 ms.
+std::chrono::milliseconds MsOption(double ms, const char* name) {
+  Duration d = Millis(ms, name);
+  auto out = std::chrono::duration_cast<std::chrono::milliseconds>(d);
+  if (d > Duration::zero() && out < d) out += std::chrono::milliseconds(1);
+  return out;
+}
+
+UcxOptions::Progress ParseProgress(const std::string& s) {
+  if (s == "polling") return UcxOptions::Progress::kPolling;
+  if (s == "event") return UcxOptions::Progress::kEvent;
+  if (s == "shared") return UcxOptions::Progress::kShared;
+  ThrowInvalid("progress must be 'polling', 'event' or 'shared', not '" + s + "'");
+}
+
+UcxOptions::Rma ParseRma(const std::string& s) {
+  if (s == "auto") return UcxOptions::Rma::kAuto;
+  if (s == "always") return UcxOptions::Rma::kAlways;
+  if (s == "never") return UcxOptions::Rma::kNever;
+  ThrowInvalid("rma must be 'auto', 'always' or 'never', not '" + s + "'");
+}
+
+// Every EngineOptions field, by its Python name (the ucx and shm fields without a prefix).
+std::unique_ptr<PyEngine> MakeEngine(
+    std::string key, double default_deadline_ms, std::optional<double> deregister_timeout_ms,
+    int64_t copy_threads, int64_t parallel_copy_bytes, bool pin_host_memory, bool merge_adjacent_ops,
+    std::vector<std::string> transports, int64_t max_notification_bytes, int64_t max_pending_notifications,
+    int64_t max_pending_notification_bytes, std::string listen_host, int64_t listen_port,
+    int64_t max_pending_handshakes, int64_t max_connections, double handshake_timeout_ms, int64_t lanes,
+    int64_t workers, int64_t post_batch, const std::string& progress, const std::string& rma,
+    int64_t max_am_bytes, double connect_timeout_ms, double revoke_timeout_ms, double call_timeout_ms) {
   EngineOptions o;
-  o.ucx.listen_host = std::move(listen_host);
-  o.ucx.listen_port = listen_port;
   o.key = std::move(key);
   o.default_deadline = Millis(default_deadline_ms, "default_deadline_ms");
-  o.copy_threads = copy_threads;
-  o.parallel_copy_bytes = parallel_copy_bytes;
+  if (deregister_timeout_ms) o.deregister_timeout = Millis(*deregister_timeout_ms, "deregister_timeout_ms");
+  o.copy_threads = IntOption<int>(copy_threads, "copy_threads");
+  o.parallel_copy_bytes = IntOption<uint64_t>(parallel_copy_bytes, "parallel_copy_bytes");
   o.pin_host_memory = pin_host_memory;
   o.merge_adjacent_ops = merge_adjacent_ops;
   o.transports = std::move(transports);
-  o.max_notification_bytes = max_notification_bytes;
-  o.max_pending_notifications = max_pending_notifications;
-  o.max_pending_notification_bytes = max_pending_notification_bytes;
+  o.max_notification_bytes = IntOption<size_t>(max_notification_bytes, "max_notification_bytes");
+  o.max_pending_notifications = IntOption<size_t>(max_pending_notifications, "max_pending_notifications");
+  o.max_pending_notification_bytes = IntOption<size_t>(max_pending_notification_bytes, "max_pending_notification_bytes");
+  o.ucx.listen_host = std::move(listen_host);
+  o.ucx.listen_port = IntOption<uint16_t>(listen_port, "listen_port");
+  o.ucx.max_pending_handshakes = IntOption<size_t>(max_pending_handshakes, "max_pending_handshakes");
+  o.ucx.max_connections = IntOption<size_t>(max_connections, "max_connections");
+  o.ucx.handshake_timeout = MsOption(handshake_timeout_ms, "handshake_timeout_ms");
+  o.ucx.lanes = IntOption<int>(lanes, "lanes");
+  o.ucx.workers = IntOption<int>(workers, "workers");
+  o.ucx.post_batch = IntOption<int>(post_batch, "post_batch");
+  o.ucx.progress = ParseProgress(progress);
+  o.ucx.rma = ParseRma(rma);
+  o.ucx.max_am_bytes = IntOption<uint64_t>(max_am_bytes, "max_am_bytes");
+  o.ucx.connect_timeout = MsOption(connect_timeout_ms, "connect_timeout_ms");
+  o.shm.revoke_timeout = MsOption(revoke_timeout_ms, "revoke_timeout_ms");
+  o.shm.call_timeout = MsOption(call_timeout_ms, "call_timeout_ms");
   Result<std::unique_ptr<Engine>> engine = [&] {
     py::gil_scoped_release nogil;
     return Engine::Create(o);
@@ -144,30 +192,50 @@ std::unique_ptr<PyEngine> MakeEngine(std::string key, double default_deadline_ms
   return std::make_unique<PyEngine>(Unwrap(std::move(engine)));
 }
 
+double Ms(Duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
 }  // namespace
 
 void BindEngine(py::module_& m) {
+  m.def(
+      "_set_invalid_argument_class", [](py::object cls) { InvalidArgumentClass() = std::move(cls); },
+      "Sets the class raised for INVALID_ARGUMENT (called by ferry/__init__.py).");
   EngineOptions d;
   py::class_<PyEngine>(
       m, "Engine",
       "ferry's transfer engine: registered memory, peers, sessions.\n\n"
-      "Engine(key='', default_deadline_ms=30000, copy_threads=0, ...) raises\n"
-      "ferry.Error when the engine cannot start: INVALID_ARGUMENT for an option out of range\n"
-      "(copy_threads 0..1024, max_pending_notifications >= 1, ...), RESOURCE_EXHAUSTED when a\n"
-      "thread cannot start. listen_host/listen_port: where the ucx transport listens for peers\n"
-      "(default 127.0.0.1, this host only; '0.0.0.0' for every interface). Use as a context manager or call close() to shut it down before it\n"
+      "Engine(key='', default_deadline_ms=30000, copy_threads=0, ...) takes every field of the\n"
+      "C++ EngineOptions (ferry/options.h) by keyword: key, default_deadline_ms,\n"
+      "deregister_timeout_ms, copy_threads, parallel_copy_bytes, pin_host_memory,\n"
+      "merge_adjacent_ops, transports (names), max_notification_bytes,\n"
+      "max_pending_notifications, max_pending_notification_bytes; the ucx transport's\n"
+      "listen_host, listen_port (default 127.0.0.1, this host only; '0.0.0.0' for every\n"
+      "interface), max_pending_handshakes, max_connections, handshake_timeout_ms, lanes,\n"
+      "workers, post_batch, progress ('polling'|'event'|'shared'), rma ('auto'|'always'|\n"
+      "'never'), max_am_bytes, connect_timeout_ms; the shm transport's revoke_timeout_ms and\n"
+      "call_timeout_ms. A value out of range raises ferry.InvalidArgumentError (a ValueError\n"
+      "and a ferry.Error with code INVALID_ARGUMENT) naming the field; RESOURCE_EXHAUSTED when a\n"
+      "thread cannot start. Use as a context manager or call close() to shut it down before it\n"
       "is garbage-collected.")
       .def(py::init(&MakeEngine), py::kw_only(), py::arg("key") = d.key,
-           py::arg("default_deadline_ms") =
-               std::chrono::duration<double, std::milli>(d.default_deadline).count(),
-           py::arg("copy_threads") = d.copy_threads,
+           py::arg("default_deadline_ms") = Ms(d.default_deadline),
+           py::arg("deregister_timeout_ms") = py::none(), py::arg("copy_threads") = d.copy_threads,
            py::arg("parallel_copy_bytes") = d.parallel_copy_bytes,
            py::arg("pin_host_memory") = d.pin_host_memory,
            py::arg("merge_adjacent_ops") = d.merge_adjacent_ops, py::arg("transports") = d.transports,
            py::arg("max_notification_bytes") = d.max_notification_bytes,
            py::arg("max_pending_notifications") = d.max_pending_notifications,
            py::arg("max_pending_notification_bytes") = d.max_pending_notification_bytes,
-           py::arg("listen_host") = d.ucx.listen_host, py::arg("listen_port") = d.ucx.listen_port)
+           py::arg("listen_host") = d.ucx.listen_host, py::arg("listen_port") = d.ucx.listen_port,
+           py::arg("max_pending_handshakes") = d.ucx.max_pending_handshakes,
+           py::arg("max_connections") = d.ucx.max_connections,
+           py::arg("handshake_timeout_ms") = Ms(d.ucx.handshake_timeout), py::arg("lanes") = d.ucx.lanes,
+           py::arg("workers") = d.ucx.workers, py::arg("post_batch") = d.ucx.post_batch,
+           py::arg("progress") = "event", py::arg("rma") = "auto",
+           py::arg("max_am_bytes") = d.ucx.max_am_bytes,
+           py::arg("connect_timeout_ms") = Ms(d.ucx.connect_timeout),
+           py::arg("revoke_timeout_ms") = Ms(d.shm.revoke_timeout),
+           py::arg("call_timeout_ms") = Ms(d.shm.call_timeout))
       .def_property_readonly(
           "key", [](const PyEngine& s) { return Call(s, [](Engine& e) { return e.key(); }); },
           "Unique key of this engine.")
@@ -233,22 +301,47 @@ void BindEngine(py::module_& m) {
           "A fresh transfer id, to pass as transfer_id=.")
       .def(
           "notify",
-          [](const PyEngine& s, const std::string& peer_key, const py::object& message) {
-            std::string bytes = PyUnicode_Check(message.ptr()) ? message.cast<std::string>()
-                                                               : BytesOf(message, "message");
-            Check(Call(s, [&](Engine& e) { return e.Notify(peer_key, bytes); }));
+          [](const PyEngine& s, const std::string& peer_key, const py::object& message,
+             const std::string& topic) {
+            std::string bytes = MessageBytes(message);
+            Check(Call(s, [&](Engine& e) { return e.Notify(peer_key, bytes, topic); }));
           },
-          py::arg("peer_key"), py::arg("message"),
-          "Sends a small message (bytes, or str sent as UTF-8) to a peer or to this engine.")
+          py::arg("peer_key"), py::arg("message"), py::kw_only(), py::arg("topic") = "",
+          "Sends a small message (bytes, or str sent as UTF-8) to a peer or to this engine, on\n"
+          "`topic` (at most 64 bytes; '' is the application's): the receiver's\n"
+          "pop_notifications(topic) returns it, no other topic's.")
+      .def(
+          "notify_after",
+          [](const PyEngine& s, const std::string& peer_key, const py::object& message,
+             const std::vector<Transfer>& after, const std::string& topic,
+             std::optional<double> deadline_ms, std::optional<uint64_t> transfer_id,
+             const py::object& on_complete) {
+            TransferOptions o;
+            o.notification_topic = topic;
+            if (deadline_ms) o.deadline = Millis(*deadline_ms, "deadline_ms");
+            if (transfer_id) o.id = static_cast<TransferId>(*transfer_id);
+            o.on_complete = CompletionCallback(on_complete);
+            std::string bytes = MessageBytes(message);
+            return Call(s, [&](Engine& e) { return e.NotifyAfter(peer_key, bytes, after, o); });
+          },
+          py::arg("peer_key"), py::arg("message"), py::arg("after"), py::kw_only(),
+          py::arg("topic") = "", py::arg("deadline_ms") = py::none(),
+          py::arg("transfer_id") = py::none(), py::arg("on_complete") = py::none(),
+          "Returns a Transfer that sends `message` to the peer once every transfer in `after`\n"
+          "(of any sessions of this engine, e.g. one per KV layer) finished OK. If one failed,\n"
+          "nothing is sent and the returned transfer fails with its error. on_complete as for\n"
+          "Session.write().")
       .def(
           "pop_notifications",
-          [](const PyEngine& s) {
-            auto got = Call(s, [](Engine& e) { return e.PopNotifications(); });
+          [](const PyEngine& s, const std::string& topic) {
+            auto got = Call(s, [&](Engine& e) { return e.PopNotifications(topic); });
             py::list out;
             for (auto& n : got) out.append(py::make_tuple(n.from, py::bytes(n.message)));
             return out;
           },
-          "Takes every notification received so far: a list of (from_key, bytes).")
+          py::kw_only(), py::arg("topic") = "",
+          "Takes every notification of `topic` ('' by default: the application's) received so\n"
+          "far: a list of (from_key, bytes). Other topics' notifications stay for their owners.")
       .def(
           "stats",
           [](const PyEngine& s) {

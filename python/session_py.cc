@@ -1,9 +1,12 @@
-// ferry.Session, ferry.Transfer and ferry.TransferPath. Posting and waiting release the GIL;
-// an (n, 3) uint64 ops array is copied in one block (with the GIL held), without a Python
-// object per op.
+// ferry.Session, ferry.Transfer, ferry.TransferPath, ferry.wait_all and ferry.wait_any.
+// Posting and waiting release the GIL; an (n, 3) integer ops array is copied (with the GIL
+// held) without a Python object per op, in one block when it is C-ordered uint64.
 #include <pybind11/stl.h>
 
+#include <cctype>
+#include <cstring>
 #include <optional>
+#include <string_view>
 #include <span>
 #include <string>
 #include <tuple>
@@ -37,17 +40,46 @@ class Ops {
   std::vector<TransferOp> Take() { return std::move(ops_); }
 
  private:
+  // An (n, 3) array of any integer type (numpy's default int64, int32, uint32, ...), any
+  // strides; negative values are refused. uint64 in C order is copied in one block.
   void FromBuffer(const py::object& obj) {
     py::buffer_info b = py::reinterpret_borrow<py::buffer>(obj).request();
-    bool shape_ok = b.ndim == 2 && b.shape[1] == 3;
-    bool type_ok = py::detail::compare_buffer_info<uint64_t>::compare(b);
-    bool contiguous = shape_ok && (b.shape[0] <= 1 || b.strides[0] == 24) && b.strides[1] == 8;
-    if (!shape_ok || !type_ok || !contiguous)
-      ThrowInvalid("an ops array must be C-contiguous uint64 of shape (n, 3); got format '" +
-                   b.format + "' with " + std::to_string(b.ndim) +
-                   " dimensions (use numpy.ascontiguousarray(ops, dtype=numpy.uint64))");
-    const auto* first = static_cast<const TransferOp*>(b.ptr);
-    ops_.assign(first, first + b.shape[0]);
+    std::string format = b.format;
+    char order = '@';
+    if (!format.empty() && std::string_view("@=<>!").find(format[0]) != std::string_view::npos) {
+      order = format[0];
+      format.erase(0, 1);
+    }
+    const bool little = order == '@' || order == '=' || order == '<';
+    const bool integer = format.size() == 1 && std::string_view("bBhHiIlLqQnN").find(format[0]) != std::string_view::npos;
+    if (b.ndim != 2 || b.shape[1] != 3 || !integer || !little || b.itemsize > 8)
+      ThrowInvalid("an ops array must be integers of shape (n, 3); got format '" + b.format + "' with " +
+                   std::to_string(b.ndim) + " dimensions" +
+                   (b.ndim == 2 ? " of shape (" + std::to_string(b.shape[0]) + ", " + std::to_string(b.shape[1]) + ")" : ""));
+    const size_t n = static_cast<size_t>(b.shape[0]);
+    const bool is_signed = std::islower(static_cast<unsigned char>(format[0])) != 0;
+    if (!is_signed && b.itemsize == 8 && (n <= 1 || b.strides[0] == 24) && b.strides[1] == 8) {
+      const auto* first = static_cast<const TransferOp*>(b.ptr);
+      ops_.assign(first, first + n);
+      return;
+    }
+    ops_.resize(n);
+    const auto* base = static_cast<const char*>(b.ptr);
+    const size_t size = static_cast<size_t>(b.itemsize);
+    for (size_t i = 0; i < n; ++i) {
+      uint64_t v[3];
+      for (size_t j = 0; j < 3; ++j) {
+        const char* at = base + static_cast<ptrdiff_t>(i) * b.strides[0] + static_cast<ptrdiff_t>(j) * b.strides[1];
+        uint64_t raw = 0;
+        std::memcpy(&raw, at, size);  // little-endian: the low bytes
+        if (is_signed && size < 8 && (raw >> (8 * size - 1)) & 1) raw |= ~uint64_t{0} << (8 * size);
+        if (is_signed && static_cast<int64_t>(raw) < 0)
+          ThrowInvalid("op " + std::to_string(i) + " has a negative value (" +
+                       std::to_string(static_cast<int64_t>(raw)) + "); offsets and sizes are non-negative");
+        v[j] = raw;
+      }
+      ops_[i] = TransferOp{v[0], v[1], v[2]};
+    }
   }
 
   void FromSequence(const py::object& obj) {
@@ -74,17 +106,68 @@ class Ops {
 
 TransferOptions MakeTransferOptions(std::optional<double> deadline_ms,
                                     std::optional<std::string> notification,
-                                    std::optional<uint64_t> transfer_id) {
+                                    std::optional<uint64_t> transfer_id, std::string topic,
+                                    std::optional<std::vector<Transfer>> after,
+                                    const py::object& on_complete) {
   TransferOptions o;
   if (deadline_ms) o.deadline = Millis(*deadline_ms, "deadline_ms");
   o.notification = std::move(notification);
   if (transfer_id) o.id = static_cast<TransferId>(*transfer_id);
+  o.notification_topic = std::move(topic);
+  if (after) o.after = std::move(*after);
+  o.on_complete = CompletionCallback(on_complete);
   return o;
+}
+
+// True / False (timeout) / raises, as Transfer.wait().
+bool WaitResult(const Status& s) {
+  if (s.code() == Code::kInProgress) return false;
+  Check(s);
+  return true;
+}
+
+std::optional<Duration> Timeout(std::optional<double> timeout_ms) {
+  if (!timeout_ms) return std::nullopt;
+  return Millis(*timeout_ms, "timeout_ms");
 }
 
 }  // namespace
 
 void BindTransfer(py::module_& m) {
+  m.def(
+      "wait_all",
+      [](const std::vector<Transfer>& transfers, std::optional<double> timeout_ms) {
+        std::optional<Duration> timeout = Timeout(timeout_ms);
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = timeout ? WaitAll(transfers, *timeout) : WaitAll(transfers);
+        }
+        return WaitResult(s);
+      },
+      py::arg("transfers"), py::kw_only(), py::arg("timeout_ms") = py::none(),
+      "Blocks (without the GIL) until every transfer finished. True when all succeeded; raises\n"
+      "the first failure (in finishing order) as soon as one fails; False if timeout_ms passed\n"
+      "first. Bounded by the earliest deadline among them (DEADLINE_EXCEEDED).");
+  m.def(
+      "wait_any",
+      [](const std::vector<Transfer>& transfers, std::optional<double> timeout_ms) -> std::optional<size_t> {
+        std::optional<Duration> timeout = Timeout(timeout_ms);
+        Result<size_t> r = Status(Code::kInternal, "not waited");
+        {
+          py::gil_scoped_release nogil;
+          r = timeout ? WaitAny(transfers, *timeout) : WaitAny(transfers);
+        }
+        if (!r.ok() && r.status().code() == Code::kInProgress) return std::nullopt;
+        if (!r.ok()) Throw(r.status());
+        return *r;
+      },
+      py::arg("transfers"), py::kw_only(), py::arg("timeout_ms") = py::none(),
+      "Blocks (without the GIL) until one transfer finished and returns its index (the lowest\n"
+      "when several have; check its status); None if timeout_ms passed first. Raises\n"
+      "DEADLINE_EXCEEDED when the earliest deadline among them passes with none finished\n"
+      "(that transfer has then failed), INVALID_ARGUMENT for an empty list.");
+
   py::class_<TransferPath>(m, "TransferPath", "How a transfer travels: transport and staging.")
       .def_readonly("transport", &TransferPath::transport, "Name of the transport.")
       .def_readonly("staged", &TransferPath::staged, "True when data goes through a bounce buffer.")
@@ -143,8 +226,10 @@ void BindSession(py::module_& m) {
   auto post_one = [](Op op) {
     return [op](const Session& s, uint64_t local_offset, uint64_t remote_offset, uint64_t size,
                 std::optional<double> deadline_ms, std::optional<std::string> notification,
-                std::optional<uint64_t> transfer_id) {
-      TransferOptions o = MakeTransferOptions(deadline_ms, std::move(notification), transfer_id);
+                std::optional<uint64_t> transfer_id, std::string topic,
+                std::optional<std::vector<Transfer>> after, const py::object& on_complete) {
+      TransferOptions o = MakeTransferOptions(deadline_ms, std::move(notification), transfer_id,
+                                              std::move(topic), std::move(after), on_complete);
       py::gil_scoped_release nogil;
       return op == Op::kWrite ? s.Write(local_offset, remote_offset, size, o)
                               : s.Read(local_offset, remote_offset, size, o);
@@ -152,8 +237,11 @@ void BindSession(py::module_& m) {
   };
   auto post_batch = [](Op op) {
     return [op](const Session& s, const py::object& ops, std::optional<double> deadline_ms,
-                std::optional<std::string> notification, std::optional<uint64_t> transfer_id) {
-      TransferOptions o = MakeTransferOptions(deadline_ms, std::move(notification), transfer_id);
+                std::optional<std::string> notification, std::optional<uint64_t> transfer_id,
+                std::string topic, std::optional<std::vector<Transfer>> after,
+                const py::object& on_complete) {
+      TransferOptions o = MakeTransferOptions(deadline_ms, std::move(notification), transfer_id,
+                                              std::move(topic), std::move(after), on_complete);
       std::vector<TransferOp> batch = Ops(ops).Take();
       py::gil_scoped_release nogil;
       return s.Post(op, std::move(batch), o);
@@ -162,15 +250,22 @@ void BindSession(py::module_& m) {
   const char* kWriteDoc =
       "Posts a write of `size` bytes from local[local_offset:] to remote[remote_offset:].\n\n"
       "deadline_ms overrides the engine's default deadline; notification (bytes or str) is\n"
-      "delivered to the remote engine after the data is in place; transfer_id sets the id.\n"
+      "delivered to the remote engine after the data is in place, on notification_topic ('' by\n"
+      "default; the receiver's pop_notifications(topic=...)); transfer_id sets the id.\n"
+      "after=[transfers]: this transfer finishes (and its notification leaves) only once each of\n"
+      "them finished OK (any session of the engine); if one failed, it fails with that error and\n"
+      "no notification is sent. on_complete=fn: fn(code, message) is called once when the\n"
+      "transfer ends, with the GIL acquired, on the engine's completion thread (or at once on\n"
+      "this thread if the transfer was refused); it may post transfers, and should be short.\n"
       "Errors (e.g. OUT_OF_RANGE) are reported by the returned Transfer.";
   const char* kReadDoc =
       "Posts a read of `size` bytes from remote[remote_offset:] to local[local_offset:].\n\n"
-      "deadline_ms and transfer_id as for write(); reads carry no notification. Errors are\n"
-      "reported by the returned Transfer.";
+      "deadline_ms, transfer_id, after and on_complete as for write(); reads carry no\n"
+      "notification. Errors are reported by the returned Transfer.";
   const char* kBatchDoc =
       "Posts a batch as one transfer. ops: a list of (local_offset, remote_offset, size)\n"
-      "tuples, or a C-contiguous numpy uint64 array of shape (n, 3) (copied when posted). If any op\n"
+      "tuples, or an integer array of shape (n, 3) of any integer dtype (numpy's int64,\n"
+      "uint64, int32, ...; negative values refused; copied when posted). If any op\n"
       "is out of range the whole batch fails with OUT_OF_RANGE before any byte moves. Options\n"
       "as for write() and read().";
 
@@ -178,16 +273,22 @@ void BindSession(py::module_& m) {
                       "A route from one local region to one remote region (Engine.open_session()).")
       .def("write", post_one(Op::kWrite), py::arg("local_offset"), py::arg("remote_offset"),
            py::arg("size"), py::kw_only(), py::arg("deadline_ms") = py::none(),
-           py::arg("notification") = py::none(), py::arg("transfer_id") = py::none(), kWriteDoc)
+           py::arg("notification") = py::none(), py::arg("transfer_id") = py::none(),
+           py::arg("notification_topic") = "", py::arg("after") = py::none(),
+           py::arg("on_complete") = py::none(), kWriteDoc)
       .def("read", post_one(Op::kRead), py::arg("local_offset"), py::arg("remote_offset"),
            py::arg("size"), py::kw_only(), py::arg("deadline_ms") = py::none(),
-           py::arg("notification") = py::none(), py::arg("transfer_id") = py::none(), kReadDoc)
+           py::arg("notification") = py::none(), py::arg("transfer_id") = py::none(),
+           py::arg("notification_topic") = "", py::arg("after") = py::none(),
+           py::arg("on_complete") = py::none(), kReadDoc)
       .def("write_batch", post_batch(Op::kWrite), py::arg("ops"), py::kw_only(),
            py::arg("deadline_ms") = py::none(), py::arg("notification") = py::none(),
-           py::arg("transfer_id") = py::none(), kBatchDoc)
+           py::arg("transfer_id") = py::none(), py::arg("notification_topic") = "",
+           py::arg("after") = py::none(), py::arg("on_complete") = py::none(), kBatchDoc)
       .def("read_batch", post_batch(Op::kRead), py::arg("ops"), py::kw_only(),
            py::arg("deadline_ms") = py::none(), py::arg("notification") = py::none(),
-           py::arg("transfer_id") = py::none(), kBatchDoc)
+           py::arg("transfer_id") = py::none(), py::arg("notification_topic") = "",
+           py::arg("after") = py::none(), py::arg("on_complete") = py::none(), kBatchDoc)
       .def_property_readonly("local", &Session::local, "The local MemoryDesc.")
       .def_property_readonly("remote", &Session::remote, "The remote MemoryDesc.")
       .def_property_readonly("path", &Session::path, "The TransferPath this session uses.")

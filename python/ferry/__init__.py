@@ -16,7 +16,15 @@ The Python face of ferry's C++ engine (the role of MoRI-IO's IOEngine or NIXL's 
     b.pop_notifications()                     # [("prefill", b"layer-0")]
 
 Errors raise ferry.Error with ``.code`` (a name from ferry.CODES, e.g. "OUT_OF_RANGE") and
-``.message``. Transfer waits and every call that can block release the GIL.
+``.message`` (INVALID_ARGUMENT raises ferry.InvalidArgumentError, also a ValueError). Transfer
+waits and every call that can block release the GIL.
+
+Completion without a thread per transfer: ``on_complete=fn`` on any post calls
+``fn(code, message)`` once, with the GIL acquired, on the engine's completion thread;
+``ferry.wait_all(transfers)`` / ``ferry.wait_any(transfers)`` wait on many. Notifications take a
+``topic`` (``notify(peer, msg, topic="kv")``, ``pop_notifications(topic="kv")``), and
+``after=[transfers]`` / ``Engine.notify_after`` order a notification after transfers of other
+sessions.
 """
 
 from . import _ferry, embed, embed_service
@@ -35,6 +43,8 @@ from ._ferry import (
     cuda_unavailable_reason,
     system_info,
     version,
+    wait_all,
+    wait_any,
 )
 
 __all__ = [
@@ -44,6 +54,7 @@ __all__ = [
     "Engine",
     "EngineDesc",
     "Error",
+    "InvalidArgumentError",
     "MemoryDesc",
     "Session",
     "Transfer",
@@ -55,6 +66,8 @@ __all__ = [
     "embed_service",
     "system_info",
     "version",
+    "wait_all",
+    "wait_any",
 ]
 
 __version__ = version()
@@ -80,7 +93,13 @@ class Error(Exception):
         return f"{self.code}: {self.message}" if self.message else self.code
 
 
+class InvalidArgumentError(Error, ValueError):
+    """A ferry call refused an argument (code INVALID_ARGUMENT): an option out of range, a
+    topic too long, ... Both a ferry.Error and a ValueError; the message names the argument."""
+
+
 _ferry._set_error_class(Error)
+_ferry._set_invalid_argument_class(InvalidArgumentError)
 
 
 def _create(**options) -> Engine:

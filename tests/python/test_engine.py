@@ -381,3 +381,177 @@ def test_ucx_listens_on_loopback_unless_asked():
         assert addresses[0].startswith("127.0.0.1:")
         assert len({a.rsplit(":", 1)[1] for a in addresses}) == 1  # one port on every interface
     assert error_code(ferry.Engine, transports=["ucx"], listen_host="not-an-ip") == "INVALID_ARGUMENT"
+
+
+# ---- every option, completion callbacks, waits on many, topics, after= ----------------------
+
+
+def test_every_engine_option_is_taken():
+    with ferry.Engine(
+        key=fresh_key("all"), default_deadline_ms=5000, deregister_timeout_ms=2000, copy_threads=2,
+        parallel_copy_bytes=1 << 20, pin_host_memory=False, merge_adjacent_ops=False,
+        transports=["local"], max_notification_bytes=1024, max_pending_notifications=8,
+        max_pending_notification_bytes=8192, listen_host="127.0.0.1", listen_port=0,
+        max_pending_handshakes=8, max_connections=16, handshake_timeout_ms=1000, lanes=2, workers=1,
+        post_batch=64, progress="polling", rma="never", max_am_bytes=1 << 20,
+        connect_timeout_ms=1000, revoke_timeout_ms=1000, call_timeout_ms=1000,
+    ) as e:
+        assert e.transports == ["local"]
+        e.notify(e.key, b"x" * 1024)
+        assert error_code(e.notify, e.key, b"x" * 1025) == "INVALID_ARGUMENT"
+
+
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        ({"progress": "busy"}, "progress"),
+        ({"rma": "sometimes"}, "rma"),
+        ({"listen_port": 70000}, "listen_port"),
+        ({"lanes": -1}, "lanes"),
+        ({"max_am_bytes": -5}, "max_am_bytes"),
+        ({"copy_threads": -1}, "copy_threads"),
+        ({"connect_timeout_ms": float("nan")}, "connect_timeout_ms"),
+        ({"deregister_timeout_ms": -1}, "deregister_timeout"),
+        ({"revoke_timeout_ms": 0}, "revoke_timeout"),
+    ],
+)
+def test_bad_option_values_are_value_errors_naming_the_field(options, field):
+    with pytest.raises(ValueError) as info:
+        ferry.Engine(transports=["local"], **options)
+    assert isinstance(info.value, ferry.Error) and info.value.code == "INVALID_ARGUMENT"
+    assert field in info.value.message
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint64, np.int32, np.uint32, np.int16, np.uint8])
+def test_ops_arrays_of_any_integer_dtype(make_pair, dtype):
+    pair = make_pair(4096)
+    pair.a_buf[:] = np.arange(4096, dtype=np.uint8)
+    ops = np.array([[0, 100, 10], [20, 0, 5]], dtype=dtype)
+    assert pair.session.write_batch(ops).wait()
+    assert np.array_equal(pair.b_buf[100:110], pair.a_buf[0:10])
+    assert np.array_equal(pair.b_buf[0:5], pair.a_buf[20:25])
+    strided = np.zeros((2, 6), dtype=np.int64)[:, ::2]
+    strided[:] = [[1, 200, 3], [4, 300, 2]]
+    assert pair.session.write_batch(strided).wait()
+    assert np.array_equal(pair.b_buf[200:203], pair.a_buf[1:4])
+
+
+def test_negative_or_misshapen_ops_are_refused(engine):
+    a_buf, a = register_host(engine, 4096)
+    session = engine.open_session(a, a)
+    assert error_code(session.write_batch, np.array([[0, -1, 4]])) == "INVALID_ARGUMENT"
+    assert error_code(session.write_batch, np.array([[0, 1, 4, 5]])) == "INVALID_ARGUMENT"
+    assert error_code(session.write_batch, np.array([[0.0, 1.0, 4.0]])) == "INVALID_ARGUMENT"
+
+
+def _callback():
+    import threading
+
+    calls = []
+    done = threading.Event()
+
+    def fn(code, message):
+        calls.append((code, message, threading.get_ident()))
+        done.set()
+
+    return fn, calls, done
+
+
+def test_on_complete_runs_once_with_the_gil(make_pair):
+    import threading
+
+    pair = make_pair(4096)
+    fn, calls, done = _callback()
+    t = pair.session.write(0, 0, 4096, on_complete=fn)
+    assert done.wait(10)
+    assert t.wait()
+    time.sleep(0.05)
+    assert [c[:2] for c in calls] == [("OK", "")]
+    fn2, calls2, _ = _callback()
+    pair.session.write(0, 4000, 200, on_complete=fn2)  # refused at once, on this thread
+    assert calls2[0][0] == "OUT_OF_RANGE" and calls2[0][2] == threading.get_ident()
+    with pytest.raises(TypeError):
+        pair.session.write(0, 0, 1, on_complete=5)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_on_complete_exceptions_do_not_escape(engine):
+    buf, d = register_host(engine, 4096)
+    session = engine.open_session(d, d)
+
+    def bad(code, message):
+        raise RuntimeError("boom")
+
+    assert session.write(0, 2048, 1024, on_complete=bad).wait()
+    assert session.write(0, 2048, 1024).wait()
+
+
+def test_wait_all_and_wait_any(make_pair):
+    pair = make_pair(1 << 16)
+    ts = [pair.session.write(i * 4096, i * 4096, 4096) for i in range(8)]
+    assert ferry.wait_all(ts)
+    assert ferry.wait_any(ts) == 0
+    assert ferry.wait_all([])
+    assert error_code(ferry.wait_any, []) == "INVALID_ARGUMENT"
+    bad = pair.session.write(0, 1 << 16, 1)
+    assert error_code(ferry.wait_all, [ts[0], bad]) == "OUT_OF_RANGE"
+
+
+@pytest.mark.parametrize("transport", NOTIFYING)
+def test_topics_keep_subsystems_apart(transport):
+    pair = ferry_pair(transport)
+    try:
+        a, b = pair.a, pair.b
+        a.notify(b.key, b"app")
+        a.notify(b.key, b"kv", topic="ferry.kv")
+        biggest = b"m" * (64 << 10)
+        a.notify(b.key, biggest, topic="t" * 64)
+        assert error_code(a.notify, b.key, b"m", topic="t" * 65) == "INVALID_ARGUMENT"
+        assert pop_until(b, 1, topic="ferry.kv") == [(a.key, b"kv")]
+        assert pop_until(b, 1, topic="t" * 64) == [(a.key, biggest)]
+        assert pop_until(b, 1) == [(a.key, b"app")]
+        assert pair.session.write(0, 0, 64, notification=b"w", notification_topic="ferry.kv").wait()
+        assert pop_until(b, 1, topic="ferry.kv") == [(a.key, b"w")]
+        assert b.pop_notifications() == []
+    finally:
+        pair.close()
+
+
+def test_after_orders_a_notification_after_other_sessions():
+    pair = ferry_pair("local")
+    try:
+        a, b = pair.a, pair.b
+        other_src, other_local = register_host(a, 4096)
+        other_dst, other_remote = register_host(b, 4096)
+        second = a.open_session(other_local, other_remote)
+        other_src[:] = 7
+        l0 = pair.session.write(0, 0, 4096)
+        l1 = second.write(0, 0, 4096)
+        fn, calls, done = _callback()
+        note = a.notify_after(b.key, b"request done", [l0, l1], topic="ferry.kv", on_complete=fn)
+        assert note.wait() and done.wait(10)
+        assert pop_until(b, 1, topic="ferry.kv") == [(a.key, b"request done")]
+        assert (other_dst == 7).all()
+        last = pair.session.write(0, 0, 64, notification=b"n", after=[l0, l1])
+        assert last.wait()
+        bad = pair.session.write(0, 1 << 30, 1)
+        failed = a.notify_after(b.key, b"never", [bad])
+        assert error_code(failed.wait) == "OUT_OF_RANGE"
+        assert pop_until(b, 1, wait_s=0.1) == [(a.key, b"n")]
+    finally:
+        pair.close()
+
+
+def ferry_pair(transport):
+    from util import Pair
+
+    return Pair.make(transport, 1 << 16)
+
+
+def pop_until(engine, n, topic="", wait_s=5.0):
+    got, end = [], time.monotonic() + wait_s
+    while len(got) < n and time.monotonic() < end:
+        got += engine.pop_notifications(topic=topic)
+        if len(got) < n:
+            time.sleep(0.001)
+    return got
