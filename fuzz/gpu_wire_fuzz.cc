@@ -1,18 +1,25 @@
 // libFuzzer target: the decoders of what GPU transfers take from peers: cuda_ipc's descriptor
-// entries (UnpackRegionAccess / UnpackEngineAccess) and the staged path's piece tables
-// (ReadPieceTable); and the ucx transport's handshake frames (DecodeHello / DecodeWelcome,
-// what a peer sends to the listener or answers a dialler with). Every input is rejected with an error or decodes to a value that encodes
-// and decodes to itself and lies inside the bounds it was checked against.
+// entries (UnpackRegionAccess / UnpackEngineAccess) and the staged path's payloads
+// (DecodePieceTable, DecodeStagedWrite, DecodeStagedReadReq); the ucx transport's handshake
+// frames (DecodeHello / DecodeWelcome, what a peer sends to the listener or answers a dialler
+// with), its active-message headers (DecodeHeader: the first 64 bytes) with the payload that
+// follows them (DecodeNotify), and its descriptor data (AccessKey). Every input is rejected with
+// an error or decodes to a value that encodes and decodes to itself and lies inside the bounds
+// it was checked against.
 // Run: ctest -L fuzz (seeds from fuzz_make_gpu_seeds).
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <string_view>
 #include <vector>
 
 #include "transport/cuda_ipc/ipc_desc.h"
+#include "transport/ucx/access_wire.h"
+#include "transport/ucx/am_wire.h"
 #include "transport/ucx/door_wire.h"
-#include "transport/ucx/staged.h"
+#include "transport/ucx/staged_wire.h"
 
 using namespace ferry::internal;
 
@@ -32,10 +39,40 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   uint64_t total = 0;
   std::vector<std::byte> copy(size);
   if (size > 0) std::memcpy(copy.data(), data, size);
-  if (auto p = ucx::ReadPieceTable(copy.data(), copy.size(), 1 << 20, &table, &total); p.ok()) {
+  if (auto p = ucx::DecodePieceTable(copy.data(), copy.size(), 1 << 20, &table, &total); p.ok()) {
     if (table > size || total > ucx::kStageChunkBytes) __builtin_trap();
     for (const auto& piece : *p)
       if (piece.offset > (1u << 20) || piece.size > (1u << 20) - piece.offset) __builtin_trap();
+    std::vector<std::byte> again(ucx::PieceTableBytes(p->size()));
+    ucx::EncodePieceTable(*p, again.data());
+    if (again.size() != table || std::memcmp(again.data(), copy.data(), table) != 0) __builtin_trap();
+  }
+  if (auto w = ucx::DecodeStagedWrite(copy.data(), copy.size(), 1 << 20); w.ok()) {
+    if (w->data_offset + w->total != size) __builtin_trap();
+  }
+  if (auto r = ucx::DecodeStagedReadReq(copy.data(), copy.size(), total, 1 << 20); r.ok()) {
+    if (ucx::EncodeStagedReadReq(*r) != bytes) __builtin_trap();
+  }
+  // An active message: a header, then its payload.
+  if (auto h = ucx::DecodeHeader(data, std::min(size, ucx::kAmHeaderBytes),
+                                 size > ucx::kAmHeaderBytes ? size - ucx::kAmHeaderBytes : 0);
+      h.ok()) {
+    uint8_t again[ucx::kAmHeaderBytes];
+    ucx::EncodeHeader(*h, again);
+    if (std::memcmp(again, data, ucx::kAmHeaderBytes) != 0) __builtin_trap();
+    const uint8_t* payload = data + ucx::kAmHeaderBytes;
+    const size_t length = size - ucx::kAmHeaderBytes;
+    if (auto m = ucx::DecodeNotify(*h, payload, length); m.ok()) {
+      if (m->size() != h->size || ucx::EncodeNotify(*m) != std::string_view(reinterpret_cast<const char*>(payload), length))
+        __builtin_trap();
+    }
+  }
+  {
+    ferry::MemoryDesc remote;
+    remote.access.push_back({"ucx", std::string(bytes)});
+    if (auto key = ucx::AccessKey(remote); key.ok()) {
+      if (ucx::PackAccess(*key, ucx::AccessRest(remote)) != bytes) __builtin_trap();
+    }
   }
   if (auto length = ucx::DoorFrameLength(bytes); length.ok() && *length > ucx::kMaxDoorFrame) __builtin_trap();
   if (auto h = ucx::DecodeHello(bytes); h.ok()) {

@@ -4,8 +4,9 @@
 #include <vector>
 
 #include "transport/cuda_ipc/ipc_desc.h"
+#include "transport/ucx/am_wire.h"
 #include "transport/ucx/door_wire.h"
-#include "transport/ucx/staged.h"
+#include "transport/ucx/staged_wire.h"
 
 using namespace ferry::internal;
 
@@ -27,9 +28,20 @@ int main(int argc, char** argv) {
   std::ofstream(dir + "/region_vmm") << cuda_ipc::PackRegionAccess(r);
   std::ofstream(dir + "/engine") << cuda_ipc::PackEngineAccess({"77:00112233", "/ferry-ipc-77-0a0b"});
   std::vector<ucx::StagedPiece> pieces = {{0, 100}, {4096, 32768}};
-  std::string table(ucx::PieceTableBytes(pieces.size()), '\0');
-  ucx::WritePieceTable(pieces, reinterpret_cast<std::byte*>(table.data()));
+  std::string table = ucx::EncodeStagedReadReq(pieces);
   std::ofstream(dir + "/pieces") << table;
+  std::ofstream(dir + "/staged_write") << table + std::string(100 + 32768, '\x33');
+  // An active-message header with its payload: a notification.
+  const std::string message = "layer 7 of request 42 written";
+  ucx::AmHeader h;
+  h.type = ucx::MsgType::kNotify;
+  h.conn = 0x1234567890abcdefull;
+  h.token = 99;
+  h.size = message.size();
+  uint8_t header[ucx::kAmHeaderBytes];
+  ucx::EncodeHeader(h, header);
+  std::ofstream(dir + "/notify") << std::string(reinterpret_cast<const char*>(header), sizeof(header)) +
+                                        ucx::EncodeNotify(message);
   std::ofstream(dir + "/hello") << ucx::EncodeHello({"prefill-0", "decode-0", 2, std::string(200, '\x11')});
   ucx::Welcome w;
   w.key = "decode-0";

@@ -106,6 +106,6 @@ PYBIND11_MODULE(_ferry, m) {
   for (int c = 0; c <= static_cast<int>(Code::kInProgress); ++c)
     codes.append(std::string(CodeName(static_cast<Code>(c))));
   m.attr("CODES") = py::tuple(codes);
-  m.attr("PROTOCOL_VERSION") = kProtocolVersion;
+  m.attr("PROTOCOL_VERSION") = kDescriptorVersion;
   m.attr("MAX_DESCRIPTOR_BYTES") = kMaxDescriptorBytes;
 }

@@ -19,8 +19,10 @@
 
 namespace ferry {
 
-// The wire protocol spoken by this build. Unpack() rejects other versions.
-inline constexpr uint32_t kProtocolVersion = 1;
+// The version of the descriptor encoding (MemoryDesc and EngineDesc Pack()/Unpack()) that this
+// build speaks: Unpack() rejects other versions, and an engine refuses a peer whose EngineDesc
+// says another (EngineDesc::protocol_version). Each transport's messages have their own version.
+inline constexpr uint32_t kDescriptorVersion = 1;
 
 // Upper bounds that Unpack() enforces; Pack() of a descriptor beyond them fails to round-trip.
 inline constexpr size_t kMaxDescriptorBytes = 64 * 1024;
@@ -65,7 +67,7 @@ struct MemoryDesc {
 };
 
 struct EngineDesc {
-  uint32_t protocol_version = kProtocolVersion;
+  uint32_t protocol_version = kDescriptorVersion;  // the descriptor version the engine speaks
   std::string key;      // unique per engine instance
   std::string host_id;  // as in MemoryDesc
   uint32_t pid = 0;

@@ -301,7 +301,7 @@ Status EngineCore::DeregisterMemory(RegionId id) {
 Status EngineCore::AddPeer(const EngineDesc& peer) {
   if (closed()) return Status(Code::kAborted, "the engine was shut down");
   if (peer.key.empty()) return Status(Code::kInvalidArgument, "peer descriptor has no key");
-  if (peer.protocol_version != kProtocolVersion)
+  if (peer.protocol_version != kDescriptorVersion)
     return Status(Code::kFailedPrecondition, "peer speaks protocol " + std::to_string(peer.protocol_version));
   if (peer.key == options_.key) return Status::Ok();  // this engine reaches itself already
   std::lock_guard<std::mutex> lock(mu_);

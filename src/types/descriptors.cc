@@ -49,10 +49,10 @@ Status CheckHeader(codec::ArrayReader& r, std::string_view magic) {
   if (got != magic)
     return Status(Code::kInvalidArgument, "not a " + std::string(magic) + " descriptor");
   FERRY_ASSIGN_OR_RETURN(uint64_t version, r.UInt("version"));
-  if (version != kProtocolVersion)
+  if (version != kDescriptorVersion)
     return Status(Code::kInvalidArgument, "descriptor protocol version " + std::to_string(version) +
                                               " is not supported (this build speaks " +
-                                              std::to_string(kProtocolVersion) + ")");
+                                              std::to_string(kDescriptorVersion) + ")");
   return Status::Ok();
 }
 
@@ -91,7 +91,7 @@ std::string MemoryDesc::Pack() const {
   codec::Writer w;
   w.Array(10);
   w.Str(kMemoryMagic);
-  w.UInt(kProtocolVersion);
+  w.UInt(kDescriptorVersion);
   w.Str(engine_key);
   w.UInt(static_cast<uint64_t>(region));
   w.UInt(address);

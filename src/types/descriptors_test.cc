@@ -81,7 +81,7 @@ TEST(Descriptors, RejectBadFields) {
   d.access.assign(kMaxTransportEntries + 1, TransportData{"t", "x"});
   EXPECT_EQ(MemoryDesc::Unpack(d.Pack()).status().code(), Code::kInvalidArgument);
   EngineDesc e = SampleEngine();
-  e.protocol_version = kProtocolVersion + 1;
+  e.protocol_version = kDescriptorVersion + 1;
   auto r = EngineDesc::Unpack(e.Pack());
   EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
   EXPECT_NE(r.status().message().find("version"), std::string_view::npos);

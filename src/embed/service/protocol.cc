@@ -9,7 +9,7 @@ namespace {
 
 void Header(codec::Writer& w, uint32_t fields, MessageType type) {
   w.Array(2 + fields);
-  w.UInt(kProtocolVersion);
+  w.UInt(kEmbedProtocolVersion);
   w.UInt(static_cast<uint64_t>(type));
 }
 
@@ -154,7 +154,7 @@ std::optional<uint64_t> RequestSeqOf(std::string_view bytes) {
     return std::nullopt;
   if (pos > bytes.size()) return std::nullopt;
   std::optional<uint64_t> version = PrefixUInt(bytes, &pos);
-  if (version != kProtocolVersion) return std::nullopt;
+  if (version != kEmbedProtocolVersion) return std::nullopt;
   std::optional<uint64_t> type = PrefixUInt(bytes, &pos);
   if (type != static_cast<uint64_t>(MessageType::kRequest)) return std::nullopt;
   return PrefixUInt(bytes, &pos);
@@ -255,10 +255,10 @@ Result<AnyMessage> Decode(std::string_view bytes) {
   FERRY_ASSIGN_OR_RETURN(codec::Reader reader, codec::Reader::Parse(bytes, limits));
   codec::ArrayReader r = reader.root();
   FERRY_ASSIGN_OR_RETURN(uint64_t version, r.UInt("version"));
-  if (version != kProtocolVersion)
+  if (version != kEmbedProtocolVersion)
     return Status(Code::kUnsupported, "embedding protocol version " + std::to_string(version) +
                                           ", this build speaks " +
-                                          std::to_string(kProtocolVersion));
+                                          std::to_string(kEmbedProtocolVersion));
   FERRY_ASSIGN_OR_RETURN(uint64_t type, r.UInt("type"));
   Result<AnyMessage> out = Bad("unknown message type " + std::to_string(type));
   if (type > 0xff) return out;  // the cast below would keep only its low byte

@@ -1,7 +1,7 @@
 // The embedding-offload wire protocol between GPU workers (clients) and `ferry embed-serve`.
 //
 // Each message is one SOCK_SEQPACKET datagram holding a msgpack array
-//   [kProtocolVersion, MessageType, fields...]
+//   [kEmbedProtocolVersion, MessageType, fields...]
 // decoded with ferry's bounded codec (base/codec.h): every count, size and rank is checked
 // against the limits below before anything is allocated, and anything malformed, truncated or
 // of another version is kInvalidArgument (kUnsupported for another version).
@@ -34,7 +34,9 @@
 
 namespace ferry::embed::service {
 
-inline constexpr uint64_t kProtocolVersion = 1;
+// The version of this protocol (the messages below and their fields): the first element of
+// every message. Unrelated to the descriptor version (ferry/descriptors.h).
+inline constexpr uint64_t kEmbedProtocolVersion = 1;
 
 // The flag values, the limits of counts and sizes and OutputMode: ferry/embed_service.h.
 // Further limits every decoder enforces.

@@ -66,14 +66,14 @@ TEST(EmbedProtocol, RejectsEveryTruncation) {
 TEST(EmbedProtocol, RejectsOtherVersionsAndTypes) {
   codec::Writer w;
   w.Array(5);
-  w.UInt(kProtocolVersion + 1);
+  w.UInt(kEmbedProtocolVersion + 1);
   w.UInt(3);
   w.UInt(1);
   w.UInt(1);
   w.UInt(1);
   EXPECT_EQ(Decode(w.Take()).status().code(), Code::kUnsupported);
   w.Array(2);
-  w.UInt(kProtocolVersion);
+  w.UInt(kEmbedProtocolVersion);
   w.UInt(99);
   EXPECT_EQ(Decode(w.Take()).status().code(), Code::kInvalidArgument);
 }
@@ -108,7 +108,7 @@ TEST(EmbedProtocol, RejectsTrailingFields) {
   std::string bytes = Encode(Request{1, 2, 3});
   codec::Writer w;
   w.Array(7);
-  w.UInt(kProtocolVersion);
+  w.UInt(kEmbedProtocolVersion);
   w.UInt(3);
   w.UInt(1);
   w.UInt(0);

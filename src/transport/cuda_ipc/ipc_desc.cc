@@ -11,7 +11,9 @@ namespace {
 
 constexpr std::string_view kEngineMagic = "ferry.cuda_ipc.engine";
 constexpr std::string_view kRegionMagic = "ferry.cuda_ipc.region";
-constexpr uint64_t kVersion = 1;
+// The version of the cuda_ipc entries of descriptors (region and engine access data), inside
+// the descriptor encoding's own version (kDescriptorVersion).
+constexpr uint64_t kIpcAccessVersion = 1;
 
 codec::Limits AccessLimits() {
   codec::Limits limits;
@@ -26,7 +28,7 @@ Status CheckHeader(codec::ArrayReader& r, std::string_view magic) {
   FERRY_ASSIGN_OR_RETURN(std::string_view got, r.Bytes("magic", 64));
   if (got != magic) return Status(Code::kInvalidArgument, "not a " + std::string(magic) + " entry");
   FERRY_ASSIGN_OR_RETURN(uint64_t version, r.UInt("version"));
-  if (version != kVersion)
+  if (version != kIpcAccessVersion)
     return Status(Code::kInvalidArgument, "cuda_ipc entry version " + std::to_string(version) + " is not supported");
   return Status::Ok();
 }
@@ -37,7 +39,7 @@ std::string PackEngineAccess(const EngineAccess& a) {
   codec::Writer w;
   w.Array(4);
   w.Str(kEngineMagic);
-  w.UInt(kVersion);
+  w.UInt(kIpcAccessVersion);
   w.Str(a.process_token);
   w.Str(a.lease_table);
   return w.Take();
@@ -72,7 +74,7 @@ std::string PackRegionAccess(const RegionAccess& a) {
   codec::Writer w;
   w.Array(a.vmm() ? 11 : 8);
   w.Str(kRegionMagic);
-  w.UInt(kVersion);
+  w.UInt(kIpcAccessVersion);
   w.Str(a.process_token);
   w.Bin(std::string_view(reinterpret_cast<const char*>(a.handle.bytes.data()), a.handle.bytes.size()));
   w.UInt(a.offset);

@@ -4,6 +4,8 @@
 #include <bit>
 #include <cstring>
 
+#include "base/endian.h"
+
 namespace ferry::internal::shm {
 namespace {
 
@@ -24,18 +26,6 @@ void CopyIn(std::span<std::byte> ring, uint64_t at, const void* in, size_t n) {
   const size_t first = std::min<size_t>(n, cap - pos);
   std::memcpy(ring.data() + pos, in, first);
   if (first < n) std::memcpy(ring.data(), static_cast<const char*>(in) + first, n - first);
-}
-
-uint32_t Get32(const uint8_t* p) {
-  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-}
-uint64_t Get64(const uint8_t* p) { return uint64_t{Get32(p)} | uint64_t{Get32(p + 4)} << 32; }
-void Put32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-void Put64(uint8_t* p, uint64_t v) {
-  Put32(p, static_cast<uint32_t>(v));
-  Put32(p + 4, static_cast<uint32_t>(v >> 32));
 }
 
 }  // namespace
@@ -82,9 +72,9 @@ RingTake TakeRecords(std::span<const std::byte> ring, uint64_t tail, uint64_t he
     }
     uint8_t h[kRecordHeaderBytes];  // copied once: the peer may change the ring as we read
     CopyOut(ring, at, h, sizeof(h));
-    const uint32_t size = Get32(h);
-    const uint32_t flags = Get32(h + 4);
-    const uint64_t token = Get64(h + 8);
+    const uint32_t size = LoadLe32(h);
+    const uint32_t flags = LoadLe32(h + 4);
+    const uint64_t token = LoadLe64(h + 8);
     if ((flags & ~kRecordAcked) != 0 || ((flags & kRecordAcked) == 0 && token != 0)) {
       out.error = Bad("a record with unknown flags");
       break;
@@ -114,9 +104,9 @@ RingTake TakeRecords(std::span<const std::byte> ring, uint64_t tail, uint64_t he
 void PutRecord(std::span<std::byte> ring, uint64_t head, std::string_view message, uint64_t token,
                bool acked) {
   uint8_t h[kRecordHeaderBytes];
-  Put32(h, static_cast<uint32_t>(message.size()));
-  Put32(h + 4, acked ? kRecordAcked : 0);
-  Put64(h + 8, acked ? token : 0);
+  StoreLe32(h, static_cast<uint32_t>(message.size()));
+  StoreLe32(h + 4, acked ? kRecordAcked : 0);
+  StoreLe64(h + 8, acked ? token : 0);
   CopyIn(ring, head, h, sizeof(h));
   CopyIn(ring, head + kRecordHeaderBytes, message.data(), message.size());
   const uint64_t pad = RecordSpan(message.size()) - kRecordHeaderBytes - message.size();

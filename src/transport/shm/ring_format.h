@@ -33,7 +33,7 @@
 namespace ferry::internal::shm {
 
 inline constexpr uint32_t kRingMagic = 0x474e5246;  // "FRNG"
-inline constexpr uint32_t kRingVersion = 1;
+inline constexpr uint32_t kRingVersion = 1;  // of the ring's control block and record layout
 inline constexpr size_t kRingControlBytes = 256;
 inline constexpr size_t kRingMagicOffset = 0;
 inline constexpr size_t kRingVersionOffset = 4;

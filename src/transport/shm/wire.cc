@@ -4,17 +4,11 @@
 #include <cstring>
 #include <random>
 
+#include "base/endian.h"
+
 namespace ferry::internal::shm {
 namespace {
 
-void Put64(char* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(static_cast<uint8_t>(v >> (8 * i)));
-}
-uint64_t Get64(const uint8_t* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
 Status Bad(const std::string& what) { return Status(Code::kInvalidArgument, "malformed shm message: " + what); }
 
 bool CarriesPayload(MsgType t) { return t == MsgType::kHello; }
@@ -25,14 +19,14 @@ bool CarriesPayload(MsgType t) { return t == MsgType::kHello; }
 // [40] extra.
 std::string Encode(const Header& h, std::string_view payload) {
   std::string out(kHeaderBytes, '\0');
-  out[0] = static_cast<char>(kWireVersion);
+  out[0] = static_cast<char>(kShmWireVersion);
   out[1] = static_cast<char>(h.type);
   out[2] = static_cast<char>(h.code);
-  Put64(out.data() + 8, h.token);
-  Put64(out.data() + 16, h.region);
-  Put64(out.data() + 24, h.offset);
-  Put64(out.data() + 32, h.size);
-  Put64(out.data() + 40, h.extra);
+  StoreLe64(out.data() + 8, h.token);
+  StoreLe64(out.data() + 16, h.region);
+  StoreLe64(out.data() + 24, h.offset);
+  StoreLe64(out.data() + 32, h.size);
+  StoreLe64(out.data() + 40, h.extra);
   out.append(payload);
   return out;
 }
@@ -40,7 +34,7 @@ std::string Encode(const Header& h, std::string_view payload) {
 Result<Header> DecodeHeader(const void* data, size_t length) {
   if (data == nullptr || length < kHeaderBytes) return Bad("message of " + std::to_string(length) + " bytes");
   const auto* p = static_cast<const uint8_t*>(data);
-  if (p[0] != kWireVersion) return Bad("wire version " + std::to_string(p[0]));
+  if (p[0] != kShmWireVersion) return Bad("wire version " + std::to_string(p[0]));
   if (p[1] < static_cast<uint8_t>(MsgType::kHello) || p[1] > static_cast<uint8_t>(MsgType::kWake))
     return Bad("unknown message type " + std::to_string(p[1]));
   for (int i = 3; i < 8; ++i)
@@ -49,11 +43,11 @@ Result<Header> DecodeHeader(const void* data, size_t length) {
   h.type = static_cast<MsgType>(p[1]);
   h.code = p[2];
   if (h.code > static_cast<uint8_t>(Code::kInProgress)) return Bad("unknown status code");
-  h.token = Get64(p + 8);
-  h.region = Get64(p + 16);
-  h.offset = Get64(p + 24);
-  h.size = Get64(p + 32);
-  h.extra = Get64(p + 40);
+  h.token = LoadLe64(p + 8);
+  h.region = LoadLe64(p + 16);
+  h.offset = LoadLe64(p + 24);
+  h.size = LoadLe64(p + 32);
+  h.extra = LoadLe64(p + 40);
   if (h.type != MsgType::kOpenReply && h.type != MsgType::kAck && h.type != MsgType::kRing && h.code != 0)
     return Bad("status code on a request");
   return h;

@@ -29,7 +29,10 @@
 
 namespace ferry::internal::shm {
 
-inline constexpr uint8_t kWireVersion = 3;
+// The version of the socket messages' header layout and types above: byte 0 of every header.
+// A receiver rejects a message of another version. (The notification ring's layout has its
+// own, kRingVersion in ring_format.h.)
+inline constexpr uint8_t kShmWireVersion = 3;
 
 // A region's `shm` descriptor data: the target's socket name, '#', and the region's key as 16
 // hex digits.

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <random>
+#include <string>
 #include <unordered_set>
 
 #include "transport/ucx/core.h"
@@ -64,6 +65,8 @@ TEST(AmWire, RejectsMalformedHeaders) {
   EXPECT_EQ(DecodeHeader(bad, sizeof(bad), 0).status().code(), Code::kInvalidArgument);
   bad[1] = 77;
   EXPECT_EQ(DecodeHeader(bad, sizeof(bad), 0).status().code(), Code::kInvalidArgument);
+  bad[1] = 1;  // the retired kHello
+  EXPECT_EQ(DecodeHeader(bad, sizeof(bad), 0).status().code(), Code::kInvalidArgument);
   std::memcpy(bad, buf, sizeof(bad));
   bad[2] = 200;  // status code
   EXPECT_EQ(DecodeHeader(bad, sizeof(bad), 0).status().code(), Code::kInvalidArgument);
@@ -78,8 +81,58 @@ TEST(AmWire, RandomHeadersNeverCrash) {
   uint8_t buf[kAmHeaderBytes + 8];
   for (int i = 0; i < 100000; ++i) {
     for (auto& b : buf) b = static_cast<uint8_t>(rng());
-    if (i % 2) buf[0] = kWireVersion;
+    if (i % 2) buf[0] = kUcxAmVersion;
     (void)DecodeHeader(buf, rng() % sizeof(buf), rng() % 64);
+  }
+}
+
+AmHeader NotifyHeader(size_t size) {
+  AmHeader h;
+  h.type = MsgType::kNotify;
+  h.conn = 9;
+  h.size = size;
+  return h;
+}
+
+TEST(AmWire, NotificationRoundTrips) {
+  const std::string message("layer 3 done\0with a zero byte", 30);
+  std::string payload = EncodeNotify(message);
+  AmHeader h = NotifyHeader(payload.size());
+  uint8_t raw[kAmHeaderBytes];
+  EncodeHeader(h, raw);
+  auto header = DecodeHeader(raw, sizeof(raw), payload.size());
+  ASSERT_TRUE(header.ok()) << header.status().ToString();
+  auto back = DecodeNotify(*header, payload.data(), payload.size());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, message);
+  // An empty message is a message.
+  auto empty = DecodeNotify(NotifyHeader(0), nullptr, 0);
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_TRUE(empty->empty());
+}
+
+TEST(AmWire, MalformedNotificationsAreRejected) {
+  std::string payload = EncodeNotify("hello");
+  // Truncated: fewer bytes than the header says.
+  EXPECT_EQ(DecodeNotify(NotifyHeader(6), payload.data(), payload.size()).status().code(), Code::kInvalidArgument);
+  // Oversized: more bytes than the header says.
+  EXPECT_EQ(DecodeNotify(NotifyHeader(4), payload.data(), payload.size()).status().code(), Code::kInvalidArgument);
+  // Garbage: a payload that is not there, or a header of another message.
+  EXPECT_EQ(DecodeNotify(NotifyHeader(5), nullptr, 5).status().code(), Code::kInvalidArgument);
+  AmHeader write = NotifyHeader(payload.size());
+  write.type = MsgType::kWrite;
+  EXPECT_EQ(DecodeNotify(write, payload.data(), payload.size()).status().code(), Code::kInvalidArgument);
+  // Random bytes: decoded as they are when their length matches, refused otherwise.
+  std::mt19937_64 rng(5);
+  std::string junk(256, '\0');
+  for (int i = 0; i < 10000; ++i) {
+    for (char& c : junk) c = static_cast<char>(rng());
+    const size_t length = rng() % junk.size();
+    const size_t said = i % 2 ? length : rng() % junk.size();
+    auto m = DecodeNotify(NotifyHeader(said), junk.data(), length);
+    ASSERT_EQ(m.ok(), said == length);
+    if (m.ok()) ASSERT_EQ(*m, std::string_view(junk.data(), length));
+    else ASSERT_EQ(m.status().code(), Code::kInvalidArgument);
   }
 }
 

@@ -1,3 +1,6 @@
+// Core's life (core.h): creation, the listener, registration and shutdown. Connections
+// (admitting and dialling): core_connect.cc; sending and the tables of waiting operations:
+// shard.cc; receiving: handlers.cc.
 #include "transport/ucx/core.h"
 
 #include <arpa/inet.h>
@@ -5,32 +8,12 @@
 #include <netinet/in.h>
 
 #include <cstdio>
-#include <condition_variable>
 #include <cstring>
-#include <unistd.h>
-#include <random>
-#include <thread>
 
 #include "base/log.h"
-#include "base/tsan.h"
 
 namespace ferry::internal::ucx {
 namespace {
-
-// A heap-held send: the header and payload stay valid until UCX completes the send.
-struct SendCtx {
-  uint8_t header[kAmHeaderBytes];
-  std::string payload;
-  std::shared_ptr<void> hold;  // source region of a read response, or a bounce buffer
-  uint64_t* in_flight = nullptr;    // Shard::sends_in_flight
-};
-
-void OnSendDone(void* request, ucs_status_t status, void* user_data) {
-  auto* ctx = static_cast<SendCtx*>(user_data);
-  --*ctx->in_flight;
-  delete ctx;
-  ucp_request_free(request);
-}
 
 std::string ReadUcxTls() {
   ucp_config_t* config = nullptr;
@@ -176,110 +159,6 @@ Status Core::Listen() {
 
 uint64_t Core::refused_connections() const { return door_ ? door_->refused() : 0; }
 
-// The door thread waits for shard 0 to open the endpoints, so that the initiator's first
-// message finds its connection. If the wait ends first, the connection is dropped.
-// UCX takes a worker address without its length and trusts what it says: an address of another
-// UCX version or format (its first byte) crashed UCX 1.13's parser in most random cases. Such
-// addresses are refused; the rest go to UCX with zeros after them, so no read past their end
-// leaves the buffer. (A crafted address of the right format can still upset UCX's parser; only
-// authenticated peers close that.)
-Result<std::string> Core::CheckedWorkerAddress(std::string_view address) const {
-  const std::string& own = shards_[0]->worker_address;
-  if (address.empty() || own.empty() || address[0] != own[0])
-    return Status(Code::kInvalidArgument, "the peer's UCX worker address is of another UCX version or format");
-  std::string padded(address);
-  padded.resize(address.size() + 4096, '\0');
-  return padded;
-}
-
-Welcome Core::Admit(const Hello& hello, Deadline deadline) {
-  auto address = CheckedWorkerAddress(hello.worker_address);
-  if (!address.ok()) {
-    Welcome w;
-    w.code = address.status().code();
-    w.message = std::string(address.status().message());
-    return w;
-  }
-  struct Wait {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    bool abandoned = false;
-    Status status;
-  };
-  auto wait = std::make_shared<Wait>();
-  const uint64_t id = RandomKey();  // unguessable: it is what names the peer in each message
-  Shard* s0 = shards_[0].get();
-  bool submitted = s0->worker->Submit([this, s0, wait, id, hello, padded = std::move(address).value()] {
-    std::unique_lock<std::mutex> lock(wait->mu);
-    if (wait->abandoned) return;
-    if (s0->accepted.count(id) != 0) {  // 2^-64
-      wait->status = Status(Code::kUnavailable, "connection id in use; retry");
-      wait->done = true;
-      return wait->cv.notify_all();
-    }
-    auto a = std::make_unique<Accepted>();
-    a->id = id;
-    a->peer_key = hello.from_key;
-    Status st;
-    for (int i = 0; i < hello.lanes && st.ok(); ++i) {
-      auto ep = OpenEndpoint(s0->worker->handle(), padded, &Core::OnAcceptedError, this);
-      if (!ep.ok()) {
-        st = ep.status().WithContext("opening an endpoint back to " + hello.from_key);
-        break;
-      }
-      a->eps.push_back(*ep);
-      s0->accepted_by_ep[*ep] = id;
-    }
-    if (!st.ok()) {
-      for (ucp_ep_h ep : a->eps) {
-        s0->accepted_by_ep.erase(ep);
-        CloseEndpoint(ep);
-      }
-    } else {
-      s0->accepted[id] = std::move(a);
-    }
-    wait->status = st;
-    wait->done = true;
-    wait->cv.notify_all();
-  });
-  Welcome w;
-  if (!submitted) {
-    w.code = Code::kUnavailable;
-    w.message = "the engine is shutting down";
-    return w;
-  }
-  std::unique_lock<std::mutex> lock(wait->mu);
-  if (!wait->cv.wait_until(lock, deadline.at(), [&] { return wait->done; })) {
-    wait->abandoned = true;
-    w.code = Code::kUnavailable;
-    w.message = "the engine is too busy to take a connection";
-    return w;
-  }
-  if (!wait->status.ok()) {
-    w.code = wait->status.code();
-    w.message = std::string(wait->status.message());
-    return w;
-  }
-  w.conn_id = id;
-  w.worker_address = s0->worker_address;
-  return w;
-}
-
-void Core::DropAccepted(uint64_t id, const Status& why) {
-  Shard& s0 = *shards_[0];
-  auto it = s0.accepted.find(id);
-  if (it == s0.accepted.end()) return;
-  std::unique_ptr<Accepted> a = std::move(it->second);
-  s0.accepted.erase(it);
-  FERRY_LOG_DEBUG("ucx: connection from {} ended: {}", a->peer_key, why.ToString());
-  s0.FailPending(nullptr, id, why);
-  for (ucp_ep_h ep : a->eps) {
-    s0.accepted_by_ep.erase(ep);
-    CloseEndpoint(ep);
-  }
-}
-
 Core::~Core() {
   Shutdown();
   stager_.reset();  // waits for its GPU copies; needs the (stopped) worker
@@ -381,52 +260,6 @@ void Core::Deregister(const Region& region) {
   ucp_mem_unmap(context_, memh);
 }
 
-Result<std::shared_ptr<Conn>> Core::Dial(const EngineDesc& peer, const std::string& peer_address, bool same_host,
-                                         size_t shard_index, int lanes, Deadline deadline) {
-  Shard& shard = this->shard(shard_index);
-  Hello hello;
-  hello.from_key = engine_key_;
-  hello.to_key = peer.key;
-  hello.lanes = static_cast<uint16_t>(lanes);
-  hello.worker_address = shard.worker_address;
-  FERRY_ASSIGN_OR_RETURN(Dialed d, ucx::Dial(peer_address, hello, deadline));
-  auto address = CheckedWorkerAddress(d.welcome.worker_address);
-  if (!address.ok()) {
-    close(d.control);
-    return address.status().WithContext("engine at " + peer_address);
-  }
-  if (d.welcome.key != peer.key) {
-    close(d.control);
-    return Status(Code::kFailedPrecondition, "the engine at " + peer_address + " is '" + d.welcome.key + "', not '" +
-                                                 peer.key + "' as its descriptor says");
-  }
-  auto conn = std::make_shared<Conn>(shared_from_this(), &shard, peer, peer_address, same_host, d.welcome.conn_id,
-                                     std::move(address).value(), d.control);
-  bool ok = shard.worker->Submit([conn, lanes] {
-    Status s = conn->Open(lanes);
-    if (!s.ok()) return conn->Fail(s);
-    conn->shard().conns.insert(conn);
-  });
-  if (!ok) return Status(Code::kAborted, "the ucx transport was shut down");
-  return conn;
-}
-
-Status Core::Call(const std::shared_ptr<Conn>& conn, AmHeader h, std::string payload, Deadline deadline) {
-  auto state = std::make_shared<TransferState>(TransferId{}, 0, TransferPath{"ucx", false}, deadline);
-  state->AddParts(1);
-  Shard& s = conn->shard();
-  bool ok = s.worker->Submit([&s, conn, state, h, payload = std::move(payload)]() mutable {
-    if (conn->failed()) return state->PartDone(conn->failure());
-    h.conn = conn->id();
-    h.lane = 0;
-    h.token = s.AddPending(Pending{state, conn.get(), 0});
-    s.Send(conn->ep(0), h, nullptr, std::move(payload), /*eager=*/true);
-  });
-  if (!ok) return Status(Code::kAborted, "the ucx transport was shut down");
-  state->PartDone(Status::Ok());
-  return state->Wait(Deadline());
-}
-
 bool Core::Poll() {
   bool any = false;
   for (auto& s : shards_) any = s->worker->TryProgress() || any;
@@ -442,34 +275,6 @@ std::shared_ptr<Region> Core::FindRegion(uint64_t id, uint64_t key) {
   return it->second.region;
 }
 
-uint64_t RandomKey() {
-  std::random_device rd;
-  for (;;) {
-    uint64_t k = (uint64_t{rd()} << 32) ^ rd();
-    if (k != 0) return k;
-  }
-}
-
-std::string PackAccess(uint64_t key, std::string_view rest) {
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(key >> (8 * i));
-  out.append(rest);
-  return out;
-}
-
-Result<uint64_t> AccessKey(const MemoryDesc& remote) {
-  const TransportData* access = remote.FindAccess("ucx");
-  if (access == nullptr) return Status(Code::kInvalidArgument, "remote region has no ucx access");
-  if (access->data.size() <= 8) return Status(Code::kInvalidArgument, "remote region's ucx access is malformed");
-  uint64_t key = 0;
-  for (int i = 0; i < 8; ++i) key |= uint64_t{static_cast<uint8_t>(access->data[i])} << (8 * i);
-  return key;
-}
-
-std::string_view AccessRest(const MemoryDesc& remote) {
-  return std::string_view(remote.FindAccess("ucx")->data).substr(8);
-}
-
 bool Core::UseRma(const Conn& conn) const {
   switch (options_.rma) {
     case UcxOptions::Rma::kAlways: return true;
@@ -483,99 +288,10 @@ bool Core::UseRma(const Conn& conn) const {
   return rma_.network_native;
 }
 
-TokenSource::TokenSource() {
-  std::random_device rd;
-  key_ = (uint64_t{rd()} << 32) ^ rd();
-}
-
-uint64_t TokenSource::Next() {
-  for (;;) {
-    // The splitmix64 finalizer: a bijection of 64-bit words.
-    uint64_t z = ++counter_ ^ key_;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    if (z != 0) return z;
-  }
-}
-
-uint64_t Shard::AddPending(Pending p) {
-  uint64_t token = tokens.Next();
-  pending.emplace(token, std::move(p));
-  return token;
-}
-
-void Shard::FailPending(const Conn* conn, uint64_t accepted_id, const Status& why) {
-  for (auto it = pending.begin(); it != pending.end();) {
-    if ((conn != nullptr && it->second.conn == conn) ||
-        (accepted_id != 0 && it->second.accepted == accepted_id)) {
-      it->second.state->PartDone(why);
-      it = pending.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
 void Core::Reject(const char* why) {
   uint64_t n = rejected_.fetch_add(1, std::memory_order_relaxed) + 1;
   // Log the first few, then every 1000th: a hostile peer must not flood the log.
   if (n <= 8 || n % 1000 == 0) FERRY_LOG_WARN("ucx: rejected message #{}: {}", n, why);
-}
-
-void Shard::Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string payload, bool eager,
-                 std::shared_ptr<void> hold) {
-  if (ep == nullptr) return;  // an accepted connection that is gone: nobody waits for the answer
-  auto* ctx = new SendCtx();
-  EncodeHeader(h, ctx->header);
-  ctx->payload = std::move(payload);
-  ctx->hold = std::move(hold);
-  const void* buffer = data != nullptr ? data : ctx->payload.data();
-  size_t size = data != nullptr ? h.size : ctx->payload.size();
-  ucp_request_param_t p = {};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-  p.cb.send = &OnSendDone;
-  p.user_data = ctx;
-  // Answers go back on the endpoints the target opened to this worker (Accepted), found by the
-  // connection id in the header: no reply endpoint travels.
-  p.flags = eager ? UCP_AM_SEND_FLAG_EAGER : 0;
-  ctx->in_flight = &sends_in_flight;
-  FERRY_TSAN_WIRE_RELEASE();
-  void* req = ucp_am_send_nbx(ep, kAmId, ctx->header, kAmHeaderBytes, buffer, size, &p);
-  if (UCS_PTR_IS_PTR(req)) ++sends_in_flight;
-  else delete ctx;  // done at once, or failed (the peer's error handler reports it)
-}
-
-void Shard::SendAck(uint64_t conn, uint8_t lane, uint64_t token, Code code) {
-  ucp_ep_h ep = ReplyEp(conn, lane);
-  if (ep == nullptr) return;  // the connection is gone; so is whoever waited for the answer
-  AmHeader h;
-  h.type = MsgType::kAck;
-  h.token = token;
-  h.conn = conn;
-  h.lane = lane;
-  h.code = static_cast<uint8_t>(code);
-  Send(ep, h, nullptr, std::string());
-}
-
-void Shard::SendAckOn(const Conn& conn, uint64_t token, Code code) {
-  if (conn.failed()) return;
-  AmHeader h;
-  h.type = MsgType::kAck;
-  h.token = token;
-  h.conn = conn.id();
-  h.code = static_cast<uint8_t>(code);
-  Send(conn.ep(0), h, nullptr, std::string());
-}
-
-void Core::OnAcceptedError(void* arg, ucp_ep_h ep, ucs_status_t status) {
-  auto* core = static_cast<Core*>(arg);
-  Shard& s0 = *core->shards_[0];
-  auto it = s0.accepted_by_ep.find(ep);
-  if (it == s0.accepted_by_ep.end()) return;
-  const uint64_t id = it->second;
-  core->DropAccepted(id, FromUcs(status, "a peer's connection failed"));
-  if (core->door_) core->door_->Forget(id);
 }
 
 }  // namespace ferry::internal::ucx

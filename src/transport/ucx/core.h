@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "transport/transport.h"
+#include "transport/ucx/access_wire.h"
 #include "transport/ucx/am_wire.h"
 #include "transport/ucx/door.h"
 #include "transport/ucx/rma_policy.h"
@@ -174,13 +175,6 @@ struct Shard {
 // A random non-zero 64-bit key (the system's entropy source).
 uint64_t RandomKey();
 
-// A region's `ucx` descriptor data: [u64 little-endian key][packed remote key, or "staged"].
-std::string PackAccess(uint64_t key, std::string_view rest);
-// The key of `remote`'s ucx access data; kInvalidArgument when it has none or it is malformed.
-Result<uint64_t> AccessKey(const MemoryDesc& remote);
-// What follows the key: the packed remote key. REQUIRES: AccessKey(remote).ok()
-std::string_view AccessRest(const MemoryDesc& remote);
-
 class Core : public std::enable_shared_from_this<Core> {
  public:
   // `copier`: how GPU memory is staged; null = the CUDA one (staged.h).
@@ -235,7 +229,7 @@ class Core : public std::enable_shared_from_this<Core> {
   void Reject(const char* why);
   static void Forget(Shard& s);
 
-  // A peer's worker address fit to give UCX (see core.cc), padded; kInvalidArgument otherwise.
+  // A peer's worker address fit to give UCX (see core_connect.cc), padded; kInvalidArgument otherwise.
   Result<std::string> CheckedWorkerAddress(std::string_view address) const;
   // Door thread: opens the endpoints back to an initiator's worker on shard 0.
   Welcome Admit(const Hello& hello, Deadline deadline);

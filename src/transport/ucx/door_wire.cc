@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "base/codec.h"
+#include "base/endian.h"
 #include "ferry/descriptors.h"
 
 namespace ferry::internal::ucx {
@@ -13,10 +14,9 @@ Status Bad(const std::string& what) { return Status(Code::kInvalidArgument, "mal
 std::string Frame(std::string body) {
   std::string out(kDoorPrefixBytes, '\0');
   const uint32_t length = static_cast<uint32_t>(kDoorPrefixBytes + body.size());
-  for (int i = 0; i < 4; ++i) out[i] = static_cast<char>(length >> (8 * i));
+  StoreLe32(out.data(), length);
   std::memcpy(out.data() + 4, kDoorMagic, sizeof(kDoorMagic));
-  out[12] = static_cast<char>(kDoorVersion & 0xff);
-  out[13] = static_cast<char>(kDoorVersion >> 8);
+  StoreLe16(out.data() + 12, kDoorVersion);
   out += body;
   return out;
 }
@@ -59,20 +59,17 @@ std::string EncodeWelcome(const Welcome& wl) {
 
 Result<size_t> DoorFrameLength(std::string_view prefix) {
   if (prefix.size() >= 4) {
-    uint32_t length = 0;
-    for (int i = 0; i < 4; ++i) length |= uint32_t{static_cast<uint8_t>(prefix[i])} << (8 * i);
+    const uint32_t length = LoadLe32(prefix.data());
     if (length <= kDoorPrefixBytes || length > kMaxDoorFrame) return Bad("frame length " + std::to_string(length));
   }
   const size_t magic = std::min(prefix.size() > 4 ? prefix.size() - 4 : 0, sizeof(kDoorMagic));
   if (std::memcmp(prefix.data() + 4, kDoorMagic, magic) != 0) return Bad("not a ferry engine (bad magic)");
   if (prefix.size() < kDoorPrefixBytes) return size_t{0};
-  const uint16_t version = static_cast<uint16_t>(static_cast<uint8_t>(prefix[12]) | (static_cast<uint8_t>(prefix[13]) << 8));
+  const uint16_t version = LoadLe16(prefix.data() + 12);
   if (version != kDoorVersion)
     return Status(Code::kFailedPrecondition, "ferry handshake version " + std::to_string(version) + ", this engine speaks " +
                                                  std::to_string(kDoorVersion));
-  uint32_t length = 0;
-  for (int i = 0; i < 4; ++i) length |= uint32_t{static_cast<uint8_t>(prefix[i])} << (8 * i);
-  return size_t{length};
+  return size_t{LoadLe32(prefix.data())};
 }
 
 Result<Hello> DecodeHello(std::string_view frame) {

@@ -17,6 +17,8 @@
 namespace ferry::internal::ucx {
 
 inline constexpr char kDoorMagic[8] = {'F', 'E', 'R', 'R', 'Y', 'U', 'C', 'X'};
+// The version of the handshake's frames (prefix and bodies); the active messages that follow
+// have their own, kUcxAmVersion (am_wire.h).
 inline constexpr uint16_t kDoorVersion = 1;
 // Length prefix + magic + version.
 inline constexpr size_t kDoorPrefixBytes = 4 + sizeof(kDoorMagic) + 2;

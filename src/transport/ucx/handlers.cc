@@ -80,9 +80,6 @@ ucs_status_t Core::OnMessage(void* arg, const void* header, size_t header_length
     case MsgType::kRevoke:
       core->HandleRevoke(*shard, h);
       return UCS_OK;
-    case MsgType::kHello:
-      core->Reject("a hello message (handshakes go through ferry's socket)");
-      return UCS_OK;
     default:
       break;
   }
@@ -254,9 +251,15 @@ void Core::HandleAck(Shard& s, const AmHeader& h) {
 // completes once the receiver holds it; one without (Endpoint::Notify) is one-way: a refusal
 // is counted by the inbox and logged here. The sender is the engine that made the connection.
 void Core::HandleNotify(Shard& s, const Accepted& from, const AmHeader& h, const void* data, size_t length) {
+  auto message = DecodeNotify(h, data, length);
+  if (!message.ok()) {
+    Reject(std::string(message.status().message()).c_str());
+    if (h.token != 0) s.SendAck(h.conn, h.lane, h.token, message.status().code());
+    return;
+  }
   Notification n;
   n.from = from.peer_key;
-  n.message.assign(static_cast<const char*>(data), length);
+  n.message.assign(*message);
   Status st = inbox_->Push(std::move(n));
   if (h.token != 0) return s.SendAck(h.conn, h.lane, h.token, st.code());
   if (!st.ok()) {

@@ -17,26 +17,7 @@
 
 namespace ferry::internal::ucx {
 
-// ---- Piece tables ----------------------------------------------------------------------------
-
-namespace {
-void Put32(std::byte* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
-}
-void Put64(std::byte* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
-}
-uint32_t Get32(const std::byte* p) {
-  uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(p[i]) << (8 * i);
-  return v;
-}
-uint64_t Get64(const std::byte* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
-}  // namespace
+// ---- Chunks ----------------------------------------------------------------------------
 
 std::vector<StageChunk> PlanChunks(std::span<const TransferOp> ops, uint64_t chunk_bytes, size_t max_pieces) {
   std::vector<StageChunk> chunks;
@@ -56,36 +37,6 @@ std::vector<StageChunk> PlanChunks(std::span<const TransferOp> ops, uint64_t chu
   }
   if (!cur.remote.empty()) chunks.push_back(std::move(cur));
   return chunks;
-}
-
-void WritePieceTable(std::span<const StagedPiece> pieces, std::byte* out) {
-  Put32(out, static_cast<uint32_t>(pieces.size()));
-  for (size_t i = 0; i < pieces.size(); ++i) {
-    Put64(out + 4 + 16 * i, pieces[i].offset);
-    Put64(out + 12 + 16 * i, pieces[i].size);
-  }
-}
-
-Result<std::vector<StagedPiece>> ReadPieceTable(const std::byte* bytes, size_t length, uint64_t region_size,
-                                                size_t* table_bytes, uint64_t* total) {
-  if (length < 4) return Status(Code::kInvalidArgument, "staged piece table is truncated");
-  const uint32_t count = Get32(bytes);
-  if (count == 0 || count > kStageMaxPieces)
-    return Status(Code::kInvalidArgument, "staged piece table of " + std::to_string(count) + " pieces");
-  if (PieceTableBytes(count) > length) return Status(Code::kInvalidArgument, "staged piece table is truncated");
-  std::vector<StagedPiece> pieces(count);
-  uint64_t sum = 0;
-  for (uint32_t i = 0; i < count; ++i) {
-    pieces[i].offset = Get64(bytes + 4 + 16 * i);
-    pieces[i].size = Get64(bytes + 12 + 16 * i);
-    if (!InBounds(pieces[i].offset, pieces[i].size, region_size))
-      return Status(Code::kOutOfRange, "staged piece outside the target region");
-    sum += pieces[i].size;  // each <= region_size, count <= 4096: no overflow for sane sizes
-    if (sum > kStageChunkBytes) return Status(Code::kInvalidArgument, "staged chunk larger than a bounce buffer");
-  }
-  *table_bytes = PieceTableBytes(count);
-  *total = sum;
-  return pieces;
 }
 
 // Bounce buffers and Stager::Impl: staged_internal.h. The target side: staged_target.cc.
@@ -189,7 +140,7 @@ struct WriteJob : ChunkJob<WriteJob> {
   // Copies chunk i's pieces into `buf` (on the GPU's copy engine for GPU memory), then sends it.
   void Start(size_t i, std::shared_ptr<Bounce> buf) {
     const StageChunk& c = chunks[i];
-    WritePieceTable(c.remote, buf->data);
+    EncodePieceTable(c.remote, buf->data);
     std::byte* at = buf->data + PieceTableBytes(c.remote.size());
     if (local->kind == MemoryKind::kHost) {
       for (size_t k = 0; k < c.remote.size(); ++k) {
@@ -238,8 +189,7 @@ struct ReadJob : ChunkJob<ReadJob> {
   // Asks the target for chunk i, to land in `buf`.
   void Start(size_t i, std::shared_ptr<Bounce> buf) {
     const StageChunk& c = chunks[i];
-    std::string table(PieceTableBytes(c.remote.size()), '\0');
-    WritePieceTable(c.remote, reinterpret_cast<std::byte*>(table.data()));
+    std::string table = EncodeStagedReadReq(c.remote);
     Pending p{state, conn.get(), 0, buf->data, c.bytes};
     p.on_data = [self = shared_from_this(), i, buf](Status s) { self->Landed(i, buf, std::move(s)); };
     AmHeader h;

@@ -1,7 +1,7 @@
 // Staged GPU memory over the `ucx` transport: GPU regions (which this UCX build cannot
 // register) travel through page-locked host bounce buffers, in chunks, pipelined.
 //
-// Messages (am_wire.h):
+// Messages (am_wire.h; their payloads: staged_wire.h):
 //   kStagedWrite    payload: a piece table [(target offset, size)...] then the pieces' bytes,
 //                   one chunk of at most kStageChunkBytes. The target scatters the chunk into
 //                   its region (a GPU region: one CopyEngine batch from a bounce buffer, done
@@ -19,7 +19,7 @@
 // further chunk is staged, and each bounce buffer returns to its pool once the copy or send
 // that used it completed.
 //
-// Thread safety: Post*/Handle* on the progress thread; the piece-table functions are pure.
+// Thread safety: Post*/Handle* on the progress thread; PlanChunks is pure.
 #pragma once
 
 #include <ucp/api/ucp.h>
@@ -33,6 +33,7 @@
 #include "cuda/copy_engine.h"  // cuda::CopyStats (no CUDA header)
 #include "transport/transport.h"
 #include "transport/ucx/am_wire.h"
+#include "transport/ucx/staged_wire.h"
 
 namespace ferry::internal::ucx {
 
@@ -40,14 +41,7 @@ class Core;
 class Conn;
 struct Shard;
 
-inline constexpr uint64_t kStageChunkBytes = 4 << 20;
-inline constexpr size_t kStageMaxPieces = 4096;  // per chunk: bounds the piece table
-inline constexpr size_t kStageBuffers = 8;       // bounce buffers per pool (send, receive)
-
-struct StagedPiece {
-  uint64_t offset = 0;  // in the target region
-  uint64_t size = 0;
-};
+inline constexpr size_t kStageBuffers = 8;  // bounce buffers per pool (send, receive)
 
 // One chunk of a batch: the target's pieces, and where each one is in the local region.
 struct StageChunk {
@@ -58,14 +52,6 @@ struct StageChunk {
 
 // Splits `ops` into chunks of at most `chunk_bytes` and `max_pieces` pieces, cutting large ops.
 std::vector<StageChunk> PlanChunks(std::span<const TransferOp> ops, uint64_t chunk_bytes, size_t max_pieces);
-
-inline size_t PieceTableBytes(size_t pieces) { return 4 + 16 * pieces; }
-void WritePieceTable(std::span<const StagedPiece> pieces, std::byte* out);
-// Decodes the table at the start of `bytes` (from a peer): kInvalidArgument when truncated or
-// with more than kStageMaxPieces pieces, kOutOfRange when a piece leaves [0, region_size).
-// Sets *table_bytes and *total (sum of the sizes) on success.
-Result<std::vector<StagedPiece>> ReadPieceTable(const std::byte* bytes, size_t length, uint64_t region_size,
-                                                size_t* table_bytes, uint64_t* total);
 
 // A copy between GPU memory and a host bounce buffer.
 struct StageCopy {

@@ -22,7 +22,7 @@
 
 namespace ferry::internal::ucx {
 
-inline constexpr size_t kBounceBytes = ((kStageChunkBytes + (4 + 16 * kStageMaxPieces)) + 4095) / 4096 * 4096;
+inline constexpr size_t kBounceBytes = (kStageChunkBytes + PieceTableBytes(kStageMaxPieces) + 4095) / 4096 * 4096;
 
 // Runs work on a shard's progress thread while the transport lives.
 struct Dispatcher {

@@ -71,26 +71,23 @@ void Stager::HandleWrite(Shard& s, const AmHeader& h, void* data, size_t length,
 void Stager::Impl::Scatter(Shard& s, const std::shared_ptr<RegionUse>& hold, std::shared_ptr<Bounce> buf,
                            size_t length, Reply reply, uint64_t token) {
   Region& region = hold->region();
-  size_t table = 0;
-  uint64_t total = 0;
-  auto pieces = ReadPieceTable(buf->data, length, region.size, &table, &total);
-  if (pieces.ok() && table + total != length)
-    pieces = Status(Code::kInvalidArgument, "staged chunk size does not match its piece table");
-  if (!pieces.ok()) {
-    core->Reject(std::string(pieces.status().message()).c_str());
-    return SendAckIfOpen(s, reply, token, pieces.status().code());
+  auto chunk = DecodeStagedWrite(buf->data, length, region.size);
+  if (!chunk.ok()) {
+    core->Reject(std::string(chunk.status().message()).c_str());
+    return SendAckIfOpen(s, reply, token, chunk.status().code());
   }
-  const std::byte* at = buf->data + table;
+  const std::vector<StagedPiece>& pieces = chunk->pieces;
+  const std::byte* at = buf->data + chunk->data_offset;
   if (region.kind == MemoryKind::kHost) {
-    for (const StagedPiece& p : *pieces) {
+    for (const StagedPiece& p : pieces) {
       std::memcpy(region.base + p.offset, at, p.size);
       at += p.size;
     }
     return SendAckIfOpen(s, reply, token, Code::kOk);
   }
   std::vector<GpuCopy> copies;
-  copies.reserve(pieces->size());
-  for (const StagedPiece& p : *pieces) {
+  copies.reserve(pieces.size());
+  for (const StagedPiece& p : pieces) {
     copies.push_back({region.base + p.offset, at, p.size});
     at += p.size;
   }
@@ -119,17 +116,13 @@ void Stager::HandleReadReq(Shard& s, const AmHeader& h, const void* data, size_t
     core.Reject("staged read of an unknown region");
     return s.SendAck(reply.conn, reply.lane, h.token, Code::kFailedPrecondition);
   }
-  size_t table = 0;
-  uint64_t total = 0;
-  auto pieces = ReadPieceTable(static_cast<const std::byte*>(data), length, region->size, &table, &total);
-  if (pieces.ok() && (table != length || total != h.offset))
-    pieces = Status(Code::kInvalidArgument, "staged read request does not match its piece table");
+  auto pieces = DecodeStagedReadReq(static_cast<const std::byte*>(data), length, h.offset, region->size);
   if (!pieces.ok()) {
     core.Reject(std::string(pieces.status().message()).c_str());
     return s.SendAck(reply.conn, reply.lane, h.token, pieces.status().code());
   }
   if (region->kind == MemoryKind::kCuda && !impl_->gpu()) return s.SendAck(reply.conn, reply.lane, h.token, Code::kUnsupported);
-  impl_->Gather(s, hold, std::move(pieces).value(), total, reply, h.token);
+  impl_->Gather(s, hold, std::move(pieces).value(), h.offset, reply, h.token);
 }
 
 void Stager::Impl::Gather(Shard& s, const std::shared_ptr<RegionUse>& hold, std::vector<StagedPiece> pieces,

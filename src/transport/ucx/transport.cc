@@ -273,9 +273,6 @@ class UcxEndpoint final : public Endpoint {
     return shard.worker->Submit(std::move(fn));
   }
 
-  // The message alone: the receiver knows the sender from the connection.
-  static std::string Payload(std::string_view message) { return std::string(message); }
-
   // One-way once the peer has answered on this connection: sent eagerly without a token, so
   // the receiver does not answer; from this thread when it can take the worker (RunOnWorker),
   // else by the progress thread. The first notification on a connection nobody has answered
@@ -288,7 +285,7 @@ class UcxEndpoint final : public Endpoint {
     if (conn->failed()) return conn->failure();
     AmHeader h;
     h.type = MsgType::kNotify;
-    std::string payload = Payload(message);
+    std::string payload = EncodeNotify(message);
     h.size = payload.size();
     if (!conn->answered()) {
       Status s = core_->Call(conn, h, std::move(payload), Deadline::After(core_->options().connect_timeout));
@@ -313,7 +310,7 @@ class UcxEndpoint final : public Endpoint {
     state->AddParts(1);
     const auto& conn = conns_[0];
     Shard& shard = conn->shard();
-    auto send = [&shard, conn, state, payload = Payload(message)]() mutable {
+    auto send = [&shard, conn, state, payload = EncodeNotify(message)]() mutable {
       if (conn->failed()) return state->PartDone(conn->failure());
       AmHeader h;
       h.type = MsgType::kNotify;

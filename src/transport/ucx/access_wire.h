@@ -1,0 +1,25 @@
+// A region's `ucx` descriptor data (the TransportData that a MemoryDesc carries for this
+// transport): [u64 little-endian key][packed UCX remote key, or "staged" for GPU memory that
+// peers reach only through staged messages]. The key is the region's secret: every message
+// that reaches the region carries it (am_wire.h).
+//
+// Thread safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "ferry/descriptors.h"
+#include "ferry/status.h"
+
+namespace ferry::internal::ucx {
+
+std::string PackAccess(uint64_t key, std::string_view rest);
+// The key of `remote`'s ucx access data; kInvalidArgument when it has none or it is malformed
+// (no byte after the key).
+Result<uint64_t> AccessKey(const MemoryDesc& remote);
+// What follows the key: the packed remote key. REQUIRES: AccessKey(remote).ok()
+std::string_view AccessRest(const MemoryDesc& remote);
+
+}  // namespace ferry::internal::ucx

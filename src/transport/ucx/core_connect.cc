@@ -1,0 +1,157 @@
+// Core's connections (core.h): the door's admission of a peer's connection (the endpoints
+// back to its worker, on shard 0), their end, and the dialling of a peer.
+#include <unistd.h>
+
+#include <condition_variable>
+#include <mutex>
+
+#include "base/log.h"
+#include "transport/ucx/core.h"
+
+namespace ferry::internal::ucx {
+
+// The door thread waits for shard 0 to open the endpoints, so that the initiator's first
+// message finds its connection. If the wait ends first, the connection is dropped.
+// UCX takes a worker address without its length and trusts what it says: an address of another
+// UCX version or format (its first byte) crashed UCX 1.13's parser in most random cases. Such
+// addresses are refused; the rest go to UCX with zeros after them, so no read past their end
+// leaves the buffer. (A crafted address of the right format can still upset UCX's parser; only
+// authenticated peers close that.)
+Result<std::string> Core::CheckedWorkerAddress(std::string_view address) const {
+  const std::string& own = shards_[0]->worker_address;
+  if (address.empty() || own.empty() || address[0] != own[0])
+    return Status(Code::kInvalidArgument, "the peer's UCX worker address is of another UCX version or format");
+  std::string padded(address);
+  padded.resize(address.size() + 4096, '\0');
+  return padded;
+}
+
+Welcome Core::Admit(const Hello& hello, Deadline deadline) {
+  auto address = CheckedWorkerAddress(hello.worker_address);
+  if (!address.ok()) {
+    Welcome w;
+    w.code = address.status().code();
+    w.message = std::string(address.status().message());
+    return w;
+  }
+  struct Wait {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    bool abandoned = false;
+    Status status;
+  };
+  auto wait = std::make_shared<Wait>();
+  const uint64_t id = RandomKey();  // unguessable: it is what names the peer in each message
+  Shard* s0 = shards_[0].get();
+  bool submitted = s0->worker->Submit([this, s0, wait, id, hello, padded = std::move(address).value()] {
+    std::unique_lock<std::mutex> lock(wait->mu);
+    if (wait->abandoned) return;
+    if (s0->accepted.count(id) != 0) {  // 2^-64
+      wait->status = Status(Code::kUnavailable, "connection id in use; retry");
+      wait->done = true;
+      return wait->cv.notify_all();
+    }
+    auto a = std::make_unique<Accepted>();
+    a->id = id;
+    a->peer_key = hello.from_key;
+    Status st;
+    for (int i = 0; i < hello.lanes && st.ok(); ++i) {
+      auto ep = OpenEndpoint(s0->worker->handle(), padded, &Core::OnAcceptedError, this);
+      if (!ep.ok()) {
+        st = ep.status().WithContext("opening an endpoint back to " + hello.from_key);
+        break;
+      }
+      a->eps.push_back(*ep);
+      s0->accepted_by_ep[*ep] = id;
+    }
+    if (!st.ok()) {
+      for (ucp_ep_h ep : a->eps) {
+        s0->accepted_by_ep.erase(ep);
+        CloseEndpoint(ep);
+      }
+    } else {
+      s0->accepted[id] = std::move(a);
+    }
+    wait->status = st;
+    wait->done = true;
+    wait->cv.notify_all();
+  });
+  Welcome w;
+  if (!submitted) {
+    w.code = Code::kUnavailable;
+    w.message = "the engine is shutting down";
+    return w;
+  }
+  std::unique_lock<std::mutex> lock(wait->mu);
+  if (!wait->cv.wait_until(lock, deadline.at(), [&] { return wait->done; })) {
+    wait->abandoned = true;
+    w.code = Code::kUnavailable;
+    w.message = "the engine is too busy to take a connection";
+    return w;
+  }
+  if (!wait->status.ok()) {
+    w.code = wait->status.code();
+    w.message = std::string(wait->status.message());
+    return w;
+  }
+  w.conn_id = id;
+  w.worker_address = s0->worker_address;
+  return w;
+}
+
+void Core::DropAccepted(uint64_t id, const Status& why) {
+  Shard& s0 = *shards_[0];
+  auto it = s0.accepted.find(id);
+  if (it == s0.accepted.end()) return;
+  std::unique_ptr<Accepted> a = std::move(it->second);
+  s0.accepted.erase(it);
+  FERRY_LOG_DEBUG("ucx: connection from {} ended: {}", a->peer_key, why.ToString());
+  s0.FailPending(nullptr, id, why);
+  for (ucp_ep_h ep : a->eps) {
+    s0.accepted_by_ep.erase(ep);
+    CloseEndpoint(ep);
+  }
+}
+
+void Core::OnAcceptedError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  auto* core = static_cast<Core*>(arg);
+  Shard& s0 = *core->shards_[0];
+  auto it = s0.accepted_by_ep.find(ep);
+  if (it == s0.accepted_by_ep.end()) return;
+  const uint64_t id = it->second;
+  core->DropAccepted(id, FromUcs(status, "a peer's connection failed"));
+  if (core->door_) core->door_->Forget(id);
+}
+
+Result<std::shared_ptr<Conn>> Core::Dial(const EngineDesc& peer, const std::string& peer_address, bool same_host,
+                                         size_t shard_index, int lanes, Deadline deadline) {
+  Shard& shard = this->shard(shard_index);
+  Hello hello;
+  hello.from_key = engine_key_;
+  hello.to_key = peer.key;
+  hello.lanes = static_cast<uint16_t>(lanes);
+  hello.worker_address = shard.worker_address;
+  FERRY_ASSIGN_OR_RETURN(Dialed d, ucx::Dial(peer_address, hello, deadline));
+  auto address = CheckedWorkerAddress(d.welcome.worker_address);
+  if (!address.ok()) {
+    close(d.control);
+    return address.status().WithContext("engine at " + peer_address);
+  }
+  if (d.welcome.key != peer.key) {
+    close(d.control);
+    return Status(Code::kFailedPrecondition, "the engine at " + peer_address + " is '" + d.welcome.key + "', not '" +
+                                                 peer.key + "' as its descriptor says");
+  }
+  auto conn = std::make_shared<Conn>(shared_from_this(), &shard, peer, peer_address, same_host, d.welcome.conn_id,
+                                     std::move(address).value(), d.control);
+  bool ok = shard.worker->Submit([conn, lanes] {
+    Status s = conn->Open(lanes);
+    if (!s.ok()) return conn->Fail(s);
+    conn->shard().conns.insert(conn);
+  });
+  if (!ok) return Status(Code::kAborted, "the ucx transport was shut down");
+  return conn;
+}
+
+}  // namespace ferry::internal::ucx
