@@ -4,6 +4,8 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "base/endian.h"
+
 namespace ferry::embed {
 namespace {
 
@@ -66,8 +68,7 @@ Result<SafetensorsTensor> ParseTensor(const std::string& name, const Json& j, ui
 Result<SafetensorsHeader> Parse(std::span<const uint8_t> file) {
   if (file.size() < 8)
     return Bad("file of " + std::to_string(file.size()) + " bytes has no header");
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | file[i];
+  const uint64_t n = LoadLe64(file.data());  // the header's length, little-endian
   if (n < 2 || n > kMaxHeaderBytes)
     return Bad("header length " + std::to_string(n) + " is outside [2, " +
                std::to_string(kMaxHeaderBytes) + "]");
