@@ -20,13 +20,15 @@ Result<UniqueFd> CreateMemoryFile(const char* name, uint64_t bytes, bool final) 
   if (env->Ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0)
     return ErrnoStatus(Code::kResourceExhausted, "ftruncate" + what, errno);
   const int seals = F_SEAL_SHRINK | F_SEAL_GROW | (final ? F_SEAL_SEAL : 0);
-  if (::fcntl(fd.get(), F_ADD_SEALS, seals) != 0) return ErrnoStatus(Code::kResourceExhausted, "sealing" + what, errno);
+  if (::fcntl(fd.get(), F_ADD_SEALS, seals) != 0)
+    return ErrnoStatus(Code::kResourceExhausted, "sealing" + what, errno);
   return fd;
 }
 
 Result<uint64_t> SealedFileSize(int fd) {
   struct stat st {};
-  if (::fstat(fd, &st) != 0) return ErrnoStatus(Code::kInvalidArgument, "fstat of a memory file", errno);
+  if (::fstat(fd, &st) != 0)
+    return ErrnoStatus(Code::kInvalidArgument, "fstat of a memory file", errno);
   if (!S_ISREG(st.st_mode) || st.st_size <= 0)
     return Status(Code::kInvalidArgument, "the memory file is not a non-empty file");
   const int seals = ::fcntl(fd, F_GET_SEALS);
@@ -39,11 +41,13 @@ Result<SharedMapping> SharedMapping::Map(int fd, uint64_t offset, uint64_t size,
   if (size == 0) return Status(Code::kInvalidArgument, "an empty mapping");
   const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t start = offset / page * page;
-  if (size > SIZE_MAX - (offset - start)) return Status(Code::kInvalidArgument, "a mapping larger than memory");
+  if (size > SIZE_MAX - (offset - start))
+    return Status(Code::kInvalidArgument, "a mapping larger than memory");
   const uint64_t length = offset - start + size;
-  void* p = Env::Current()->Mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED | extra_flags, fd,
-                                 static_cast<off_t>(start));
-  if (p == MAP_FAILED) return ErrnoStatus("mapping " + std::to_string(size) + " shared bytes", errno);
+  void* p = Env::Current()->Mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED | extra_flags,
+                                 fd, static_cast<off_t>(start));
+  if (p == MAP_FAILED)
+    return ErrnoStatus("mapping " + std::to_string(size) + " shared bytes", errno);
   SharedMapping m;
   m.start_ = p;
   m.length_ = length;

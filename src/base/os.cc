@@ -15,19 +15,31 @@ class RealEnv final : public Env {
  public:
   constexpr RealEnv() = default;
 
-  int Socket(int domain, int type, int protocol) override { return ::socket(domain, type, protocol); }
+  int Socket(int domain, int type, int protocol) override {
+    return ::socket(domain, type, protocol);
+  }
   int SocketPair(int domain, int type, int protocol, int fds[2]) override {
     return ::socketpair(domain, type, protocol, fds);
   }
   int Bind(int fd, const sockaddr* addr, socklen_t len) override { return ::bind(fd, addr, len); }
   int Listen(int fd, int backlog) override { return ::listen(fd, backlog); }
   int Accept(int fd, int flags) override { return ::accept4(fd, nullptr, nullptr, flags); }
-  int Connect(int fd, const sockaddr* addr, socklen_t len) override { return ::connect(fd, addr, len); }
-  ssize_t SendMsg(int fd, const msghdr* msg, int flags) override { return ::sendmsg(fd, msg, flags); }
+  int Connect(int fd, const sockaddr* addr, socklen_t len) override {
+    return ::connect(fd, addr, len);
+  }
+  ssize_t SendMsg(int fd, const msghdr* msg, int flags) override {
+    return ::sendmsg(fd, msg, flags);
+  }
   ssize_t RecvMsg(int fd, msghdr* msg, int flags) override { return ::recvmsg(fd, msg, flags); }
-  ssize_t Send(int fd, const void* data, size_t bytes, int flags) override { return ::send(fd, data, bytes, flags); }
-  ssize_t Recv(int fd, void* data, size_t bytes, int flags) override { return ::recv(fd, data, bytes, flags); }
-  int Poll(pollfd* fds, nfds_t count, int timeout_ms) override { return ::poll(fds, count, timeout_ms); }
+  ssize_t Send(int fd, const void* data, size_t bytes, int flags) override {
+    return ::send(fd, data, bytes, flags);
+  }
+  ssize_t Recv(int fd, void* data, size_t bytes, int flags) override {
+    return ::recv(fd, data, bytes, flags);
+  }
+  int Poll(pollfd* fds, nfds_t count, int timeout_ms) override {
+    return ::poll(fds, count, timeout_ms);
+  }
   int Close(int fd) override { return ::close(fd); }
   int MemfdCreate(const char* name, unsigned flags) override { return ::memfd_create(name, flags); }
   int Ftruncate(int fd, off_t bytes) override { return ::ftruncate(fd, bytes); }
@@ -41,7 +53,9 @@ class RealEnv final : public Env {
   int PidfdGetfd(int pidfd, int target_fd, unsigned flags) override {
     return static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, target_fd, flags));
   }
-  std::chrono::steady_clock::time_point SteadyNow() override { return std::chrono::steady_clock::now(); }
+  std::chrono::steady_clock::time_point SteadyNow() override {
+    return std::chrono::steady_clock::now();
+  }
 };
 
 constinit RealEnv real_env;
@@ -107,6 +121,8 @@ Status ErrnoStatus(Code code, std::string_view what, int err) {
   return Status(code, std::move(message));
 }
 
-Status ErrnoStatus(std::string_view what, int err) { return ErrnoStatus(ErrnoCode(err), what, err); }
+Status ErrnoStatus(std::string_view what, int err) {
+  return ErrnoStatus(ErrnoCode(err), what, err);
+}
 
 }  // namespace ferry::os

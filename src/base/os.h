@@ -72,23 +72,39 @@ class EnvWrapper : public Env {
   explicit EnvWrapper(Env* target) : target_(target) {}
   Env* target() const { return target_; }
 
-  int Socket(int domain, int type, int protocol) override { return target_->Socket(domain, type, protocol); }
+  int Socket(int domain, int type, int protocol) override {
+    return target_->Socket(domain, type, protocol);
+  }
   int SocketPair(int domain, int type, int protocol, int fds[2]) override {
     return target_->SocketPair(domain, type, protocol, fds);
   }
-  int Bind(int fd, const sockaddr* addr, socklen_t len) override { return target_->Bind(fd, addr, len); }
+  int Bind(int fd, const sockaddr* addr, socklen_t len) override {
+    return target_->Bind(fd, addr, len);
+  }
   int Listen(int fd, int backlog) override { return target_->Listen(fd, backlog); }
   int Accept(int fd, int flags) override { return target_->Accept(fd, flags); }
-  int Connect(int fd, const sockaddr* addr, socklen_t len) override { return target_->Connect(fd, addr, len); }
-  ssize_t SendMsg(int fd, const msghdr* msg, int flags) override { return target_->SendMsg(fd, msg, flags); }
-  ssize_t RecvMsg(int fd, msghdr* msg, int flags) override { return target_->RecvMsg(fd, msg, flags); }
+  int Connect(int fd, const sockaddr* addr, socklen_t len) override {
+    return target_->Connect(fd, addr, len);
+  }
+  ssize_t SendMsg(int fd, const msghdr* msg, int flags) override {
+    return target_->SendMsg(fd, msg, flags);
+  }
+  ssize_t RecvMsg(int fd, msghdr* msg, int flags) override {
+    return target_->RecvMsg(fd, msg, flags);
+  }
   ssize_t Send(int fd, const void* data, size_t bytes, int flags) override {
     return target_->Send(fd, data, bytes, flags);
   }
-  ssize_t Recv(int fd, void* data, size_t bytes, int flags) override { return target_->Recv(fd, data, bytes, flags); }
-  int Poll(pollfd* fds, nfds_t count, int timeout_ms) override { return target_->Poll(fds, count, timeout_ms); }
+  ssize_t Recv(int fd, void* data, size_t bytes, int flags) override {
+    return target_->Recv(fd, data, bytes, flags);
+  }
+  int Poll(pollfd* fds, nfds_t count, int timeout_ms) override {
+    return target_->Poll(fds, count, timeout_ms);
+  }
   int Close(int fd) override { return target_->Close(fd); }
-  int MemfdCreate(const char* name, unsigned flags) override { return target_->MemfdCreate(name, flags); }
+  int MemfdCreate(const char* name, unsigned flags) override {
+    return target_->MemfdCreate(name, flags);
+  }
   int Ftruncate(int fd, off_t bytes) override { return target_->Ftruncate(fd, bytes); }
   void* Mmap(void* addr, size_t bytes, int prot, int flags, int fd, off_t offset) override {
     return target_->Mmap(addr, bytes, prot, flags, fd, offset);

@@ -39,8 +39,9 @@ Status WaitReadable(int fd, Deadline deadline, int wake_fd) {
 
 Status SendMessage(int fd, std::string_view bytes, std::span<const int> fds, Deadline until) {
   if (bytes.size() > kMaxMessageBytes || fds.size() > kMaxMessageFds)
-    return Status(Code::kInvalidArgument, "a message of " + std::to_string(bytes.size()) + " bytes and " +
-                                              std::to_string(fds.size()) + " descriptors is too large to send");
+    return Status(Code::kInvalidArgument, "a message of " + std::to_string(bytes.size()) +
+                                              " bytes and " + std::to_string(fds.size()) +
+                                              " descriptors is too large to send");
   iovec iov{const_cast<char*>(bytes.data()), bytes.size()};
   msghdr msg = {};
   msg.msg_iov = &iov;
@@ -63,10 +64,12 @@ Status SendMessage(int fd, std::string_view bytes, std::span<const int> fds, Dea
     const int err = errno;
     if (err == EINTR) continue;
     if (err == EMSGSIZE)
-      return ErrnoStatus(Code::kInvalidArgument, "message of " + std::to_string(bytes.size()) + " bytes", err);
+      return ErrnoStatus(Code::kInvalidArgument,
+                         "message of " + std::to_string(bytes.size()) + " bytes", err);
     if (err != EAGAIN) return ErrnoStatus(Code::kUnavailable, "sending to the peer", err);
     // Full: the peer is not reading. Wait for room, at most until the deadline.
-    if (until.expired()) return Status(Code::kDeadlineExceeded, "the peer does not read its socket");
+    if (until.expired())
+      return Status(Code::kDeadlineExceeded, "the peer does not read its socket");
     pollfd p{fd, POLLOUT, 0};
     (void)env->Poll(&p, 1, PollMs(until, 100));
   }
@@ -114,7 +117,8 @@ Result<Received> ReceiveMessage(int fd, size_t max_bytes) {
     if (env->Poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP)))
       return Status(Code::kUnavailable, "the peer closed the connection");
   }
-  r.truncated = (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || static_cast<size_t>(n) > max_bytes;
+  r.truncated =
+      (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || static_cast<size_t>(n) > max_bytes;
   r.bytes.resize(std::min<size_t>(static_cast<size_t>(n), max_bytes));
   return r;
 }
@@ -123,13 +127,15 @@ Result<Received> WaitMessage(int fd, Deadline deadline, int wake_fd) {
   FERRY_RETURN_IF_ERROR(WaitReadable(fd, deadline, wake_fd));
   Result<Received> r = ReceiveMessage(fd, kMaxMessageBytes);
   if (!r.ok()) {
-    if (r.status().code() == Code::kInProgress) return Status(Code::kDeadlineExceeded, "no message ready");
+    if (r.status().code() == Code::kInProgress)
+      return Status(Code::kDeadlineExceeded, "no message ready");
     return r.status();
   }
   if (r->truncated)
-    return Status(Code::kInvalidArgument, "a message longer than " + std::to_string(kMaxMessageBytes) +
-                                              " bytes or with more than " + std::to_string(kMaxMessageFds) +
-                                              " descriptors");
+    return Status(Code::kInvalidArgument, "a message longer than " +
+                                              std::to_string(kMaxMessageBytes) +
+                                              " bytes or with more than " +
+                                              std::to_string(kMaxMessageFds) + " descriptors");
   if (r->bytes.empty() && r->fds.empty()) return Status(Code::kInvalidArgument, "empty message");
   return r;
 }

@@ -48,7 +48,8 @@ Result<UniqueFd> NewSocket() {
 
 Status ListenError(const std::string& path, PathState state) {
   if (state == PathState::kLive)
-    return Status(Code::kAlreadyExists, "socket path " + path + ": another service accepts connections there");
+    return Status(Code::kAlreadyExists,
+                  "socket path " + path + ": another service accepts connections there");
   if (state == PathState::kNotSocket)
     return Status(Code::kFailedPrecondition,
                   "socket path " + path + " exists and is not a socket; remove it or pick another");
@@ -64,7 +65,9 @@ Result<PathState> ProbeSocketPath(const std::string& path) {
     if (errno != ENOENT) return ErrnoStatus(Code::kInternal, "lstat " + path, errno);
     // Nothing there; the folder must exist for a bind to succeed.
     const size_t slash = path.rfind('/');
-    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    const std::string dir = slash == std::string::npos ? "."
+                            : slash == 0               ? "/"
+                                                       : path.substr(0, slash);
     struct stat ds {};
     if (::stat(dir.c_str(), &ds) != 0 || !S_ISDIR(ds.st_mode))
       return Status(Code::kNotFound, "socket path " + path + ": folder " + dir + " does not exist");
@@ -94,7 +97,8 @@ Result<UniqueFd> ListenUnix(const UnixAddress& address) {
   FERRY_ASSIGN_OR_RETURN(UniqueFd fd, NewSocket());
   if (state == PathState::kStale) ::unlink(address.name.c_str());
   Env* env = Env::Current();
-  if (env->Bind(fd.get(), addr.get(), addr.len) != 0) return ErrnoStatus("bind " + address.name, errno);
+  if (env->Bind(fd.get(), addr.get(), addr.len) != 0)
+    return ErrnoStatus("bind " + address.name, errno);
   if (env->Listen(fd.get(), 128) != 0) return ErrnoStatus("listen " + address.name, errno);
   return fd;
 }
@@ -108,7 +112,8 @@ Result<UniqueFd> ConnectUnix(const UnixAddress& address, Deadline retry_until) {
     // Nothing listens there (yet), or its backlog is full: worth another try.
     const bool absent = err == ECONNREFUSED || err == ENOENT || err == EAGAIN;
     if (!absent) return ErrnoStatus("connect " + address.name, err);
-    if (retry_until.expired()) return ErrnoStatus(Code::kUnavailable, "connect " + address.name, err);
+    if (retry_until.expired())
+      return ErrnoStatus(Code::kUnavailable, "connect " + address.name, err);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
@@ -118,7 +123,8 @@ Result<UniqueFd> AcceptUnix(int listen_fd) {
     UniqueFd fd(Env::Current()->Accept(listen_fd, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (fd.valid()) return fd;
     if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == ECONNABORTED) return Status(Code::kInProgress, "no connection waiting");
+    if (errno == EAGAIN || errno == ECONNABORTED)
+      return Status(Code::kInProgress, "no connection waiting");
     return ErrnoStatus("accept", errno);
   }
 }
@@ -126,7 +132,8 @@ Result<UniqueFd> AcceptUnix(int listen_fd) {
 Result<uid_t> PeerUid(int fd) {
   ucred cred = {};
   socklen_t len = sizeof(cred);
-  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return ErrnoStatus("SO_PEERCRED", errno);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    return ErrnoStatus("SO_PEERCRED", errno);
   return cred.uid;
 }
 

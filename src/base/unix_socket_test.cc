@@ -1,9 +1,8 @@
 #include "base/unix_socket.h"
 
+#include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <cerrno>
 #include <chrono>
@@ -85,9 +84,12 @@ TEST(UnixSocket, AbstractAddressesLeaveNoFile) {
   ASSERT_TRUE(l.ok()) << l.status().ToString();
   Result<UniqueFd> c = ConnectUnix(UnixAddress::Abstract(name), Deadline());
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_EQ(ListenUnix(UnixAddress::Abstract(name)).status().code(), Code::kUnavailable) << "in use";
+  EXPECT_EQ(ListenUnix(UnixAddress::Abstract(name)).status().code(), Code::kUnavailable)
+      << "in use";
   l->reset();
-  EXPECT_EQ(ConnectUnix(UnixAddress::Abstract(name), Deadline::At(Clock::time_point::min())).status().code(),
+  EXPECT_EQ(ConnectUnix(UnixAddress::Abstract(name), Deadline::At(Clock::time_point::min()))
+                .status()
+                .code(),
             Code::kUnavailable);
   EXPECT_EQ(ListenUnix(UnixAddress::Abstract("")).status().code(), Code::kInvalidArgument);
 }
@@ -132,7 +134,8 @@ TEST(UnixSocket, AFullSocketWaitsUntilTheDeadline) {
   Pair p;
   Status s;
   int sent = 0;
-  while ((s = SendMessage(p.b.get(), "ack", {}, Deadline::After(Clock::duration::zero()))).ok()) ++sent;
+  while ((s = SendMessage(p.b.get(), "ack", {}, Deadline::After(Clock::duration::zero()))).ok())
+    ++sent;
   EXPECT_GT(sent, 0);
   EXPECT_EQ(s.code(), Code::kDeadlineExceeded);
   p.a.reset();
@@ -189,7 +192,8 @@ TEST(UnixSocketFault, FailingSocketCallsCloseWhatTheyOpened) {
   EXPECT_EQ(ListenUnix(UnixAddress::Abstract(name)).status().code(), Code::kResourceExhausted);
   env.Heal(FaultEnv::kSocket);
   env.Fail(FaultEnv::kConnect, EPERM);
-  EXPECT_EQ(ConnectUnix(UnixAddress::Abstract(name), Seconds(5)).status().code(), Code::kPermissionDenied);
+  EXPECT_EQ(ConnectUnix(UnixAddress::Abstract(name), Seconds(5)).status().code(),
+            Code::kPermissionDenied);
   EXPECT_EQ(OpenFdCount(), fds_before);
 }
 

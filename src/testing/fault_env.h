@@ -28,7 +28,18 @@ inline int OpenFdCount() {
 
 class FaultEnv : public os::EnvWrapper {
  public:
-  enum Call { kSocket, kConnect, kAccept, kSendMsg, kRecvMsg, kMemfdCreate, kFtruncate, kMmap, kPidfdOpen, kCount };
+  enum Call {
+    kSocket,
+    kConnect,
+    kAccept,
+    kSendMsg,
+    kRecvMsg,
+    kMemfdCreate,
+    kFtruncate,
+    kMmap,
+    kPidfdOpen,
+    kCount
+  };
 
   FaultEnv() : EnvWrapper(os::Env::Default()) {}
 
@@ -51,7 +62,9 @@ class FaultEnv : public os::EnvWrapper {
   int Connect(int fd, const sockaddr* addr, socklen_t len) override {
     return Failed(kConnect) ? -1 : EnvWrapper::Connect(fd, addr, len);
   }
-  int Accept(int fd, int flags) override { return Failed(kAccept) ? -1 : EnvWrapper::Accept(fd, flags); }
+  int Accept(int fd, int flags) override {
+    return Failed(kAccept) ? -1 : EnvWrapper::Accept(fd, flags);
+  }
   ssize_t SendMsg(int fd, const msghdr* msg, int flags) override {
     return Failed(kSendMsg) ? -1 : EnvWrapper::SendMsg(fd, msg, flags);
   }
@@ -69,11 +82,15 @@ class FaultEnv : public os::EnvWrapper {
   int MemfdCreate(const char* name, unsigned flags) override {
     return Failed(kMemfdCreate) ? -1 : EnvWrapper::MemfdCreate(name, flags);
   }
-  int Ftruncate(int fd, off_t bytes) override { return Failed(kFtruncate) ? -1 : EnvWrapper::Ftruncate(fd, bytes); }
+  int Ftruncate(int fd, off_t bytes) override {
+    return Failed(kFtruncate) ? -1 : EnvWrapper::Ftruncate(fd, bytes);
+  }
   void* Mmap(void* addr, size_t bytes, int prot, int flags, int fd, off_t offset) override {
     return Failed(kMmap) ? MAP_FAILED : EnvWrapper::Mmap(addr, bytes, prot, flags, fd, offset);
   }
-  int PidfdOpen(pid_t pid, unsigned flags) override { return Failed(kPidfdOpen) ? -1 : EnvWrapper::PidfdOpen(pid, flags); }
+  int PidfdOpen(pid_t pid, unsigned flags) override {
+    return Failed(kPidfdOpen) ? -1 : EnvWrapper::PidfdOpen(pid, flags);
+  }
   std::chrono::steady_clock::time_point SteadyNow() override {
     return EnvWrapper::SteadyNow() + std::chrono::steady_clock::duration(jump_.load());
   }

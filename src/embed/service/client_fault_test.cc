@@ -37,7 +37,8 @@ TEST(EmbedClientFault, FailingSendmsgFailsTheRequestCleanly) {
     env.Heal(FaultEnv::kSendMsg);
   }
   // The service drops the connection once the client is gone; nothing stays open.
-  for (Deadline d = Deadline::After(std::chrono::seconds(5)); OpenFdCount() != fds_before && !d.expired();)
+  for (Deadline d = Deadline::After(std::chrono::seconds(5));
+       OpenFdCount() != fds_before && !d.expired();)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(OpenFdCount(), fds_before);
   EXPECT_EQ((*server)->stats().steps_ok, 0u);

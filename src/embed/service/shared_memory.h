@@ -42,7 +42,8 @@ class SharedMemory {
   }
 
  private:
-  SharedMemory(UniqueFd fd, os::SharedMapping mapping) : fd_(std::move(fd)), mapping_(std::move(mapping)) {}
+  SharedMemory(UniqueFd fd, os::SharedMapping mapping)
+      : fd_(std::move(fd)), mapping_(std::move(mapping)) {}
   UniqueFd fd_;
   os::SharedMapping mapping_;
 };

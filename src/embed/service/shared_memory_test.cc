@@ -1,10 +1,9 @@
 #include "embed/service/shared_memory.h"
 
+#include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <cerrno>
 

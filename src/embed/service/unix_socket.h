@@ -15,7 +15,6 @@
 
 namespace ferry::embed::service {
 
-using os::CheckListenPath;
 using os::kMaxMessageBytes;
 using os::kMaxMessageFds;
 using os::MakeWakeFd;
@@ -26,7 +25,9 @@ using os::UniqueFd;
 using Message = os::Received;
 
 // Listens at `path` (a stale socket there is replaced; a live one is kAlreadyExists).
-inline Result<UniqueFd> Listen(const std::string& path) { return os::ListenUnix(os::UnixAddress::Path(path)); }
+inline Result<UniqueFd> Listen(const std::string& path) {
+  return os::ListenUnix(os::UnixAddress::Path(path));
+}
 // Connects to `path`, retrying while nothing listens there yet, until `deadline`.
 inline Result<UniqueFd> Connect(const std::string& path, Deadline deadline) {
   return os::ConnectUnix(os::UnixAddress::Path(path), deadline);

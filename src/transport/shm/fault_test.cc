@@ -88,7 +88,8 @@ class ShmFaultTest : public ::testing::Test {
 
   Status Write(Channel& ch) {
     std::vector<TransferOp> ops = {{0, 0, kBytes / 2}};
-    auto state = std::make_shared<TransferState>(TransferId{1}, kBytes / 2, ch.path(), Deadline::After(5s));
+    auto state =
+        std::make_shared<TransferState>(TransferId{1}, kBytes / 2, ch.path(), Deadline::After(5s));
     Status s = ch.Post(Op::kWrite, ops, kBytes / 2, state);
     if (!s.ok()) state->Finish(s);
     state->PartDone(Status::Ok());  // the poster's own part, as the engine does
