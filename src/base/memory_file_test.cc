@@ -41,40 +41,35 @@ TEST(MemoryFile, UnsealedOrEmptyFilesAreRefused) {
   EXPECT_EQ(SealedFileSize(fd.get()).status().code(), Code::kInvalidArgument) << "not sealed";
 }
 
-TEST(MemoryFileFault, FailingMemfdCreateFailsAllocateSharedHostCleanly) {
-  const int fds_before = OpenFdCount();
-  FaultEnv env;
-  ScopedEnv scope(&env);
-  env.Fail(FaultEnv::kMemfdCreate, EMFILE);
-  auto buffer = AllocateSharedHost(1 << 20);
-  EXPECT_EQ(buffer.status().code(), Code::kResourceExhausted) << buffer.status().ToString();
-  EXPECT_EQ(env.calls(FaultEnv::kMemfdCreate), 1);
-  EXPECT_EQ(OpenFdCount(), fds_before);
-}
+struct Fault {
+  FaultEnv::Call call;
+  int err;
+};
 
-TEST(MemoryFileFault, FailingMmapFailsAllocateSharedHostCleanly) {
+class AllocateSharedHostFault : public ::testing::TestWithParam<Fault> {};
+
+// A failing memfd_create, ftruncate or mmap: kResourceExhausted, no descriptor left open, and
+// the next allocation (the call healed) works.
+TEST_P(AllocateSharedHostFault, ReturnsTheErrorAndLeavesNothingOpen) {
+  const Fault fault = GetParam();
   const int fds_before = OpenFdCount();
   FaultEnv env;
   ScopedEnv scope(&env);
-  env.Fail(FaultEnv::kMmap, ENOMEM);
+  env.Fail(fault.call, fault.err);
   auto buffer = AllocateSharedHost(1 << 20);
   EXPECT_EQ(buffer.status().code(), Code::kResourceExhausted) << buffer.status().ToString();
-  EXPECT_EQ(env.calls(FaultEnv::kMmap), 1);
-  EXPECT_EQ(OpenFdCount(), fds_before) << "the memory file is closed";
-  env.Heal(FaultEnv::kMmap);
+  EXPECT_EQ(env.calls(fault.call), 1);
+  EXPECT_EQ(OpenFdCount(), fds_before);
+  env.Heal(fault.call);
   auto ok = AllocateSharedHost(1 << 20);
   ASSERT_TRUE(ok.ok()) << ok.status().ToString();
   EXPECT_TRUE(internal::FindSharedHost(ok->data(), 1 << 20).has_value());
 }
 
-TEST(MemoryFileFault, FailingFtruncateClosesTheFile) {
-  const int fds_before = OpenFdCount();
-  FaultEnv env;
-  ScopedEnv scope(&env);
-  env.Fail(FaultEnv::kFtruncate, ENOSPC);
-  EXPECT_EQ(CreateMemoryFile("x", 4096).status().code(), Code::kResourceExhausted);
-  EXPECT_EQ(OpenFdCount(), fds_before);
-}
+INSTANTIATE_TEST_SUITE_P(Calls, AllocateSharedHostFault,
+                         ::testing::Values(Fault{FaultEnv::kMemfdCreate, EMFILE},
+                                           Fault{FaultEnv::kFtruncate, ENOSPC},
+                                           Fault{FaultEnv::kMmap, ENOMEM}));
 
 }  // namespace
 }  // namespace ferry::os
