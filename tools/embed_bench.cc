@@ -26,12 +26,10 @@
 
 #include "commands.h"
 #include "embed_flags.h"
-#include "embed/service/served_layers.h"
-#include "embed/service/stats_query.h"
-#include "embed/service/step_policy.h"
-#include "embed/service/step_stats.h"
 #include "ferry/embed.h"
+#include "ferry/embed_server.h"
 #include "ferry/embed_service.h"
+#include "ferry/embed_stats.h"
 #include "ferry/gpu.h"
 
 namespace ferry::tools {
@@ -283,7 +281,7 @@ Result<std::vector<ServiceRun>> RunService(const BenchFlags& f, const embed::Con
     std::vector<double> service_ms;
     for (int it = 0; it < f.iters + warmup; ++it) {
       if (it == warmup) {
-        FERRY_RETURN_IF_ERROR(svc::QueryStats(socket, true, Deadline::After(kWait)).status());
+        FERRY_RETURN_IF_ERROR(svc::QueryStats(socket, true, kWait).status());
       }
       std::memcpy(client->input_ids().data(), in.tokens.data(), in.tokens.size() * 4);
       std::memcpy(client->query_start_loc().data(), in.qsl.data(), in.qsl.size() * 4);
@@ -302,7 +300,7 @@ Result<std::vector<ServiceRun>> RunService(const BenchFlags& f, const embed::Con
     ServiceRun run;
     run.step = Summarize(service_ms);
     // The reply of the last step may still be on its way: the step counters can lag by one.
-    FERRY_ASSIGN_OR_RETURN(run.stats, svc::QueryStats(socket, false, Deadline::After(kWait)));
+    FERRY_ASSIGN_OR_RETURN(run.stats, svc::QueryStats(socket, false, kWait));
     runs.push_back(std::move(run));
   }
   return runs;

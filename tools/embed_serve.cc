@@ -1,4 +1,4 @@
-// `ferry embed-serve`: the embedding-offload service of one node (src/embed/service/). It
+// `ferry embed-serve`: the embedding-offload service of one node (ferry/embed_server.h). It
 // builds the layers' layouts from the model flags, opens one safetensors table per layer
 // (--table, repeated) or a synthetic one, listens on --socket and serves until SIGINT or
 // SIGTERM. --ready-file is written once the socket listens (for scripts and tests). Every flag
@@ -25,13 +25,10 @@
 
 #include "commands.h"
 #include "embed_flags.h"
-#include "embed/service/served_layers.h"
-#include "embed/service/server.h"
-#include "embed/service/step_policy.h"
-#include "embed/service/step_stats.h"
-#include "embed/service/unix_socket.h"
 #include "ferry/embed.h"
+#include "ferry/embed_server.h"
 #include "ferry/embed_service.h"
+#include "ferry/embed_stats.h"
 
 namespace ferry::tools {
 namespace {

@@ -4,10 +4,11 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <random>
 #include <set>
 #include <vector>
+
+#include "base/mutex.h"
 
 namespace ferry::embed {
 namespace {
@@ -61,10 +62,10 @@ TEST_P(GatherTest, RowsMatchTableAndPaddingIsZero) {
   ASSERT_TRUE(ComputeRowIds(l, step.input(), ids).ok());
   auto gatherer = Gatherer::Create({.threads = threads, .chunk_tokens = 7}).value();
   std::vector<uint8_t> dst(ids.size() * table->row_bytes(), 0xAB);
-  std::mutex mu;
+  Mutex mu;
   std::multiset<std::pair<int64_t, int64_t>> chunks;
   Status s = gatherer->Gather(*table, l.num_heads(), ids, dst, [&](int64_t b, int64_t e) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     chunks.insert({b, e});
   });
   ASSERT_TRUE(s.ok()) << s.ToString();

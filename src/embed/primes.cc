@@ -1,8 +1,9 @@
 #include "embed/primes.h"
 
 #include <map>
-#include <mutex>
 #include <string>
+
+#include "base/mutex.h"
 
 namespace ferry::embed {
 namespace {
@@ -66,9 +67,9 @@ Result<std::vector<uint64_t>> PrimesFrom(uint64_t from, uint64_t count) {
   if (from >= kLimit) {
     return Status(Code::kInvalidArgument, "primes from " + std::to_string(from) + " exceed 2^63");
   }
-  static std::mutex mu;
+  static Mutex mu;
   static auto* cache = new std::map<uint64_t, std::vector<uint64_t>>();  // leaked on purpose
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(&mu);
   std::vector<uint64_t>& primes = (*cache)[from];
   uint64_t next = primes.empty() ? from : primes.back() + 1;
   while (primes.size() < count) {

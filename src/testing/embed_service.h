@@ -14,10 +14,10 @@
 #include "embed/row_ids.h"
 #include "embed/service/host_flag.h"
 #include "embed/service/protocol.h"
-#include "embed/service/server.h"
 #include "embed/service/shared_memory.h"
 #include "embed/service/unix_socket.h"
 #include "ferry/embed.h"
+#include "ferry/embed_server.h"
 #include "ferry/embed_service.h"
 
 namespace ferry::embed::service::testing {

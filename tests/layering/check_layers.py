@@ -33,10 +33,13 @@ PUBLIC_LAYER = {
     "types.h": "types",
     "options.h": "types",
     "descriptors.h": "types",
+    "gpu.h": "cuda",
     "system.h": "engine",
     "engine.h": "engine",
     "embed.h": "embed",
     "embed_service.h": "embed",
+    "embed_server.h": "embed",
+    "embed_stats.h": "embed",
     "kv.h": "kv",
 }
 

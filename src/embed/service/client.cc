@@ -15,11 +15,11 @@ Client::~Client() { Close(); }
 void Client::Close() {
   Impl& c = *impl_;
   {
-    std::lock_guard<std::mutex> lock(c.mu);
+    MutexLock lock(&c.mu);
     if (c.closed) return;
     c.closed = true;
   }
-  c.cv.notify_all();
+  c.cv.NotifyAll();
   SignalWakeFd(c.wake_fd.get());
   if (c.reader.joinable()) c.reader.join();
   if (c.sender.joinable()) c.sender.join();
@@ -59,7 +59,7 @@ uint32_t Client::flag(size_t slot) const {
   Impl& c = *impl_;
   if (slot >= slots()) return kFlagFailed;
   if (!c.cuda) return LoadFlag(c.Flag(slot));
-  std::lock_guard<std::mutex> lock(c.aux_mu);
+  MutexLock lock(&c.aux_mu);
   uint32_t word = kFlagFailed;
   (void)cuda::SetDevice(c.options.device);
   if (!cuda::MemcpyAsync(&word, c.dev_flags[slot], 4, c.aux_stream).ok() ||
@@ -113,7 +113,7 @@ Status Client::PrepareStep(uint32_t num_reqs, uint32_t num_tokens, bool dummy, v
   if (!c.cuda) return Status(Code::kInvalidArgument, "input sources are copied in CUDA mode only");
   void* event = nullptr;
   {
-    std::lock_guard<std::mutex> lock(c.mu);
+    MutexLock lock(&c.mu);
     if (c.free_events.empty())
       return Status(Code::kResourceExhausted, "more steps in flight than input events");
     event = c.free_events.back();
@@ -127,13 +127,13 @@ Status Client::PrepareStep(uint32_t num_reqs, uint32_t num_tokens, bool dummy, v
     st = cuda::MemcpyAsync(ngram_context().data(), sources->ngram_context,
                            num_reqs * c.options.context_len * 4, stream);
   if (st.ok()) st = cuda::EventRecord(event, stream);
-  std::lock_guard<std::mutex> lock(c.mu);
+  MutexLock lock(&c.mu);
   if (!st.ok()) {
     c.free_events.push_back(event);
     return st;
   }
   c.to_send.push_back(Impl::Pending{r, event});
-  c.cv.notify_all();
+  c.cv.NotifyAll();
   return Status::Ok();
 }
 
@@ -150,7 +150,7 @@ Status Client::Wait(size_t slot, void* stream) {
   }
   {
     // A lost connection is reported after the error of the step it cut short, if any.
-    std::lock_guard<std::mutex> lock(c.mu);
+    MutexLock lock(&c.mu);
     if (!c.fatal.ok()) return c.pending.ok() ? c.fatal : std::exchange(c.pending, Status::Ok());
   }
   Deadline deadline = Deadline::After(c.options.step_timeout);
@@ -162,11 +162,11 @@ Status Client::Wait(size_t slot, void* stream) {
   if (*v == kFlagDone) return Status::Ok();
   // Failed: rank 0 gets the service's reply (it follows the flags); give it a moment.
   // Other ranks get no reply; they look briefly for a lost connection.
-  std::unique_lock<std::mutex> lock(c.mu);
-  c.cv.wait_for(
-      lock,
+  MutexLock lock(&c.mu);
+  c.cv.WaitFor(
+      &c.mu,
       c.options.tp_rank == 0 ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(20),
-      [&] {
+      [&]() REQUIRES(c.mu) {
         return !c.pending.ok() || !c.fatal.ok() ||
                (c.options.tp_rank == 0 && c.waiting.count(c.last_seq.load()) == 0);
       });
@@ -179,7 +179,7 @@ Status Client::Wait(size_t slot, void* stream) {
 Status Client::ReleaseOutputs(void* stream) {
   Impl& c = *impl_;
   {
-    std::lock_guard<std::mutex> lock(c.mu);
+    MutexLock lock(&c.mu);
     if (c.closed) return Status(Code::kFailedPrecondition, "the client is closed");
     if (!c.fatal.ok()) {
       if (!c.cuda) c.FailAll();  // the flags stay failed: no later wait may block

@@ -4,21 +4,21 @@
 // flight) and client.cc (the per-forward calls and the accessors). Internal to the client.
 //
 // Thread safety: the fields marked GUARDED_BY(mu) are read and written under `mu`; aux_mu
-// orders the auxiliary stream's work (failure writes, flag reads); the rest is set up by
-// Create() before any thread starts and read-only after, except the atomics.
+// orders the auxiliary stream's work (failure writes, flag reads; the stream itself is not a
+// field it could guard); the rest is set up by Create() before any thread starts and
+// read-only after, except the atomics.
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "base/mutex.h"
 #include "cuda/runtime.h"
 #include "cuda/stream_ops.h"
 #include "embed/service/host_flag.h"
@@ -49,7 +49,7 @@ struct Client::Impl {
   std::vector<uint8_t*> dev_outputs;
   std::vector<uint32_t*> dev_flags;
   void* aux_stream = nullptr;  // failure writes and flag reads
-  std::mutex aux_mu;
+  Mutex aux_mu;
 
   UniqueFd fd;
   UniqueFd wake_fd;
@@ -64,16 +64,16 @@ struct Client::Impl {
     void* event;
   };
   std::thread sender;
-  std::deque<Pending> to_send;     // GUARDED_BY(mu)
-  std::vector<void*> free_events;  // GUARDED_BY(mu)
+  std::deque<Pending> to_send GUARDED_BY(mu);
+  std::vector<void*> free_events GUARDED_BY(mu);
   std::vector<void*> all_events;
 
-  std::mutex mu;
-  std::condition_variable cv;
-  Status pending;                        // GUARDED_BY(mu): a step's error not yet reported
-  Status fatal;                          // GUARDED_BY(mu): sticky
-  std::map<uint64_t, Deadline> waiting;  // GUARDED_BY(mu): steps sent, not answered
-  bool closed = false;                   // GUARDED_BY(mu)
+  Mutex mu;
+  CondVar cv;
+  Status pending GUARDED_BY(mu);  // a step's error not yet reported
+  Status fatal GUARDED_BY(mu);    // sticky
+  std::map<uint64_t, Deadline> waiting GUARDED_BY(mu);  // steps sent, not answered
+  bool closed GUARDED_BY(mu) = false;
 
   ~Impl() {
     if (cuda) {
@@ -88,26 +88,27 @@ struct Client::Impl {
   uint32_t* Flag(size_t slot) const {
     return reinterpret_cast<uint32_t*>(outputs->data() + flag_offsets[slot]);
   }
-  // Sets every flag to FAILED, so that no wait stays blocked. REQUIRES: mu held or not needed.
-  void FailAll() {
+  // Sets every flag to FAILED, so that no wait stays blocked. Touches nothing `mu` guards: it
+  // may be called with mu held or not.
+  void FailAll() EXCLUDES(aux_mu) {
     if (!cuda) {
       for (size_t s = 0; s < flag_offsets.size(); ++s) StoreFlag(Flag(s), kFlagFailed);
       return;
     }
-    std::lock_guard<std::mutex> lock(aux_mu);
+    MutexLock lock(&aux_mu);
     (void)cuda::SetDevice(options.device);
     for (uint32_t* f : dev_flags) (void)cuda::StreamWrite(aux_stream, f, kFlagFailed);
     (void)cuda::StreamSync(aux_stream, Deadline::After(kClientFlagTimeout));
   }
-  void SetFatal(Status s) {
+  void SetFatal(Status s) REQUIRES(mu) {
     if (fatal.ok()) fatal = std::move(s);
   }
-  void Read();
-  void SendLoop();
-  Status SendRequest(const Request& r);
+  void Read() EXCLUDES(mu);
+  void SendLoop() EXCLUDES(mu);
+  Status SendRequest(const Request& r) EXCLUDES(mu);
   // The error to report now, if any (the pending one is reported once).
-  Status TakeError() {
-    std::lock_guard<std::mutex> lock(mu);
+  Status TakeError() EXCLUDES(mu) {
+    MutexLock lock(&mu);
     if (closed) return Status(Code::kFailedPrecondition, "the client is closed");
     if (!fatal.ok()) return pending.ok() ? fatal : std::exchange(pending, Status::Ok());
     return std::exchange(pending, Status::Ok());

@@ -63,6 +63,7 @@ Status Client::Impl::SetUpCuda(Register* reg) {
   for (int i = 0; i < kClientEvents; ++i) {
     FERRY_ASSIGN_OR_RETURN(void* e, cuda::EventCreate());
     all_events.push_back(e);
+    MutexLock lock(&mu);  // no thread runs yet; the lock is for the analysis, and cheap
     free_events.push_back(e);
   }
   return Status::Ok();

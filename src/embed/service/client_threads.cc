@@ -11,13 +11,13 @@ void Client::Impl::Read() {
   for (;;) {
     Deadline until = Deadline::After(std::chrono::milliseconds(200));
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       for (auto& [seq, d] : waiting) until = Deadline::Earlier(until, d);
     }
     Result<Message> msg = Receive(fd.get(), until, wake_fd.get());
     if (!msg.ok() && msg.status().code() == Code::kCancelled) return;
     if (!msg.ok() && msg.status().code() == Code::kDeadlineExceeded) {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       for (auto it = waiting.begin(); it != waiting.end();) {
         if (it->second.expired()) {
           SetFatal(Status(Code::kDeadlineExceeded,
@@ -30,41 +30,41 @@ void Client::Impl::Read() {
       }
       if (!fatal.ok()) {
         FailAll();
-        cv.notify_all();
+        cv.NotifyAll();
         return;
       }
       continue;
     }
     Result<AnyMessage> decoded = msg.ok() ? Decode(msg->bytes) : Result<AnyMessage>(msg.status());
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     if (!decoded.ok() || !std::holds_alternative<Reply>(*decoded)) {
       Status why =
           decoded.ok() ? Status(Code::kInvalidArgument, "unexpected message") : decoded.status();
       SetFatal(Status(Code::kUnavailable, "embedding service connection lost: " + why.ToString()));
       FailAll();
-      cv.notify_all();
+      cv.NotifyAll();
       return;
     }
     const Reply& r = std::get<Reply>(*decoded);
     waiting.erase(r.seq);
     if (!r.status.ok() && pending.ok())
       pending = r.status.WithContext("embedding step " + std::to_string(r.seq));
-    cv.notify_all();
+    cv.NotifyAll();
   }
 }
 
 Status Client::Impl::SendRequest(const Request& r) {
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     waiting[r.seq] = Deadline::After(options.step_timeout);
   }
   Status s = Send(fd.get(), Encode(r));
   if (s.ok()) return s;
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(&mu);
   waiting.erase(r.seq);
   SetFatal(Status(Code::kUnavailable, "embedding service connection lost: " + s.ToString()));
   FailAll();
-  cv.notify_all();
+  cv.NotifyAll();
   return fatal;
 }
 
@@ -72,8 +72,8 @@ void Client::Impl::SendLoop() {
   for (;;) {
     Pending p;
     {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return closed || !to_send.empty(); });
+      MutexLock lock(&mu);
+      cv.Wait(&mu, [&]() REQUIRES(mu) { return closed || !to_send.empty(); });
       if (closed) return;
       p = to_send.front();
       to_send.pop_front();
@@ -81,14 +81,14 @@ void Client::Impl::SendLoop() {
     (void)cuda::SetDevice(options.device);
     Status s = cuda::EventSync(p.event, Deadline::After(options.step_timeout));
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       free_events.push_back(p.event);
     }
     if (!s.ok()) {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       SetFatal(s.WithContext("the step's input copies"));
       FailAll();
-      cv.notify_all();
+      cv.NotifyAll();
       continue;
     }
     (void)SendRequest(p.request);

@@ -14,16 +14,16 @@ Result<std::unique_ptr<CopyPump>> CopyPump::Create() {
 
 CopyPump::~CopyPump() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
   cancel_ = true;
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
 void CopyPump::Begin(int64_t num_tokens, int64_t chunk_tokens, int64_t min_tokens, Issue issue) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   num_tokens_ = num_tokens;
   chunk_tokens_ = std::max<int64_t>(1, chunk_tokens);
   min_tokens_ = std::max<int64_t>(1, min_tokens);
@@ -39,28 +39,28 @@ void CopyPump::Begin(int64_t num_tokens, int64_t chunk_tokens, int64_t min_token
   cancel_ = false;
   finished_ = false;
   active_ = true;
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 void CopyPump::ChunkDone(int64_t begin, int64_t end) {
   (void)end;
   done_[begin / chunk_tokens_].store(1);  // seq_cst: pairs with sleeping_ (see RunLayer)
   if (sleeping_.load()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    cv_.notify_all();
+    MutexLock lock(&mu_);
+    cv_.NotifyAll();
   }
 }
 
 Status CopyPump::End(bool complete, Deadline deadline, Clock::time_point* last_issue) {
   if (!complete) cancel_ = true;
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.notify_all();
-  if (!done_cv_.wait_until(lock, deadline.at(), [&] { return finished_; })) {
+  MutexLock lock(&mu_);
+  cv_.NotifyAll();
+  if (!done_cv_.WaitUntil(&mu_, deadline.at(), [&]() REQUIRES(mu_) { return finished_; })) {
     cancel_ = true;
-    cv_.notify_all();
+    cv_.NotifyAll();
     // The pump stops after the copy in progress; a stuck copy call is waited for (bounded by
     // the driver), since the pump still refers to the layer's staging.
-    done_cv_.wait(lock, [&] { return finished_; });
+    done_cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return finished_; });
     active_ = false;
     return Status(Code::kDeadlineExceeded, "the copies of a layer were not issued in time");
   }
@@ -72,8 +72,8 @@ Status CopyPump::End(bool complete, Deadline deadline, Clock::time_point* last_i
 void CopyPump::Loop() {
   for (;;) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || (active_ && !finished_); });
+      MutexLock lock(&mu_);
+      cv_.Wait(&mu_, [&]() REQUIRES(mu_) { return stopping_ || (active_ && !finished_); });
       if (stopping_) return;
     }
     RunLayer();
@@ -106,20 +106,20 @@ void CopyPump::RunLayer() {
       if (!more) std::this_thread::yield();
     }
     if (more) continue;
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     sleeping_.store(true);  // seq_cst: either ChunkDone sees it, or this sees the chunk
-    cv_.wait_for(lock, std::chrono::microseconds(200),
-                 [&] { return cancel_.load() || Ready(ready); });
+    cv_.WaitFor(&mu_, std::chrono::microseconds(200),
+                [&] { return cancel_.load() || Ready(ready); });
     sleeping_.store(false);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   result_ = error;
   if (any) {
     last_issue_ = last;
     issued_any_ = true;
   }
   finished_ = true;
-  done_cv_.notify_all();
+  done_cv_.NotifyAll();
 }
 
 }  // namespace ferry::embed::service

@@ -3,8 +3,8 @@
 
 #include <cstring>
 #include <map>
-#include <mutex>
 
+#include "base/mutex.h"
 #include "cuda/runtime.h"
 #include "cuda/stream_ops.h"
 
@@ -87,7 +87,7 @@ class CudaSink final : public OutputSink {
     return cuda::StreamWaitEvent(copy_stream_, event);
   }
   Status Signal(size_t slot, uint32_t value) override {
-    std::lock_guard<std::mutex> lock(flag_mu_);
+    MutexLock lock(&flag_mu_);
     FERRY_RETURN_IF_ERROR(cuda::SetDevice(device_));
     FERRY_RETURN_IF_ERROR(cuda::StreamWrite(flag_stream_, flags_[slot], value));
     return cuda::StreamSync(flag_stream_, Deadline::After(kFlagTimeout));
@@ -95,7 +95,7 @@ class CudaSink final : public OutputSink {
   // One 4-byte copy into a page-locked word (a true asynchronous copy, no staging through a
   // driver buffer) and a spinning wait for it: the read is on every layer step's path.
   Result<uint32_t> ReadFlag(size_t slot) override {
-    std::lock_guard<std::mutex> lock(flag_mu_);
+    MutexLock lock(&flag_mu_);
     FERRY_RETURN_IF_ERROR(cuda::SetDevice(device_));
     *flag_word_ = kFlagFailed;
     FERRY_RETURN_IF_ERROR(
@@ -124,11 +124,12 @@ class CudaSink final : public OutputSink {
 
   int device_ = 0;
   void* done_event_ = nullptr;     // recorded after each Finish()'s flag write
-  void* read_event_ = nullptr;     // used under flag_mu_
-  uint32_t* flag_word_ = nullptr;  // page-locked; GUARDED_BY(flag_mu_)
+  void* read_event_ = nullptr;  // recorded and waited for under flag_mu_
+  // Page-locked; set up once, the word it points to read and written under flag_mu_.
+  uint32_t* flag_word_ PT_GUARDED_BY(flag_mu_) = nullptr;
   void* copy_stream_ = nullptr;
   void* flag_stream_ = nullptr;
-  std::mutex flag_mu_;
+  Mutex flag_mu_;
   std::map<std::string, void*> opened_;  // IPC handle -> mapped base
   std::vector<uint8_t*> outputs_;
   std::vector<uint32_t*> flags_;

@@ -1,5 +1,5 @@
-#include "embed/service/served_layers.h"
-
+// Setting up a server (ferry/embed_server.h): the layers it serves (MakeServedLayers), the
+// memory it may take (AvailableMemoryBytes) and the path it listens at (CheckListenPath).
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -7,7 +7,9 @@
 #include <optional>
 #include <string>
 
+#include "embed/service/unix_socket.h"
 #include "ferry/embed.h"
+#include "ferry/embed_server.h"
 
 namespace ferry::embed::service {
 namespace {
@@ -31,6 +33,8 @@ std::string Size(uint64_t bytes) {
 }
 
 }  // namespace
+
+Status CheckListenPath(const std::string& path) { return os::CheckListenPath(path); }
 
 uint64_t AvailableMemoryBytes() {
   uint64_t avail = std::numeric_limits<uint64_t>::max();

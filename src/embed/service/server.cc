@@ -1,4 +1,4 @@
-#include "embed/service/server.h"
+#include "ferry/embed_server.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -103,7 +103,7 @@ ServerStats Server::Impl::Snapshot(bool reset_timings) {
 void Server::Stop() {
   Impl& s = *impl_;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(&s.mu);
     if (s.stopped) return;
     s.stopped = true;
   }
@@ -113,7 +113,7 @@ void Server::Stop() {
   std::map<uint32_t, std::shared_ptr<Group>> groups;
   std::vector<std::shared_ptr<Group>> retired;
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    MutexLock lock(&s.mu);
     groups.swap(s.groups);
     retired.swap(s.retired);
   }
@@ -121,10 +121,10 @@ void Server::Stop() {
   // Steps in flight fail (kAborted, flags FAILED, replies sent) before connections close.
   for (auto& g : retired) {
     {
-      std::lock_guard<std::mutex> lock(g->mu);
+      MutexLock lock(&g->mu);
       g->stopping = true;
     }
-    g->cv.notify_all();
+    g->cv.NotifyAll();
     if (g->worker.joinable()) g->worker.join();
   }
   s.group_count = 0;
@@ -219,7 +219,7 @@ void Server::Impl::Drop(Connection& conn) {
 void Server::Impl::ReapRetired() {
   std::vector<std::shared_ptr<Group>> done;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     for (auto it = retired.begin(); it != retired.end();) {
       if ((*it)->finished) {
         done.push_back(std::move(*it));
@@ -355,7 +355,7 @@ Result<std::shared_ptr<Member>> Server::Impl::Admit(const std::shared_ptr<Connec
 Status Server::Impl::Enroll(const std::shared_ptr<Member>& m) {
   std::shared_ptr<Group> g;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     if (stopped) return Status(Code::kUnavailable, "the service is stopping");
     auto it = groups.find(m->reg.dp_rank);
     if (it != groups.end()) {
@@ -371,7 +371,7 @@ Status Server::Impl::Enroll(const std::shared_ptr<Member>& m) {
       ++group_count;
     }
     // Under mu too: Leave retires a group whose last member left under both locks.
-    std::lock_guard<std::mutex> glock(g->mu);
+    MutexLock glock(&g->mu);
     const Member* other = nullptr;
     for (const auto& x : g->members)
       if (x != nullptr) other = x.get();
@@ -384,7 +384,7 @@ Status Server::Impl::Enroll(const std::shared_ptr<Member>& m) {
       return Status(Code::kAlreadyExists, RankName(m->reg) + " is already registered");
     g->members[m->reg.tp_rank] = m;
   }
-  g->cv.notify_all();
+  g->cv.NotifyAll();
   return Status::Ok();
 }
 
@@ -392,11 +392,11 @@ void Server::Impl::Leave(const std::shared_ptr<Member>& m) {
   m->alive = false;
   std::shared_ptr<Group> g;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     auto it = groups.find(m->reg.dp_rank);
     if (it != groups.end()) {
       g = it->second;
-      std::lock_guard<std::mutex> glock(g->mu);
+      MutexLock glock(&g->mu);
       if (m->reg.tp_rank < g->members.size() && g->members[m->reg.tp_rank] == m)
         g->members[m->reg.tp_rank] = nullptr;
       if (m->reg.tp_rank == 0) g->queue.clear();  // nobody is left to answer
@@ -411,7 +411,7 @@ void Server::Impl::Leave(const std::shared_ptr<Member>& m) {
       }
     }
   }
-  if (g != nullptr) g->cv.notify_all();
+  if (g != nullptr) g->cv.NotifyAll();
   --live;
   FERRY_LOG_INFO("embed-serve: {} left", RankName(m->reg));
 }
@@ -419,13 +419,13 @@ void Server::Impl::Leave(const std::shared_ptr<Member>& m) {
 void Server::Impl::Enqueue(const std::shared_ptr<Member>& m, Step step) {
   std::shared_ptr<Group> g;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     auto it = groups.find(m->reg.dp_rank);
     if (it != groups.end()) g = it->second;
   }
   if (g == nullptr) return;
   {
-    std::lock_guard<std::mutex> lock(g->mu);
+    MutexLock lock(&g->mu);
     // Past twice the limit even the refusals are dropped: a flooding client cannot grow the
     // queue (its waits end by its own deadline).
     if (g->queue.size() >= 2 * options.max_queued_steps) {
@@ -438,7 +438,7 @@ void Server::Impl::Enqueue(const std::shared_ptr<Member>& m, Step step) {
                               " steps queued for dp rank " + std::to_string(g->dp_rank));
     g->queue.push_back(std::move(step));
   }
-  g->cv.notify_all();
+  g->cv.NotifyAll();
 }
 
 }  // namespace ferry::embed::service

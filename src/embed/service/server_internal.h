@@ -11,29 +11,28 @@
 #include <sys/socket.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <list>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "cuda/runtime.h"
 #include "embed/gather.h"
 #include "embed/row_ids.h"
 #include "embed/service/copy_pump.h"
 #include "embed/service/output_sink.h"
 #include "embed/service/protocol.h"
-#include "embed/service/server.h"
 #include "embed/service/shared_memory.h"
 #include "embed/service/staging.h"
 #include "embed/service/step_policy.h"
 #include "embed/service/step_stats.h"
 #include "embed/service/unix_socket.h"
 #include "embed/uva.h"
+#include "ferry/embed_server.h"
 
 namespace ferry::embed::service {
 namespace internal {
@@ -44,14 +43,14 @@ struct Member;
 struct Connection {
   explicit Connection(UniqueFd f) : poll_fd(f.get()), fd(std::move(f)) {}
   const int poll_fd;  // the descriptor the loop polls; valid until Close()
-  std::mutex send_mu;
-  UniqueFd fd;                     // GUARDED_BY(send_mu)
+  Mutex send_mu;
+  UniqueFd fd GUARDED_BY(send_mu);
   std::shared_ptr<Member> member;  // the loop's: set once the connection registered
 
   // A send that fails (the peer does not read, or is gone) shuts the connection down, so that
   // the loop sees it hang up and drops it.
-  Status Send(const std::string& bytes) {
-    std::lock_guard<std::mutex> lock(send_mu);
+  Status Send(const std::string& bytes) EXCLUDES(send_mu) {
+    MutexLock lock(&send_mu);
     if (!fd.valid()) return Status(Code::kUnavailable, "the connection is closed");
     Status s = os::SendMessage(fd.get(), bytes, {}, Deadline::After(Clock::duration::zero()));
     if (s.ok()) return s;
@@ -59,8 +58,8 @@ struct Connection {
     if (s.code() == Code::kDeadlineExceeded) return Status(Code::kResourceExhausted, "the client does not read its socket");
     return s;
   }
-  void Close() {
-    std::lock_guard<std::mutex> lock(send_mu);
+  void Close() EXCLUDES(send_mu) {
+    MutexLock lock(&send_mu);
     fd.reset();
   }
 };
@@ -105,11 +104,11 @@ struct UvaState {
 struct Group {
   explicit Group(std::atomic<uint64_t>* staging_bytes) : staging(staging_bytes) {}
   uint32_t dp_rank = 0;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::shared_ptr<Member>> members;  // GUARDED_BY(mu), tp_size entries
-  std::deque<Step> queue;                        // GUARDED_BY(mu)
-  bool stopping = false;                         // GUARDED_BY(mu)
+  Mutex mu;
+  CondVar cv;
+  std::vector<std::shared_ptr<Member>> members GUARDED_BY(mu);  // tp_size entries
+  std::deque<Step> queue GUARDED_BY(mu);
+  bool stopping GUARDED_BY(mu) = false;
   std::thread worker;
   std::atomic<bool> finished{false};  // the worker has returned (it may be joined at once)
   // Used by the worker thread only.
@@ -154,10 +153,11 @@ struct Server::Impl {
   // The event loop's (Stop's once the loop has ended).
   std::vector<std::shared_ptr<Connection>> connections;
 
-  std::mutex mu;
-  std::map<uint32_t, std::shared_ptr<Group>> groups;  // GUARDED_BY(mu)
-  std::vector<std::shared_ptr<Group>> retired;        // GUARDED_BY(mu): emptied, being joined
-  bool stopped = false;                               // GUARDED_BY(mu)
+  // Taken before a group's mu when both are held (Enroll, Leave).
+  Mutex mu;
+  std::map<uint32_t, std::shared_ptr<Group>> groups GUARDED_BY(mu);
+  std::vector<std::shared_ptr<Group>> retired GUARDED_BY(mu);  // emptied, being joined
+  bool stopped GUARDED_BY(mu) = false;
 
   std::atomic<uint64_t> registrations{0}, live{0}, steps_ok{0}, steps_failed{0};
   std::atomic<uint64_t> open_connections{0}, group_count{0}, staging_bytes{0};
@@ -172,13 +172,13 @@ struct Server::Impl {
   // One message (or the error of reading it); false when the connection is to be dropped.
   bool Handle(const std::shared_ptr<Connection>& conn, Result<Message> msg);
   void Drop(Connection& conn);
-  void ReapRetired();
+  void ReapRetired() EXCLUDES(mu);
   Result<std::shared_ptr<Member>> Admit(const std::shared_ptr<Connection>& conn,
                                         const Register& reg, std::vector<UniqueFd> fds);
-  Status Enroll(const std::shared_ptr<Member>& m);
-  void Leave(const std::shared_ptr<Member>& m);
-  void Enqueue(const std::shared_ptr<Member>& m, Step step);
-  void Work(Group& g);  // the group's thread; sets g.finished when it returns
+  Status Enroll(const std::shared_ptr<Member>& m) EXCLUDES(mu);
+  void Leave(const std::shared_ptr<Member>& m) EXCLUDES(mu);
+  void Enqueue(const std::shared_ptr<Member>& m, Step step) EXCLUDES(mu);
+  void Work(Group& g) EXCLUDES(mu);  // the group's thread; sets g.finished when it returns
   Status RunStep(Group& g, const std::vector<std::shared_ptr<Member>>& members, const Step& s);
   Status RunLayer(Group& g, const std::vector<std::shared_ptr<Member>>& members, size_t slot,
                   const StepInput& in, const Step& step, LayerTiming& t);

@@ -34,20 +34,20 @@ void Server::Impl::Work(Group& group) {
     Step step;
     std::vector<std::shared_ptr<Member>> members;
     {
-      std::unique_lock<std::mutex> lock(g->mu);
-      g->cv.wait(lock, [&] { return g->stopping || !g->queue.empty(); });
+      MutexLock lock(&g->mu);
+      g->cv.Wait(&g->mu, [&]() REQUIRES(g->mu) { return g->stopping || !g->queue.empty(); });
       if (g->stopping) return;
       step = std::move(g->queue.front());
       g->queue.pop_front();
       // A step needs every rank of the group; wait for absent ones up to the deadline.
       Deadline deadline = Deadline::After(options.wait_timeout);
-      auto complete = [&] {
+      auto complete = [&]() REQUIRES(g->mu) {
         if (g->stopping || g->members.empty()) return true;
         for (const auto& x : g->members)
           if (x == nullptr) return false;
         return true;
       };
-      if (step.error.ok()) g->cv.wait_until(lock, deadline.at(), complete);
+      if (step.error.ok()) g->cv.WaitUntil(&g->mu, deadline.at(), complete);
       if (g->stopping) return;
       members = g->members;
     }
@@ -219,14 +219,14 @@ Status Server::Impl::GatherLayer(Group& g, const std::vector<std::shared_ptr<Mem
   std::span<uint8_t> dst(src, static_cast<size_t>(in.num_tokens()) * tb);
   if (!pump) {
     // Host copies: each gather thread copies its own chunk (a memcpy, no shared queue).
-    std::mutex err_mu;
+    Mutex err_mu;
     Status copy_error;
     std::atomic<uint64_t> chunks{0};
     auto on_chunk = [&](int64_t begin, int64_t end) {
       chunks.fetch_add(members.size() - first, std::memory_order_relaxed);
       Status s = write_all(begin, end);
       if (!s.ok()) {
-        std::lock_guard<std::mutex> lock(err_mu);
+        MutexLock lock(&err_mu);
         if (copy_error.ok()) copy_error = s;
       }
     };

@@ -16,7 +16,7 @@
 
 #include "cuda/runtime.h"
 #include "cuda/stream_ops.h"
-#include "embed/service/stats_query.h"
+#include "ferry/embed_stats.h"
 #include "testing/embed_service.h"
 
 namespace ferry::embed::service {
@@ -228,7 +228,7 @@ std::pair<uint64_t, uint64_t> PathCounts(const std::string& socket, uint64_t tok
   std::pair<uint64_t, uint64_t> out{0, 0};
   for (int i = 0; i < 500 && out.first + out.second < total; ++i) {
     if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    Result<ServerStats> st = QueryStats(socket, false, Deadline::After(std::chrono::seconds(5)));
+    Result<ServerStats> st = QueryStats(socket, false, std::chrono::seconds(5));
     EXPECT_TRUE(st.ok()) << st.status().ToString();
     if (!st.ok()) return out;
     for (const BucketStats& b : st->buckets)

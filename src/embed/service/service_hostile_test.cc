@@ -11,10 +11,10 @@
 #include <fstream>
 #include <thread>
 
-#include "embed/service/served_layers.h"
 #include "embed/service/staging.h"
-#include "embed/service/stats_query.h"
 #include "embed/start_thread.h"
+#include "ferry/embed_server.h"
+#include "ferry/embed_stats.h"
 #include "testing/embed_service.h"
 
 namespace ferry::embed::service {
@@ -104,7 +104,7 @@ TEST(EmbedServiceHostile, ConnectionsPastTheLimitAreRefused) {
   auto refused = Client::Create(SmallClientOptions(path, 0, 0, 1));
   EXPECT_EQ(refused.status().code(), Code::kResourceExhausted) << refused.status().ToString();
   EXPECT_NE(refused.status().message().find("at most 3 connections"), std::string_view::npos);
-  Result<ServerStats> stats = QueryStats(path, false, Deadline::After(std::chrono::seconds(5)));
+  Result<ServerStats> stats = QueryStats(path, false, std::chrono::seconds(5));
   EXPECT_EQ(stats.status().code(), Code::kResourceExhausted) << stats.status().ToString();
   idle.pop_back();
   ASSERT_TRUE(Eventually([&] { return server->memory().connections == 2; }));
@@ -272,6 +272,7 @@ TEST(EmbedServiceHostile, ListenReplacesOnlyStaleSockets) {
   ForwardOne(**c, MakeStep(2, 32, 6));
   EXPECT_EQ(CheckListenPath("/nonexistent-ferry-folder/x.sock").code(), Code::kNotFound);
   EXPECT_EQ(CheckListenPath("/tmp").code(), Code::kFailedPrecondition);
+  EXPECT_EQ(CheckListenPath(path).code(), Code::kAlreadyExists);  // the first one accepts
 }
 
 // Issues 7, 11, 14 and "also seen": options no server runs with are refused before anything

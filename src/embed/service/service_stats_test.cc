@@ -7,8 +7,8 @@
 #include <thread>
 
 #include "embed/service/protocol.h"
-#include "embed/service/stats_query.h"
 #include "embed/service/unix_socket.h"
+#include "ferry/embed_stats.h"
 #include "testing/embed_service.h"
 
 namespace ferry::embed::service {
@@ -47,7 +47,7 @@ TEST_F(EmbedServiceStatsTest, PhasesPerBucketAndLayer) {
   // The reply of the last step may trail its DONE flags: wait for the counters.
   for (int i = 0; i < 500 && server_->stats().steps_ok < 5; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  Result<ServerStats> q = QueryStats(path_, true, Deadline::After(std::chrono::seconds(5)));
+  Result<ServerStats> q = QueryStats(path_, true, std::chrono::seconds(5));
   ASSERT_TRUE(q.ok()) << q.status().ToString();
   EXPECT_EQ(q->steps_ok, 5u);
   EXPECT_EQ(q->live_clients, 1u);
@@ -97,9 +97,21 @@ TEST_F(EmbedServiceStatsTest, StatsConnectionCannotStep) {
 }
 
 TEST_F(EmbedServiceStatsTest, NoServiceIsUnavailable) {
-  Result<ServerStats> q =
-      QueryStats(path_ + ".none", false, Deadline::After(std::chrono::milliseconds(50)));
+  Result<ServerStats> q = QueryStats(path_ + ".none", false, std::chrono::milliseconds(50));
   EXPECT_EQ(q.status().code(), Code::kUnavailable) << q.status().ToString();
+}
+
+// A query that could never wait (or would wait past the limit) is refused before connecting.
+TEST_F(EmbedServiceStatsTest, TimeoutOutsideItsRangeIsInvalid) {
+  EXPECT_EQ(QueryStats(path_, false, std::chrono::nanoseconds(0)).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(QueryStats(path_, false, std::chrono::seconds(-1)).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(QueryStats(path_, false, kMaxQueryTimeout + std::chrono::seconds(1)).status().code(),
+            Code::kInvalidArgument);
+  EXPECT_EQ(server_->stats().registrations, 0u);
+  Result<ServerStats> ok = QueryStats(path_, false, kMaxQueryTimeout);
+  EXPECT_TRUE(ok.ok()) << ok.status().ToString();
 }
 
 // The copy pump's path (CUDA outputs' copies), driven with host outputs: rank 1's rows are

@@ -1,11 +1,21 @@
-#include "embed/service/stats_query.h"
+// QueryStats (ferry/embed_stats.h): a StatsRequest on a connection of its own.
+#include <chrono>
 
+#include "base/deadline.h"
 #include "embed/service/protocol.h"
 #include "embed/service/unix_socket.h"
+#include "ferry/embed_stats.h"
 
 namespace ferry::embed::service {
 
-Result<ServerStats> QueryStats(const std::string& socket_path, bool reset, Deadline deadline) {
+Result<ServerStats> QueryStats(const std::string& socket_path, bool reset,
+                               std::chrono::nanoseconds timeout) {
+  if (timeout <= std::chrono::nanoseconds::zero() || timeout > kMaxQueryTimeout)
+    return Status(Code::kInvalidArgument,
+                  "a stats query's timeout must be in (0, " +
+                      std::to_string(kMaxQueryTimeout.count()) + " s], not " +
+                      std::to_string(timeout.count()) + " ns");
+  const Deadline deadline = Deadline::After(timeout);
   FERRY_ASSIGN_OR_RETURN(UniqueFd fd, Connect(socket_path, deadline));
   Status sent = Send(fd.get(), Encode(StatsRequest{reset}));
   Result<Message> received =

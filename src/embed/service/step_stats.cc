@@ -70,7 +70,7 @@ std::string FormatStats(const ServerStats& s) {
 }
 
 void StepStatsRecorder::Commit(const LayerTiming& t) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const uint64_t key = TokenBucket(t.tokens);
   if (buckets_.size() >= kMaxStatBuckets && buckets_.find(key) == buckets_.end()) return;
   Bucket& b = buckets_[key];
@@ -90,7 +90,7 @@ void StepStatsRecorder::Commit(const LayerTiming& t) {
 }
 
 std::vector<BucketStats> StepStatsRecorder::Snapshot(bool reset) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<BucketStats> out;
   for (auto& [key, b] : buckets_) {
     BucketStats s;

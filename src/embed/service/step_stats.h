@@ -1,73 +1,21 @@
-// Per-step phase timings of the embedding-offload service, aggregated by token-count bucket,
-// and the counters of the service (ServerStats), as Server::stats() returns them and the
-// protocol's Stats message carries them.
-//
-// A bucket holds the layer steps whose token count n has the same TokenBucket(n) (the largest
-// power of two <= n; 0 for n = 0). Per bucket and phase the recorder keeps the count and sum
-// of all samples and the last kStatSamples samples, of which a snapshot reports the median.
-// Per bucket it also counts the layer steps each path (CPU gather, UVA kernel) ran.
+// The service side of the embedding-offload service's phase timings (the public types are in
+// ferry/embed_stats.h): one layer step's measured phases (LayerTiming) and the recorder that
+// aggregates them by token-count bucket (StepStatsRecorder), of which Server::stats() reports
+// snapshots.
 //
 // Thread safety: StepStatsRecorder may be used from any thread (one mutex, taken once per
-// layer step by Commit); the other types are plain values.
+// layer step by Commit and once per Snapshot); LayerTiming is a plain value.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <map>
-#include <mutex>
-#include <string>
-#include <string_view>
 #include <vector>
 
+#include "base/mutex.h"
+#include "ferry/embed_stats.h"
+
 namespace ferry::embed::service {
-
-// The phases of one layer step, in the order they happen; each is a duration in ns.
-enum class Phase : uint8_t {
-  kQueue = 0,  // request received -> the group's thread started the step (first layer only)
-  kInputs,     // inputs copied out of shared memory and validated (first layer only)
-  kReleased,   // every rank's previous output of the layer released (flags read back as reset)
-  kDrain,      // the previous layer's copies finished reading the staging
-  kGather,     // CPU path: ids and rows gathered; UVA: inputs uploaded and the kernel enqueued
-  kCopyTail,   // gather returned -> the last copy issued
-  kFinish,     // last copy issued -> every rank's DONE write enqueued (or set, host memory)
-  kDone,       // DONE enqueued -> the DONE writes completed on the streams (CUDA; 0 in host)
-  kLayer,      // the layer step: released wait done -> DONE completed (what the policy compares)
-  kStep,       // request received -> this layer's DONE completed
-  kCount,
-};
-inline constexpr size_t kPhaseCount = static_cast<size_t>(Phase::kCount);
-std::string_view PhaseName(Phase p);
-
-// Which implementation ran a layer step.
-enum class StepPath : uint8_t { kCpu = 0, kUva = 1 };
-
-inline constexpr size_t kStatSamples = 256;    // per bucket and phase, for the medians
-inline constexpr size_t kMaxStatBuckets = 32;  // buckets a snapshot (and the protocol) holds
-
-// The largest power of two <= tokens (0 for 0).
-uint64_t TokenBucket(uint64_t tokens);
-
-struct PhaseSummary {
-  uint64_t count = 0;
-  uint64_t sum_ns = 0;
-  uint64_t median_ns = 0;  // of the last kStatSamples samples
-};
-
-struct BucketStats {
-  uint64_t bucket = 0;  // TokenBucket of the layer steps' token count
-  uint64_t cpu_steps = 0;
-  uint64_t uva_steps = 0;
-  uint64_t copies = 0;  // copy calls issued to the ranks' outputs, all layer steps together
-  std::array<PhaseSummary, kPhaseCount> phases{};
-};
-
-struct ServerStats {
-  uint64_t registrations = 0;  // accepted so far
-  uint64_t live_clients = 0;
-  uint64_t steps_ok = 0;
-  uint64_t steps_failed = 0;
-  std::vector<BucketStats> buckets;  // ascending by bucket, at most kMaxStatBuckets
-};
 
 // One layer step's phase durations; phases not measured stay unset.
 struct LayerTiming {
@@ -79,15 +27,11 @@ struct LayerTiming {
   void Set(Phase p, int64_t value) { ns[static_cast<size_t>(p)] = value < 0 ? 0 : value; }
 };
 
-// A markdown table of the buckets: steps per path, then each phase's median (and mean) in
-// microseconds. For `ferry embed-serve` and `ferry bench-embed`.
-std::string FormatStats(const ServerStats& s);
-
 class StepStatsRecorder {
  public:
-  void Commit(const LayerTiming& t);
+  void Commit(const LayerTiming& t) EXCLUDES(mu_);
   // The buckets so far; with reset, clears them afterwards.
-  std::vector<BucketStats> Snapshot(bool reset);
+  std::vector<BucketStats> Snapshot(bool reset) EXCLUDES(mu_);
 
  private:
   struct Series {
@@ -98,8 +42,8 @@ class StepStatsRecorder {
     uint64_t cpu = 0, uva = 0, copies = 0;
     std::array<Series, kPhaseCount> phases;
   };
-  std::mutex mu_;
-  std::map<uint64_t, Bucket> buckets_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::map<uint64_t, Bucket> buckets_ GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::embed::service
