@@ -2,7 +2,8 @@
 // ucx staged through bounce buffers (GPU->host, host->GPU, GPU->GPU), against a
 // ferry_test_peer child whose buffer is GPU memory. Every byte is checked (the peer hashes its
 // buffer). Works with one GPU (both processes on device 0); cases that need two skip with the
-// reason, as does everything where no GPU is usable.
+// reason, as does everything where no GPU is usable. Data both ways, killed, stopped and
+// restarted peers over cuda_ipc: the cross-process suite (process_conformance_test.cc).
 #include <signal.h>
 
 #include <thread>
@@ -203,55 +204,6 @@ INSTANTIATE_TEST_SUITE_P(Directions, UcxStagedProcess,
                                            StagedCase{"HostToGpu", kHostLoc, "cuda"},
                                            StagedCase{"GpuToGpu", kGpu0, "cuda"}),
                          [](const auto& info) { return std::string(info.param.name); });
-
-// Run by ctest in a process of its own (cuda_process_kill_test): if a driver turned the dead
-// peer's memory into a fault, the CUDA context of this process would not be usable after.
-class CudaIpcKill : public CudaIpcProcess {};
-
-TEST_F(CudaIpcKill, KilledPeerMidBatchFailsCleanly) {
-  const size_t kBytes = 256 << 20;
-  auto r = MakeRig(kBytes, kGpu0, {"cuda_ipc", "ucx"}, "cuda", "cuda_ipc,ucx");
-  ASSERT_TRUE(r);
-  auto ops = Scattered(kBytes, 60000, 4000, 9);
-  TransferOptions o;
-  o.deadline = 10s;
-  o.notification = "never seen";
-  const auto start = std::chrono::steady_clock::now();
-  Transfer t = r->session.WriteBatch(ops, o);
-  r->peer->Kill(SIGKILL);
-  // The batch in flight ends one way or the other within its deadline (the mapping keeps the
-  // memory alive until it is closed; the notification cannot reach a dead peer).
-  Status s = t.WaitFor(30s);
-  EXPECT_TRUE(s.code() == Code::kUnavailable || s.code() == Code::kDeadlineExceeded) << s.ToString();
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 12s);
-  EXPECT_EQ(r->session.WriteBatch(ops).Wait().code(), Code::kUnavailable);
-}
-
-// A peer that is stopped (SIGSTOP) never answers: cuda_ipc's writes are one-sided and still
-// land, a notification ends at its deadline; once the peer runs again both work.
-TEST_F(CudaIpcProcess, StoppedPeerTakesWritesButNotificationsHitTheDeadline) {
-  const size_t kBytes = 16 << 20;
-  auto r = MakeRig(kBytes, kGpu0, {"cuda_ipc", "ucx"}, "cuda", "cuda_ipc,ucx");
-  ASSERT_TRUE(r);
-  EXPECT_EQ(r->session.path().transport, "cuda_ipc");
-  auto ops = Scattered(kBytes, 512, 32 << 10, 5);
-  r->peer->Signal(SIGSTOP);
-  ASSERT_TRUE(r->peer->WaitStopped());
-  TransferOptions o;
-  o.deadline = 2s;
-  EXPECT_TRUE(r->session.WriteBatch(ops, o).Wait().ok());
-  o.notification = "while stopped";
-  const auto start = std::chrono::steady_clock::now();
-  EXPECT_EQ(r->session.WriteBatch(ops, o).Wait().code(), Code::kDeadlineExceeded);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);
-  r->peer->Signal(SIGCONT);
-  // The notification that missed its deadline may still arrive now that the peer runs.
-  std::this_thread::sleep_for(300ms);
-  const std::string notes = r->peer->Command("notes");  // "NOTES <count> <last message>"
-  ASSERT_EQ(notes.rfind("NOTES ", 0), 0u) << notes;
-  r->notes = std::stoi(notes.substr(6));
-  WriteReadVerify(*r, ops, 21);
-}
 
 }  // namespace
 }  // namespace ferry

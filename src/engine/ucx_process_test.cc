@@ -1,5 +1,7 @@
-// Multi-process tests of the ucx transport: a ferry_test_peer child on loopback, peers that
-// die or stop answering, and malformed active messages.
+// Multi-process tests of the ucx transport against a ferry_test_peer child on loopback, beside
+// the cross-process suite that every transport runs (process_conformance_test.cc: data both
+// ways, killed, stopped and restarted peers): UCX's own variables, lazy shared connections,
+// deregistration held by a stopped peer, notifications to a dead peer and their order.
 #include <gtest/gtest.h>
 
 #include <ucp/api/ucp.h>
@@ -149,123 +151,6 @@ class UcxProcess : public ::testing::TestWithParam<std::tuple<UcxOptions::Rma, i
   // that is understood, the tests that kill a peer run with one worker (see UcxOptions::workers).
   bool SeveralWorkers() const { return workers() > 1; }
 };
-
-TEST_P(UcxProcess, WritesReadsAndNotifiesAcrossProcesses) {
-  const size_t kBytes = 16 << 20;
-  auto peer = PeerProcess::Start(kBytes, PeerArgs());
-  ASSERT_TRUE(peer);
-  Local l = MakeLocal(kBytes);
-  ASSERT_TRUE(l.engine->AddPeer(peer->engine).ok());
-  auto s = l.engine->OpenSession(l.desc, peer->memory);
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
-  EXPECT_EQ(s->path().transport, "ucx");
-
-  // Scattered 32 KiB blocks, reversed on the far side, with a notification at the end.
-  const size_t kBlock = 32 << 10, kBlocks = kBytes / kBlock;
-  std::vector<TransferOp> ops;
-  for (size_t b = 0; b < kBlocks; b += 2) ops.push_back({b * kBlock, (kBlocks - 1 - b) * kBlock, kBlock});
-  TransferOptions options;
-  options.notification = "req-7 done";
-  Transfer t = s->WriteBatch(ops, options);
-  ASSERT_TRUE(t.Wait().ok()) << t.status().ToString();
-  for (size_t i = 0; i < ops.size(); i += 97) {
-    std::string want = "HASH " + std::to_string(Fnv(l.buf.data() + ops[i].local_offset, kBlock));
-    EXPECT_EQ(peer->Command("hash " + std::to_string(ops[i].remote_offset) + " " + std::to_string(kBlock)), want);
-  }
-  // The transfer completed: the receiver already holds the notification.
-  EXPECT_EQ(peer->Command("notes"), "NOTES 1 req-7 done");
-
-  // Read the whole far buffer back after the peer refills it.
-  ASSERT_EQ(peer->Command("fill 9"), "OK");
-  ASSERT_TRUE(s->Read(0, 0, kBytes).Wait().ok());
-  EXPECT_EQ(peer->Command("hash 0 " + std::to_string(kBytes)), "HASH " + std::to_string(Fnv(l.buf.data(), kBytes)));
-
-  // Out of range and deregistered regions fail cleanly across processes too.
-  EXPECT_EQ(s->Write(0, kBytes - 1, 2).Wait().code(), Code::kOutOfRange);
-  MemoryDesc lying = peer->memory;
-  lying.size *= 2;
-  EXPECT_EQ(l.engine->OpenSession(l.desc, lying).status().code(), Code::kInvalidArgument);
-}
-
-TEST_P(UcxProcess, KilledPeerEndsEveryTransferAndOthersGoOn) {
-  if (SeveralWorkers()) GTEST_SKIP() << "a killed peer with several UCX workers can abort in UCX 1.13 (UcxOptions::workers)";
-  const size_t kBytes = 64 << 20;
-  auto victim = PeerProcess::Start(kBytes, PeerArgs());
-  auto bystander = PeerProcess::Start(1 << 20);
-  ASSERT_TRUE(victim && bystander);
-  Local l = MakeLocal(kBytes);
-  ASSERT_TRUE(l.engine->AddPeer(victim->engine).ok());
-  ASSERT_TRUE(l.engine->AddPeer(bystander->engine).ok());
-  auto to_victim = l.engine->OpenSession(l.desc, victim->memory);
-  ASSERT_TRUE(to_victim.ok()) << to_victim.status().ToString();
-  std::vector<TransferOp> ops;
-  for (uint64_t off = 0; off < kBytes; off += 64 << 10) ops.push_back({off, off, 64 << 10});
-  TransferOptions options;
-  options.deadline = std::chrono::seconds(10);
-  std::vector<Transfer> transfers;
-  for (int i = 0; i < 16; ++i)
-    transfers.push_back(i % 2 == 0 ? to_victim->WriteBatch(ops, options) : to_victim->ReadBatch(ops, options));
-  victim->Kill(SIGKILL);
-  auto start = Clock::now();
-  int failed = 0;
-  for (auto& t : transfers) {
-    // The same cause, the same code, for reads and writes alike: the peer failed, well before
-    // the transfers' deadline.
-    Status s = t.Wait();
-    EXPECT_TRUE(s.ok() || s.code() == Code::kUnavailable) << s.ToString();
-    failed += !s.ok();
-  }
-  EXPECT_LT(Clock::now() - start, std::chrono::seconds(11));
-  EXPECT_GT(failed, 0) << "every batch finished before the peer died; the test proves nothing";
-  // New transfers to the dead peer fail at once or within their deadline.
-  TransferOptions short_deadline;
-  short_deadline.deadline = std::chrono::seconds(3);
-  Status after = to_victim->Write(0, 0, 4096, short_deadline).Wait();
-  EXPECT_EQ(after.code(), Code::kUnavailable) << after.ToString();
-  after = to_victim->Read(0, 0, 4096, short_deadline).Wait();
-  EXPECT_EQ(after.code(), Code::kUnavailable) << after.ToString();
-
-  // The bystander is unaffected.
-  auto to_bystander = l.engine->OpenSession(l.desc, bystander->memory);
-  ASSERT_TRUE(to_bystander.ok()) << to_bystander.status().ToString();
-  ASSERT_TRUE(to_bystander->Write(0, 0, 1 << 20).Wait().ok());
-  EXPECT_EQ(bystander->Command("hash 0 65536"), "HASH " + std::to_string(Fnv(l.buf.data(), 1 << 16)));
-
-  // The peer restarts under the same key with a new descriptor (a new port): AddPeer
-  // replaces the dead connection.
-  auto args = PeerArgs();
-  args.insert(args.end(), {"--key", victim->engine.key});
-  auto reborn = PeerProcess::Start(1 << 20, args);
-  ASSERT_TRUE(reborn);
-  EXPECT_EQ(reborn->engine.key, victim->engine.key);
-  EXPECT_NE(reborn->engine.addresses, victim->engine.addresses);
-  ASSERT_TRUE(l.engine->AddPeer(reborn->engine).ok());
-  auto again = l.engine->OpenSession(l.desc, reborn->memory);
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
-  ASSERT_TRUE(again->Write(0, 0, 1 << 20).Wait().ok());
-  EXPECT_EQ(reborn->Command("hash 0 65536"), "HASH " + std::to_string(Fnv(l.buf.data(), 1 << 16)));
-}
-
-TEST_P(UcxProcess, PeerThatNeverAnswersHitsTheDeadline) {
-  if (rma() == UcxOptions::Rma::kAlways)
-    GTEST_SKIP() << "one-sided RMA completes without the peer's CPU; active messages need it";
-  auto peer = PeerProcess::Start(1 << 20, PeerArgs(UcxOptions::Rma::kNever));
-  ASSERT_TRUE(peer);
-  Local l = MakeLocal(1 << 20);
-  ASSERT_TRUE(l.engine->AddPeer(peer->engine).ok());
-  auto s = l.engine->OpenSession(l.desc, peer->memory);
-  ASSERT_TRUE(s.ok());
-  peer->Signal(SIGSTOP);
-  ASSERT_TRUE(peer->WaitStopped());
-  TransferOptions options;
-  options.deadline = std::chrono::milliseconds(500);
-  auto start = Clock::now();
-  Status st = s->Write(0, 0, 1 << 20, options).Wait();
-  auto took = Clock::now() - start;
-  EXPECT_EQ(st.code(), Code::kDeadlineExceeded) << st.ToString();
-  EXPECT_LT(took, std::chrono::seconds(2));
-  peer->Signal(SIGCONT);
-}
 
 // A write to a stopped peer holds the local region past its deadline (its bytes are not
 // known to be sent): deregistering the region then fails with kDeadlineExceeded, the region
