@@ -1,10 +1,8 @@
 #include "cuda/ipc_api.h"
 
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <string>
 
 #include "base/os.h"

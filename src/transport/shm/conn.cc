@@ -3,11 +3,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "base/os.h"
 #include "transport/shm/core.h"
 
 namespace ferry::internal::shm {
 
-Conn::~Conn() { close(fd_); }
+Conn::~Conn() { os::Env::Current()->Close(fd_); }
 
 Status Conn::Send(const Header& h, std::string_view payload, std::span<const int> pass_fds) {
   if (failed()) return failure();
@@ -142,11 +143,11 @@ Result<std::shared_ptr<const RevocationView>> Conn::View(int table_fd) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!view_) {
     auto v = RevocationView::Map(table_fd);
-    close(table_fd);
+    os::Env::Current()->Close(table_fd);
     if (!v.ok()) return v.status();
     view_ = std::move(v).value();
   } else {
-    close(table_fd);
+    os::Env::Current()->Close(table_fd);
   }
   return view_;
 }

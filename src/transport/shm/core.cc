@@ -13,6 +13,7 @@
 
 #include "base/codec.h"
 #include "base/log.h"
+#include "base/os.h"
 #include "base/shared_host.h"
 
 namespace ferry::internal::shm {
@@ -62,8 +63,8 @@ Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx) {
 
 Core::~Core() {
   Shutdown();
-  if (listen_fd_ >= 0) close(listen_fd_);
-  if (wake_fd_ >= 0) close(wake_fd_);
+  if (listen_fd_ >= 0) os::Env::Current()->Close(listen_fd_);
+  if (wake_fd_ >= 0) os::Env::Current()->Close(wake_fd_);
 }
 
 void Core::Shutdown() {
@@ -79,7 +80,7 @@ void Core::Shutdown() {
   }
   for (auto& [id, e] : exported) {
     table_->Revoke(e.slot);
-    close(e.fd);
+    os::Env::Current()->Close(e.fd);
   }
   for (auto& c : conns) c->Fail(Status(Code::kAborted, "the shm transport was shut down"));
   {
@@ -167,7 +168,7 @@ void Core::Deregister(const Region& region) {
       c->Fail(Status(Code::kUnavailable, "peer did not unmap a deregistered region in time"));
     }
   }
-  close(fd);
+  os::Env::Current()->Close(fd);
 }
 
 Result<std::shared_ptr<Conn>> Core::Dial(const std::string& peer_key, const std::string& name) {
@@ -201,7 +202,7 @@ void Core::Run() {
     fds.push_back({wake_fd_, POLLIN, 0});
     fds.push_back({listen_fd_, POLLIN, 0});
     for (auto& c : polled) fds.push_back({c->fd(), POLLIN, 0});
-    int n = poll(fds.data(), fds.size(), PrepareToSleep());
+    int n = os::Env::Current()->Poll(fds.data(), fds.size(), PrepareToSleep());
     if (n < 0 && errno != EINTR) break;
     if (fds[0].revents & POLLIN) {
       uint64_t v;
@@ -350,8 +351,8 @@ void Core::HandleAtInitiator(const std::shared_ptr<Conn>& conn, const Message& m
     case MsgType::kAck: {
       Status s = h.code == 0 ? Status::Ok() : FromCode(h.code, "the peer refused");
       if (!conn->Complete(h.token, s, h, region_fd, table_fd)) {
-        if (region_fd >= 0) close(region_fd);
-        if (table_fd >= 0) close(table_fd);
+        if (region_fd >= 0) os::Env::Current()->Close(region_fd);
+        if (table_fd >= 0) os::Env::Current()->Close(table_fd);
         Reject("reply to no call");
       }
       return;
@@ -363,7 +364,7 @@ void Core::HandleAtInitiator(const std::shared_ptr<Conn>& conn, const Message& m
       Result<std::unique_ptr<RingWriter>> ring =
           h.code != 0 ? Result<std::unique_ptr<RingWriter>>(FromCode(h.code, "the peer has no notification ring"))
                       : RingWriter::Map(region_fd, h.size, h.offset);
-      if (region_fd >= 0) close(region_fd);
+      if (region_fd >= 0) os::Env::Current()->Close(region_fd);
       const bool bad = h.code == 0 && !ring.ok();
       if (bad) Reject("notification ring: " + std::string(ring.status().message()));
       if (!conn->SetRing(std::move(ring)) && !bad) Reject("a second notification ring");

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "base/codec.h"
+#include "base/os.h"
 #include "transport/host_copy.h"
 #include "transport/shm/core.h"
 
@@ -167,8 +168,8 @@ class ShmEndpoint final : public Endpoint {
                                                       const Status& s, const Header& reply, int fd,
                                                       int table_fd) {
       if (!s.ok()) {
-        if (fd >= 0) close(fd);
-        if (table_fd >= 0) close(table_fd);
+        if (fd >= 0) os::Env::Current()->Close(fd);
+        if (table_fd >= 0) os::Env::Current()->Close(table_fd);
         if (s.code() == Code::kFailedPrecondition)
           return waiter->Set(Status(s.code(), "remote region " + std::to_string(region) + " is not registered"));
         if (s.code() == Code::kInvalidArgument)
@@ -176,10 +177,10 @@ class ShmEndpoint final : public Endpoint {
         return waiter->Set(s);
       }
       auto mapping = Mapping::Map(fd, reply.offset, size);
-      close(fd);
+      os::Env::Current()->Close(fd);
       auto conn = weak.lock();
       if (!conn) {
-        close(table_fd);
+        os::Env::Current()->Close(table_fd);
         return waiter->Set(Status(Code::kAborted, "the endpoint was closed"));
       }
       auto view = conn->View(table_fd);
