@@ -142,11 +142,17 @@ class Completion {
 };
 
 // One CopyEngine per device of this process, each made on first use (a stream on a device
-// initialises its context: time and memory). Thread-safe; engines live as long as the set.
+// initialises its context: time and memory), so a set costs nothing until a GPU copy is
+// posted. An engine makes one set and shares it with every transport that copies with CUDA
+// (TransportContext::copy_engines): one stream and completion thread per device per engine,
+// and one place for the engine's GPU copy statistics. Thread-safe; engines live as long as the
+// set, and its last holder waits for their batches in flight. Builds without CUDA have a set of
+// no devices (copy_engine_none.cc).
 class CopyEngines {
  public:
   CopyEngines();  // sized by cuda::DeviceCount()
-  // kInvalidArgument for a device that does not exist; CopyEngine::Create's errors.
+  // kInvalidArgument for a device that does not exist (kUnsupported in a build without
+  // CUDA); CopyEngine::Create's errors.
   Result<CopyEngine*> For(int device);
   int devices() const { return static_cast<int>(engines_.size()); }
   // The engines' stats added up (those not made yet count nothing).

@@ -127,6 +127,32 @@ TEST_F(CudaIpcProcess, ScatteredWritesAndReadsOnOneGpu) {
   EXPECT_EQ(r->session.Write(0, 0, 64).path().transport, "cuda_ipc");
 }
 
+// An engine's transports copy on one set of copy engines: a batch through `local` (to another
+// buffer of this engine) and one through cuda_ipc (to the peer) count in the same stats.
+TEST_F(CudaIpcProcess, LocalAndCudaIpcBatchesCountInOneEngineStats) {
+  const size_t kBytes = 16 << 20;
+  auto r = MakeRig(kBytes, kGpu0, {"local", "cuda_ipc", "ucx"}, "cuda", "cuda_ipc,ucx");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->session.path().transport, "cuda_ipc");
+  auto other = Buffer::Make(kGpu0, kBytes);
+  ASSERT_TRUE(other);
+  auto od = r->engine->RegisterMemory(other->ptr(), kBytes, MemoryKind::kCuda, 0);
+  ASSERT_TRUE(od.ok()) << od.status().ToString();
+  auto to_self = r->engine->OpenSession(r->local, *od);
+  ASSERT_TRUE(to_self.ok()) << to_self.status().ToString();
+  EXPECT_EQ(to_self->path().transport, "local");
+  const auto ops = Scattered(kBytes, 5000, 1500, 7);  // small pieces on one GPU: kernels only
+  Transfer through_local = to_self->WriteBatch(ops);
+  ASSERT_TRUE(through_local.Wait().ok()) << through_local.status().ToString();
+  Transfer through_ipc = r->session.WriteBatch(ops);
+  ASSERT_TRUE(through_ipc.Wait().ok()) << through_ipc.status().ToString();
+  EngineStats st = r->engine->stats();
+  EXPECT_EQ(st.gpu_kernel_pieces + st.merged_ops, 2 * ops.size());
+  EXPECT_GE(st.gpu_kernel_launches, 2u);
+  EXPECT_EQ(st.gpu_dma_calls, 0u);
+  EXPECT_TRUE(r->engine->DeregisterMemory(od->region).ok());  // before `other` is freed
+}
+
 TEST_F(CudaIpcProcess, RevokedRegionFailsFurtherBatches) {
   auto r = MakeRig(1 << 20, kGpu0, {"cuda_ipc", "ucx"}, "cuda", "cuda_ipc,ucx");
   ASSERT_TRUE(r);

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "base/log.h"
+#include "cuda/copy_engine.h"
 #include "cuda/runtime.h"
 #include "engine/engine_core.h"
 
@@ -87,7 +88,8 @@ Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& opti
   // The transports carry a topic frame beside each notification.
   core->transport_options_ = core->options_;
   core->transport_options_.max_notification_bytes += kNotifyFrameOverhead;
-  TransportContext ctx{core->options_.key, &core->transport_options_, core->inbox_};
+  core->copy_engines_ = std::make_shared<cuda::CopyEngines>();
+  TransportContext ctx{core->options_.key, &core->transport_options_, core->inbox_, core->copy_engines_};
   std::map<std::string, Status, std::less<>> unusable;  // why each transport asked for failed
   for (const TransportEntry& entry : entries) {
     if (!options.transports.empty() &&
@@ -163,8 +165,8 @@ EngineStats EngineCore::stats() const {
   EngineStats s;
   for (const auto& t : transports_) {
     s.rejected_messages += t->rejected_messages();
-    t->AddGpuStats(&s);
   }
+  cuda::AddTo(copy_engines_->stats(), &s);
   s.rejected_messages += inbox_->rejected();  // notification frames that did not decode
   s.dropped_notifications = inbox_->dropped();
   s.merged_ops = merged_ops_.load(std::memory_order_relaxed);

@@ -100,6 +100,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::shared_ptr<Completions> completions_;
   EngineDesc desc_;
   std::shared_ptr<Inbox> inbox_;
+  // Shared by the transports (TransportContext::copy_engines); declared before transports_ so
+  // that it outlives them, and the engine's end waits for GPU copies still in flight.
+  std::shared_ptr<cuda::CopyEngines> copy_engines_;
   std::vector<std::unique_ptr<Transport>> transports_;  // sorted by cost; fixed after Create
   std::atomic<bool> closed_{false};
   std::atomic<uint64_t> next_region_{1};

@@ -25,6 +25,10 @@
 #include "transport/region.h"
 #include "transport/transfer_state.h"
 
+namespace ferry::cuda {
+class CopyEngines;  // cuda/copy_engine.h
+}  // namespace ferry::cuda
+
 namespace ferry::internal {
 
 // How far a transport reaches, nearest first.
@@ -44,6 +48,11 @@ struct TransportContext {
   std::string engine_key;
   const EngineOptions* options = nullptr;  // outlives the transport
   std::shared_ptr<Inbox> inbox;            // where received notifications go
+  // The engine's GPU copy engines (one per device, made on first use), shared by every
+  // transport that copies with CUDA, so that an engine has one stream and completion thread
+  // per device and its EngineStats gpu_* counters come from one place. Null where a test starts
+  // a transport on its own: such a transport makes a set of its own.
+  std::shared_ptr<cuda::CopyEngines> copy_engines = nullptr;
 };
 
 // A route from one local region to one remote region. Ops given to Post() are already
@@ -103,8 +112,6 @@ class Transport {
   virtual bool Poll() { return false; }
   // Messages from peers rejected as malformed or out of bounds.
   virtual uint64_t rejected_messages() const { return 0; }
-  // Adds the GPU copies this transport enqueued to `stats` (its gpu_* counters).
-  virtual void AddGpuStats(EngineStats* /*stats*/) const {}
   // The engine is closing: drop every connection, fail what waits on a peer (kAborted) and
   // accept nothing more. Registered regions are deregistered afterwards.
   virtual void Shutdown() {}

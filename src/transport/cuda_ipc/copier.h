@@ -1,6 +1,7 @@
 // Copier: how the cuda_ipc transport moves a batch, behind an interface so that protocol tests
-// run without a GPU. The CUDA copier (copier_cuda.cc) hands each batch to the cuda::CopyEngine
-// of the local region's device: one kernel launch for the small pieces, the DMA engines for
+// run without a GPU. The CUDA copier (copier_cuda.cc) hands each batch to the engine's
+// cuda::CopyEngine of the local region's device (TransportContext::copy_engines, shared with
+// the engine's other transports): one kernel launch for the small pieces, the DMA engines for
 // large ones, completion observed by polling the engine's events. Builds without CUDA have no
 // CUDA copier (MakeCudaCopier() is kUnsupported).
 //
@@ -11,7 +12,7 @@
 #include <memory>
 #include <span>
 
-#include "cuda/copy_engine.h"  // cuda::OffsetBatch (no CUDA header)
+#include "cuda/copy_engine.h"  // cuda::OffsetBatch, cuda::CopyEngines (no CUDA header)
 #include "ferry/status.h"
 
 namespace ferry::internal::cuda_ipc {
@@ -34,11 +35,10 @@ class Copier {
   virtual bool KernelReaches(int device, const void* ptr) = 0;
   // Whether memory mapped at `ptr` is `device`'s own (a peer process's allocation on the same GPU).
   virtual bool OnDevice(int /*device*/, const void* /*ptr*/) { return false; }
-  // What its copy engines enqueued so far.
-  virtual cuda::CopyStats stats() { return {}; }
 };
 
-// REQUIRES nothing; kUnsupported without CUDA or without a device.
-Result<std::unique_ptr<Copier>> MakeCudaCopier();
+// A copier on `engines` (a set of its own when null); kUnsupported without CUDA or without a
+// device.
+Result<std::unique_ptr<Copier>> MakeCudaCopier(std::shared_ptr<cuda::CopyEngines> engines);
 
 }  // namespace ferry::internal::cuda_ipc

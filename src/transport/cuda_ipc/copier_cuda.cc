@@ -1,6 +1,5 @@
-// The CUDA copier: the cuda::CopyEngine of each device, made on first use.
-#include <mutex>
-#include <vector>
+// The CUDA copier: the engine's cuda::CopyEngine of each device, made on first use.
+#include <memory>
 
 #include "cuda/runtime.h"
 #include "transport/cuda_ipc/copier.h"
@@ -10,10 +9,11 @@ namespace {
 
 class CudaCopier final : public Copier {
  public:
+  explicit CudaCopier(std::shared_ptr<cuda::CopyEngines> engines) : engines_(std::move(engines)) {}
 
   Status Post(int device, const cuda::OffsetBatch& batch, bool kernel_ok, bool same_device, Deadline deadline,
               std::function<void(const Status&)> on_done) override {
-    FERRY_ASSIGN_OR_RETURN(cuda::CopyEngine * engine, engines_.For(device));
+    FERRY_ASSIGN_OR_RETURN(cuda::CopyEngine * engine, engines_->For(device));
     cuda::PostOptions options;
     options.kernel_ok = kernel_ok;
     options.large_to_dma = !same_device;
@@ -24,7 +24,7 @@ class CudaCopier final : public Copier {
   }
 
   std::function<void()> Poller(int device) override {
-    auto engine = engines_.For(device);
+    auto engine = engines_->For(device);
     return engine.ok() ? (*engine)->Poller() : std::function<void()>();
   }
 
@@ -42,17 +42,15 @@ class CudaCopier final : public Copier {
   }
 
  private:
-  cuda::CopyEngines engines_;
-
- public:
-  cuda::CopyStats stats() override { return engines_.stats(); }
+  const std::shared_ptr<cuda::CopyEngines> engines_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Copier>> MakeCudaCopier() {
+Result<std::unique_ptr<Copier>> MakeCudaCopier(std::shared_ptr<cuda::CopyEngines> engines) {
   if (!cuda::Available()) return Status(Code::kUnsupported, "no CUDA device: " + cuda::UnavailableReason());
-  return std::unique_ptr<Copier>(new CudaCopier());
+  if (!engines) engines = std::make_shared<cuda::CopyEngines>();
+  return std::unique_ptr<Copier>(new CudaCopier(std::move(engines)));
 }
 
 }  // namespace ferry::internal::cuda_ipc

@@ -55,11 +55,13 @@ TEST(CudaIpcGpu, RealHandlesAndTheCopyEngine) {
 
   SameProcessApi api;
   EngineOptions options;
+  // One set of copy engines for both transports, as an engine hands them out.
+  auto engines = std::make_shared<cuda::CopyEngines>();
   auto make = [&](const std::string& key, const std::string& token) {
-    auto copier = MakeCudaCopier();
+    auto copier = MakeCudaCopier(engines);
     EXPECT_TRUE(copier.ok()) << copier.status().ToString();
     Seams seams{&api, std::move(copier).value(), token};
-    TransportContext ctx{key, &options, std::make_shared<Inbox>(4, 64)};
+    TransportContext ctx{key, &options, std::make_shared<Inbox>(4, 64), engines};
     return MakeTransport(ctx, std::move(seams));
   };
   auto a = make("gpu-a", "1:a");
@@ -118,6 +120,11 @@ TEST(CudaIpcGpu, RealHandlesAndTheCopyEngine) {
     // The first half of the allocation is untouched.
     EXPECT_EQ(std::count(whole.begin(), whole.begin() + kBytes, 0), static_cast<long>(kBytes));
   }
+  // The write and the read (20,000 pieces each) went to the shared set: kernels, no DMA call.
+  cuda::CopyStats st = engines->stats();
+  EXPECT_EQ(st.kernel_pieces, 40000u);
+  EXPECT_GE(st.kernel_launches, 2u);
+  EXPECT_EQ(st.dma_calls, 0u);
   (*b)->Deregister(*remote);
   auto state = std::make_shared<TransferState>(TransferId{2}, 64, (*ch)->path(), Deadline::After(5s));
   EXPECT_EQ((*ch)->Post(Op::kWrite, std::vector<TransferOp>{{0, 0, 64}}, 64, state).code(), Code::kFailedPrecondition);

@@ -254,7 +254,6 @@ class IpcTransport final : public Transport {
   explicit IpcTransport(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
 
   std::string_view name() const override { return kName; }
-  void AddGpuStats(EngineStats* s) const override { cuda::AddTo(shared_->copier->stats(), s); }
   Capabilities caps() const override {
     Capabilities c;
     c.host_memory = false;
@@ -445,7 +444,7 @@ Result<std::unique_ptr<Transport>> MakeTransport(const TransportContext& ctx, Se
 namespace ferry::internal {
 // The registry's entry (src/transport/CMakeLists.txt): usable where a CUDA device is present.
 Result<std::unique_ptr<Transport>> MakeCudaipcTransport(const TransportContext& ctx) {
-  FERRY_ASSIGN_OR_RETURN(auto copier, cuda_ipc::MakeCudaCopier());
+  FERRY_ASSIGN_OR_RETURN(auto copier, cuda_ipc::MakeCudaCopier(ctx.copy_engines));
   cuda_ipc::Seams seams;
   seams.api = &cuda::IpcApi::Default();
   seams.copier = std::move(copier);

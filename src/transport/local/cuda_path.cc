@@ -1,7 +1,7 @@
-// The local transport's CUDA path: each batch goes to the CopyEngine of the device that reads
-// the data (the source's device, or the device side of a host<->device copy), so that copies
-// across GPUs push over NVLink. The TransferState's poller polls that engine; the engine's
-// completer thread completes batches nobody polls.
+// The local transport's CUDA path: each batch goes to the engine's CopyEngine of the device
+// that reads the data (the source's device, or the device side of a host<->device copy), so
+// that copies across GPUs push over NVLink. The TransferState's poller polls that engine; the
+// engine's completer thread completes batches nobody polls.
 #include <mutex>
 #include <vector>
 
@@ -14,6 +14,7 @@ namespace {
 
 class CudaPathImpl final : public CudaPath {
  public:
+  explicit CudaPathImpl(std::shared_ptr<cuda::CopyEngines> engines) : engines_(std::move(engines)) {}
 
   Status Post(Op op, const Region& local, const Region& remote, std::span<const TransferOp> ops,
               uint64_t total_bytes, const std::shared_ptr<TransferState>& state) override {
@@ -21,7 +22,7 @@ class CudaPathImpl final : public CudaPath {
     const Region& src = write ? local : remote;
     const Region& dst = write ? remote : local;
     const int device = src.kind == MemoryKind::kCuda ? src.device : dst.device;
-    FERRY_ASSIGN_OR_RETURN(cuda::CopyEngine * engine, engines_.For(device));
+    FERRY_ASSIGN_OR_RETURN(cuda::CopyEngine * engine, engines_->For(device));
 
     // The engine reads the ops in place: no per-piece array is built before the GPU starts.
     cuda::OffsetBatch batch{ops, dst.base, src.base, write};
@@ -56,17 +57,15 @@ class CudaPathImpl final : public CudaPath {
     return cuda::IsMappedHost(r.base, device);
   }
 
-  cuda::CopyEngines engines_;
-
- public:
-  cuda::CopyStats stats() override { return engines_.stats(); }
+  const std::shared_ptr<cuda::CopyEngines> engines_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<CudaPath>> CudaPath::Create() {
+Result<std::unique_ptr<CudaPath>> CudaPath::Create(std::shared_ptr<cuda::CopyEngines> engines) {
   if (!cuda::Available()) return Status(Code::kUnsupported, "no CUDA device: " + cuda::UnavailableReason());
-  return std::unique_ptr<CudaPath>(new CudaPathImpl());
+  if (!engines) engines = std::make_shared<cuda::CopyEngines>();
+  return std::unique_ptr<CudaPath>(new CudaPathImpl(std::move(engines)));
 }
 
 }  // namespace ferry::internal

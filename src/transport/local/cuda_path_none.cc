@@ -3,7 +3,7 @@
 
 namespace ferry::internal {
 
-Result<std::unique_ptr<CudaPath>> CudaPath::Create() {
+Result<std::unique_ptr<CudaPath>> CudaPath::Create(std::shared_ptr<cuda::CopyEngines> /*engines*/) {
   return Status(Code::kUnsupported, "ferry was built without CUDA");
 }
 

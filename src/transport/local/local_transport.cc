@@ -169,7 +169,7 @@ class LocalTransport final : public Transport {
     if (threads > 1) {
       FERRY_ASSIGN_OR_RETURN(shared->pool, ThreadPool::Create(threads, "ferry-copy"));
     }
-    auto cuda = CudaPath::Create();
+    auto cuda = CudaPath::Create(ctx.copy_engines);
     if (cuda.ok()) shared->cuda = std::move(cuda).value();
     return std::unique_ptr<Transport>(new LocalTransport(std::move(shared), ctx));
   }
@@ -182,9 +182,6 @@ class LocalTransport final : public Transport {
   ~LocalTransport() override { Directory::Get().Remove(entry_->key, entry_.get()); }
 
   std::string_view name() const override { return kName; }
-  void AddGpuStats(EngineStats* s) const override {
-    if (shared_->cuda) cuda::AddTo(shared_->cuda->stats(), s);
-  }
   Capabilities caps() const override {
     Capabilities c;
     c.host_memory = true;

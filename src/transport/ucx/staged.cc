@@ -47,10 +47,11 @@ namespace {
 #if FERRY_HAVE_CUDA
 class CudaStageCopier final : public StageCopier {
  public:
-  bool gpu() const override { return engines_.devices() > 0; }
+  explicit CudaStageCopier(std::shared_ptr<cuda::CopyEngines> engines) : engines_(std::move(engines)) {}
+  bool gpu() const override { return engines_->devices() > 0; }
   Status Copy(int device, std::span<const StageCopy> copies, bool pinned,
               std::function<void(const Status&)> done) override {
-    FERRY_ASSIGN_OR_RETURN(cuda::CopyEngine * engine, engines_.For(device));
+    FERRY_ASSIGN_OR_RETURN(cuda::CopyEngine * engine, engines_->For(device));
     std::vector<cuda::Copy> c;
     c.reserve(copies.size());
     for (const StageCopy& g : copies) c.push_back(cuda::Copy{g.dst, g.src, g.size});
@@ -61,10 +62,9 @@ class CudaStageCopier final : public StageCopier {
     auto posted = engine->Post(c, std::move(options));
     return posted.ok() ? Status::Ok() : posted.status();
   }
-  cuda::CopyStats stats() override { return engines_.stats(); }
 
  private:
-  cuda::CopyEngines engines_;
+  const std::shared_ptr<cuda::CopyEngines> engines_;
 };
 #endif
 
@@ -77,9 +77,10 @@ class NoStageCopier final : public StageCopier {
 };
 }  // namespace
 
-std::unique_ptr<StageCopier> MakeCudaStageCopier() {
+std::unique_ptr<StageCopier> MakeCudaStageCopier(std::shared_ptr<cuda::CopyEngines> engines) {
 #if FERRY_HAVE_CUDA
-  if (cuda::Available()) return std::make_unique<CudaStageCopier>();
+  if (cuda::Available())
+    return std::make_unique<CudaStageCopier>(engines ? std::move(engines) : std::make_shared<cuda::CopyEngines>());
 #endif
   return std::make_unique<NoStageCopier>();
 }
@@ -235,7 +236,7 @@ struct ReadJob : ChunkJob<ReadJob> {
 Stager::Stager(Core* core, std::unique_ptr<StageCopier> copier) : impl_(std::make_shared<Impl>()) {
   impl_->core = core;
   impl_->dispatch->core = core;
-  impl_->copier = copier ? std::move(copier) : MakeCudaStageCopier();
+  impl_->copier = copier ? std::move(copier) : MakeCudaStageCopier(nullptr);
   impl_->has_gpu = impl_->copier->gpu();
   const bool pin = cuda::Available();
   impl_->send_pool = std::make_shared<BouncePool>(impl_->dispatch, pin);
@@ -249,11 +250,10 @@ Stager::~Stager() {
   }
   impl_->send_pool->DropWaiters();
   impl_->recv_pool->DropWaiters();
-  impl_->copier.reset();  // waits for copies in flight (the progress thread has stopped)
+  impl_->copier.reset();  // copies in flight finish on the engine's copy engines
 }
 
 bool Stager::gpu() const { return impl_->gpu(); }
-cuda::CopyStats Stager::copy_stats() const { return impl_->copier ? impl_->copier->stats() : cuda::CopyStats{}; }
 size_t Stager::free_buffers() const { return impl_->send_pool->free() + impl_->recv_pool->free(); }
 size_t Stager::allocated_buffers() const { return impl_->send_pool->allocated() + impl_->recv_pool->allocated(); }
 

@@ -30,7 +30,7 @@
 #include <span>
 #include <vector>
 
-#include "cuda/copy_engine.h"  // cuda::CopyStats (no CUDA header)
+#include "cuda/copy_engine.h"  // cuda::CopyEngines (no CUDA header)
 #include "transport/transport.h"
 #include "transport/ucx/am_wire.h"
 #include "transport/ucx/staged_wire.h"
@@ -70,21 +70,20 @@ class StageCopier {
   // `done` runs once, on any thread. An error means nothing was enqueued.
   virtual Status Copy(int device, std::span<const StageCopy> copies, bool pinned,
                       std::function<void(const Status&)> done) = 0;
-  // What its copy engines enqueued so far.
-  virtual cuda::CopyStats stats() { return {}; }
 };
-// One cuda::CopyEngine per device (one kernel launch per chunk); gpu() is false without CUDA.
-std::unique_ptr<StageCopier> MakeCudaStageCopier();
+// Copies on `engines`, the engine's cuda::CopyEngines (TransportContext::copy_engines; a set of
+// its own when null): one kernel launch per chunk. gpu() is false without CUDA.
+std::unique_ptr<StageCopier> MakeCudaStageCopier(std::shared_ptr<cuda::CopyEngines> engines);
 
 class Stager {
  public:
+  // `copier`: null for MakeCudaStageCopier on a set of its own.
   Stager(Core* core, std::unique_ptr<StageCopier> copier);
-  ~Stager();  // waits for GPU copies in flight; their parts fail with kAborted
+  // GPU copies still in flight finish on their copy engines; their parts then fail with kAborted.
+  ~Stager();
 
   // Whether this engine can stage its own GPU regions (CUDA build with a device).
   bool gpu() const;
-  // What the stage copier enqueued so far.
-  cuda::CopyStats copy_stats() const;
   // Bounce buffers (both pools) not in use, and allocated; for tests and diagnostics.
   size_t free_buffers() const;
   size_t allocated_buffers() const;

@@ -336,7 +336,7 @@ TEST(StagedGpu, GpuToGpuThroughTheCopyEngine) {
   Stager* a_stager = nullptr;
   auto make = [&](const std::string& key, Stager** stager) {
     TransportContext ctx{key, &options, std::make_shared<Inbox>(4, 64)};
-    return MakeUcxTransportWithCopier(ctx, MakeCudaStageCopier(), stager);
+    return MakeUcxTransportWithCopier(ctx, MakeCudaStageCopier(nullptr), stager);  // a set each
   };
   auto a = make("gpu-stage-a", &a_stager);
   auto b = make("gpu-stage-b", nullptr);

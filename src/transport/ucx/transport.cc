@@ -370,7 +370,6 @@ class UcxTransport final : public Transport {
     return Status::Ok();
   }
   uint64_t rejected_messages() const override { return core_->rejected(); }
-  void AddGpuStats(EngineStats* s) const override { cuda::AddTo(core_->stager().copy_stats(), s); }
   bool Poll() override { return core_->Poll(); }
   bool CanReach(const EngineDesc& peer) const override { return peer.FindTransport("ucx") != nullptr; }
 
@@ -425,7 +424,7 @@ class UcxTransport final : public Transport {
 }  // namespace
 
 Result<std::unique_ptr<Transport>> MakeUcxTransport(const TransportContext& ctx) {
-  FERRY_ASSIGN_OR_RETURN(auto core, Core::Create(ctx));
+  FERRY_ASSIGN_OR_RETURN(auto core, Core::Create(ctx, MakeCudaStageCopier(ctx.copy_engines)));
   return std::unique_ptr<Transport>(new UcxTransport(std::move(core)));
 }
 
