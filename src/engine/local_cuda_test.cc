@@ -1,13 +1,27 @@
 // The local transport's CUDA path, end to end through two engines of this process: host and
 // device memory in every direction, single ops and batches of thousands of scattered pieces
 // (random data, odd sizes, misaligned offsets), deadlines, notifications, many posters.
-// Every test skips where no CUDA device is usable.
+// Every test skips where no CUDA device is usable, and ferry::CudaAvailable says why.
+// Bandwidth: local_cuda_bench_test.cc.
+#include "ferry/system.h"
 #include "testing/cuda_engine_pair.h"
 
 namespace ferry {
 namespace {
 
 using namespace cuda_testing;  // NOLINT: test helpers
+
+TEST(CudaRuntime, ReportsWhyItIsUnavailable) {
+  std::string reason;
+  if (CudaAvailable(&reason)) {
+    EXPECT_TRUE(cuda::UnavailableReason().empty());
+    EXPECT_GT(cuda::DeviceCount(), 0);
+  } else {
+    EXPECT_FALSE(reason.empty());
+    EXPECT_EQ(cuda::DeviceCount(), 0);
+    EXPECT_EQ(cuda::Malloc(0, 16).status().code(), cuda::Built() ? Code::kFailedPrecondition : Code::kUnsupported);
+  }
+}
 
 struct PathCase {
   const char* name;
