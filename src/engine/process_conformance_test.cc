@@ -1,9 +1,9 @@
 // One cross-process suite over every transport that reaches other processes (shm; ucx with
 // one-sided RMA or active messages, on one worker or two; cuda_ipc with GPU memory on both
 // sides), each against ferry_test_peer children: data both ways with notifications, a peer
-// killed with batches in flight, a peer stopped (SIGSTOP), and a peer restarted under the same
-// key. Where transports answer differently the expectation is a field of ProcessCase
-// (testing/process_rig.h) that says why. Cases of one transport only stay in its own files
+// killed with batches in flight, notifications to a killed peer, a peer restarted under the
+// same key, and a peer stopped (SIGSTOP). Where transports answer differently the expectation
+// is a field of ProcessCase (testing/process_rig.h) that says why. Cases of one transport only stay in its own files
 // (shm_process_test.cc, ucx_process_test.cc, cuda_process_test.cc, the *_hostile_test.cc).
 //
 // ctest runs the cuda_ipc instances of the kill and restart cases in a process of their own
@@ -186,6 +186,42 @@ TEST_P(ProcessConformance, RestartedPeerUnderTheSameKeyIsReachedAgain) {
   r->peer = std::move(reborn);
 }
 
+// A peer that dies: a notification sent as it dies may vanish (Notify is one-way), but a later
+// one fails with kUnavailable, within the transport's bound, and none hangs; so do the next.
+TEST_P(ProcessConformance, NotificationsToAKilledPeerFail) {
+  if (!c().carries_notifications) {
+    GTEST_SKIP() << c().transport << " carries no notifications (its engines notify over ucx)";
+  }
+  if (c().kill_skipped) {
+    GTEST_SKIP() << "a killed peer with several UCX workers can abort in UCX 1.13 (UcxOptions::workers)";
+  }
+  ProcessCase only = c();
+  only.local_transports = {c().transport};
+  auto r = MakeRig(only, 4096, /*with_peer=*/false, c().only_alloc);
+  ASSERT_TRUE(r);
+  r->peer = StartPeer(c(), 4096);
+  ASSERT_TRUE(r->peer);
+  PeerProcess& peer = *r->peer;
+  ASSERT_TRUE(r->engine->AddPeer(peer.engine).ok());
+  ASSERT_TRUE(r->engine->Notify(peer.engine.key, "hello").ok());
+  ASSERT_TRUE(r->engine->Notify(peer.engine.key, "again").ok());
+  EXPECT_EQ(WaitNotes(peer, "NOTES 2 again"), "NOTES 2 again");
+
+  peer.Kill(SIGKILL);
+  auto start = Clock::now();
+  Status s;
+  while (s.ok() && Clock::now() - start < c().dead_notify_bound) {
+    auto call = Clock::now();
+    s = r->engine->Notify(peer.engine.key, "anyone?");
+    // UcxOptions::connect_timeout (10 s) bounds every call; most return at once.
+    EXPECT_LT(Clock::now() - call, std::chrono::seconds(11));
+    if (s.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(s.code(), Code::kUnavailable) << s.ToString();
+  EXPECT_LT(Clock::now() - start, c().dead_notify_bound);
+  EXPECT_EQ(r->engine->Notify(peer.engine.key, "still?").code(), Code::kUnavailable);
+}
+
 // A stopped peer (SIGSTOP) never answers: writes that need no help from its threads still land
 // (ProcessCase::stopped_write), a notification ends at its deadline; once the peer runs again
 // writes, notifications and reads all work.
@@ -262,6 +298,7 @@ ProcessCase Shm() {
   c.kill_own_slices_under_tsan = true;
   c.kill_deadline = std::chrono::seconds(20);
   c.kill_bound = std::chrono::seconds(10);
+  c.dead_notify_bound = std::chrono::seconds(2);
   return c;
 }
 
@@ -300,6 +337,7 @@ ProcessCase CudaIpc() {
   c.kill_mixes_reads = false;
   c.kill_notification = "never seen";
   c.kill_bound = std::chrono::seconds(12);
+  c.carries_notifications = false;
   return c;
 }
 

@@ -66,6 +66,12 @@ struct ProcessCase {
   // The time a killed peer's transfers take to end, at most (shm fails at once, ucx within its
   // 10 s deadline, cuda_ipc within its deadline plus the driver's teardown).
   std::chrono::seconds kill_bound{11};
+  // Notifications to a killed peer: whether this transport carries them (cuda_ipc does not:
+  // its engines notify over ucx, which the ucx instances test), and how long they may go on
+  // being taken after the kill (shm sees the socket close at once; ucx within its connect
+  // timeout, 10 s).
+  bool carries_notifications = true;
+  std::chrono::seconds dead_notify_bound{15};
   // ucx advertises a new port when a peer restarts; shm and cuda_ipc a new pid only.
   bool restart_changes_addresses = false;
 };
