@@ -1,7 +1,8 @@
 #include "engine/after_gate.h"
 
-#include <mutex>
 #include <utility>
+
+#include "base/mutex.h"
 
 namespace ferry::internal {
 namespace {
@@ -15,26 +16,26 @@ class Gate {
 
   // The gated transfer's continuation: its data is in place. Holds a part of it until the
   // notification is handed to the endpoint.
-  void DataPlaced(const std::shared_ptr<TransferState>& gated) {
+  void DataPlaced(const std::shared_ptr<TransferState>& gated) EXCLUDES(mu_) {
     gated->AddParts(1);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       gated_ = gated;
     }
     Arrive(Status::Ok());
   }
-  void InputFinished(const Status& status, const std::string& what) {
+  void InputFinished(const Status& status, const std::string& what) EXCLUDES(mu_) {
     if (status.ok()) return Arrive(status);
     const std::string prefix = wire_ ? "notification not sent: " : "";
     Arrive(Status(status.code(), prefix + what + " failed: " + std::string(status.message())));
   }
 
  private:
-  void Arrive(const Status& status) {
+  void Arrive(const Status& status) EXCLUDES(mu_) {
     std::shared_ptr<TransferState> gated;
     Status error;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (!status.ok() && error_.ok()) error_ = status;
       if (--left_ > 0) return;
       gated = std::move(gated_);
@@ -47,10 +48,10 @@ class Gate {
 
   const std::shared_ptr<Endpoint> endpoint_;
   std::optional<std::string> wire_;
-  std::mutex mu_;
-  int left_;                              // GUARDED_BY(mu_)
-  Status error_;                          // GUARDED_BY(mu_)
-  std::shared_ptr<TransferState> gated_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  int left_ GUARDED_BY(mu_);
+  Status error_ GUARDED_BY(mu_);
+  std::shared_ptr<TransferState> gated_ GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -136,7 +136,7 @@ void EngineCore::Shutdown() {
   if (closed_.exchange(true)) return;
   std::unordered_map<uint64_t, RegionEntry> regions;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     regions.swap(regions_);
     endpoints_.clear();
     notify_endpoints_.clear();
@@ -243,7 +243,7 @@ Result<MemoryDesc> EngineCore::RegisterMemory(void* ptr, uint64_t bytes, MemoryK
     if (region->pinned) (void)cuda::HostUnregister(ptr);
     return Status(Code::kUnavailable, "no transport can carry " + std::string(MemoryKindName(kind)) + " memory");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   regions_[static_cast<uint64_t>(region->id)] = RegionEntry{region, desc};
   return desc;
 }
@@ -253,7 +253,7 @@ Status EngineCore::DeregisterMemory(RegionId id) {
   std::shared_ptr<Region> region;
   std::vector<size_t> ask;  // the transports this call takes the region out of
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = regions_.find(key);
     if (it == regions_.end())
       return Status(Code::kNotFound, "region " + std::to_string(key) + " is not registered");
@@ -276,7 +276,7 @@ Status EngineCore::DeregisterMemory(RegionId id) {
     if (held.ok()) held = s;
   }
   if (!holding.empty()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = regions_.find(key);
     if (it != regions_.end() && it->second.region == region) {
       auto& h = it->second.holding;
@@ -290,7 +290,7 @@ Status EngineCore::DeregisterMemory(RegionId id) {
   FERRY_RETURN_IF_ERROR(region->Retire(RetireDeadline(options_))
                             .WithContext("deregistration not finished; call DeregisterMemory again to retry"));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = regions_.find(key);
     // Another call (or Shutdown) that finished the same retirement frees it.
     if (it == regions_.end() || it->second.region != region) return Status::Ok();
@@ -306,7 +306,7 @@ Status EngineCore::AddPeer(const EngineDesc& peer) {
   if (peer.protocol_version != kDescriptorVersion)
     return Status(Code::kFailedPrecondition, "peer speaks protocol " + std::to_string(peer.protocol_version));
   if (peer.key == options_.key) return Status::Ok();  // this engine reaches itself already
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   peers_[peer.key] = peer;
   notify_endpoints_.erase(peer.key);
   ++peers_generation_;
@@ -317,7 +317,7 @@ Status EngineCore::AddPeer(const EngineDesc& peer) {
 }
 
 Status EngineCore::RemovePeer(std::string_view key) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = peers_.find(std::string(key));
   if (it == peers_.end()) return Status(Code::kNotFound, "peer " + std::string(key) + " is not known");
   peers_.erase(it);
@@ -331,7 +331,7 @@ Status EngineCore::RemovePeer(std::string_view key) {
 
 Result<EngineDesc> EngineCore::FindPeer(std::string_view key) {
   if (key == options_.key) return desc_;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = peers_.find(std::string(key));
   if (it == peers_.end())
     return Status(Code::kFailedPrecondition, "peer " + std::string(key) + " was not added (AddPeer)");
@@ -341,7 +341,7 @@ Result<EngineDesc> EngineCore::FindPeer(std::string_view key) {
 Result<std::shared_ptr<Endpoint>> EngineCore::GetEndpoint(const EngineDesc& peer, size_t transport) {
   auto cache_key = std::make_pair(peer.key, transport);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = endpoints_.find(cache_key);
     if (it != endpoints_.end()) {
       if (it->second->healthy()) return it->second;
@@ -349,7 +349,7 @@ Result<std::shared_ptr<Endpoint>> EngineCore::GetEndpoint(const EngineDesc& peer
     }
   }
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<Endpoint> ep, transports_[transport]->Connect(peer));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto [it, inserted] = endpoints_.emplace(cache_key, ep);
   if (!inserted && !it->second->healthy()) it->second = ep;
   return it->second;
@@ -362,7 +362,7 @@ Result<std::shared_ptr<SessionCore>> EngineCore::OpenSession(const MemoryDesc& l
   std::shared_ptr<Region> region;
   MemoryDesc local_desc;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = regions_.find(static_cast<uint64_t>(local.region));
     if (it == regions_.end())
       return Status(Code::kFailedPrecondition,

@@ -10,12 +10,12 @@
 #include <atomic>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "base/mutex.h"
 #include "engine/completions.h"
 #include "ferry/engine.h"
 #include "transport/transport.h"
@@ -42,7 +42,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   ~EngineCore();
 
   // Stops the engine: later calls fail with kAborted; regions are retired.
-  void Shutdown();
+  void Shutdown() EXCLUDES(mu_);
   bool closed() const { return closed_.load(std::memory_order_acquire); }
 
   const EngineOptions& options() const { return options_; }
@@ -51,11 +51,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::vector<std::string> transport_names() const;
   std::vector<TransportInfo> transport_info() const;
 
-  Result<MemoryDesc> RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind, int device);
-  Status DeregisterMemory(RegionId region);
-  Status AddPeer(const EngineDesc& peer);
-  Status RemovePeer(std::string_view key);
-  Result<std::shared_ptr<SessionCore>> OpenSession(const MemoryDesc& local, const MemoryDesc& remote);
+  Result<MemoryDesc> RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind, int device) EXCLUDES(mu_);
+  Status DeregisterMemory(RegionId region) EXCLUDES(mu_);
+  Status AddPeer(const EngineDesc& peer) EXCLUDES(mu_);
+  Status RemovePeer(std::string_view key) EXCLUDES(mu_);
+  Result<std::shared_ptr<SessionCore>> OpenSession(const MemoryDesc& local, const MemoryDesc& remote)
+      EXCLUDES(mu_);
   TransferId AllocateTransferId() {
     return static_cast<TransferId>(next_transfer_.fetch_add(1, std::memory_order_relaxed));
   }
@@ -66,7 +67,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // then looks again.
   std::vector<Notification> PopNotifications(std::string_view topic = {});
   // Where a peer's notifications go (cached per peer).
-  Result<std::shared_ptr<Endpoint>> NotifyEndpointFor(std::string_view peer_key);
+  Result<std::shared_ptr<Endpoint>> NotifyEndpointFor(std::string_view peer_key) EXCLUDES(mu_);
   // Hands `state` out as a Transfer: attaches `on_complete` (if set), and has the transfers
   // of `after` (already gated on) finish at their deadlines.
   Transfer Issue(std::shared_ptr<TransferState> state, const std::function<void(const Status&)>& on_complete,
@@ -88,10 +89,11 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     // held it when their wait ended (Transport::Deregister); a retry asks them again.
     std::vector<size_t> holding;
   };
-  Result<EngineDesc> FindPeer(std::string_view key);
-  Result<std::shared_ptr<Endpoint>> GetEndpoint(const EngineDesc& peer, size_t transport);
+  Result<EngineDesc> FindPeer(std::string_view key) EXCLUDES(mu_);
+  // Connects without mu_ held (a connection may take a handshake's time).
+  Result<std::shared_ptr<Endpoint>> GetEndpoint(const EngineDesc& peer, size_t transport) EXCLUDES(mu_);
   // An endpoint of the first transport with notifications that reaches `peer`.
-  Result<std::shared_ptr<Endpoint>> NotificationEndpoint(const EngineDesc& peer);
+  Result<std::shared_ptr<Endpoint>> NotificationEndpoint(const EngineDesc& peer) EXCLUDES(mu_);
 
   EngineOptions options_;
   // options_ as the transports see them: notifications carry a topic frame beside the user's
@@ -109,10 +111,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::atomic<uint64_t> next_transfer_{1};
   std::atomic<uint64_t> merged_ops_{0};
 
-  std::mutex mu_;
-  std::unordered_map<uint64_t, RegionEntry> regions_;                          // GUARDED_BY(mu_)
-  std::unordered_map<std::string, EngineDesc> peers_;                          // GUARDED_BY(mu_)
-  std::map<std::pair<std::string, size_t>, std::shared_ptr<Endpoint>> endpoints_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::unordered_map<uint64_t, RegionEntry> regions_ GUARDED_BY(mu_);
+  std::unordered_map<std::string, EngineDesc> peers_ GUARDED_BY(mu_);
+  std::map<std::pair<std::string, size_t>, std::shared_ptr<Endpoint>> endpoints_ GUARDED_BY(mu_);
   // Where Notify() sends to each peer, so that a notification costs one lookup rather than a
   // copy of the peer's descriptor and a question to every transport. Emptied for a peer
   // whenever its descriptor changes (peers_generation_ counts the changes).
@@ -120,9 +122,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     using is_transparent = void;
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
-  std::unordered_map<std::string, std::shared_ptr<Endpoint>, KeyHash, std::equal_to<>>
-      notify_endpoints_;             // GUARDED_BY(mu_)
-  uint64_t peers_generation_ = 0;  // GUARDED_BY(mu_)
+  std::unordered_map<std::string, std::shared_ptr<Endpoint>, KeyHash, std::equal_to<>> notify_endpoints_
+      GUARDED_BY(mu_);
+  uint64_t peers_generation_ GUARDED_BY(mu_) = 0;
 };
 
 class SessionCore {
@@ -141,7 +143,8 @@ class SessionCore {
   Transfer Post(Op op, std::span<const TransferOp> ops, const TransferOptions& options) const;
   // Checks `ops` against both regions and posts them. REQUIRES: `ops` is the engine's own
   // storage, which no other thread can reach; it may be rewritten (runs merged in place).
-  Transfer PostOwned(Op op, std::span<TransferOp> ops, const TransferOptions& options) const;
+  Transfer PostOwned(Op op, std::span<TransferOp> ops, const TransferOptions& options) const
+      EXCLUDES(writes_mu_);
   const MemoryDesc& local() const { return local_; }
   const MemoryDesc& remote() const { return remote_; }
   const TransferPath& path() const { return path_; }
@@ -159,9 +162,9 @@ class SessionCore {
   // every write posted before it has finished (its data is in place), so that a receiver that
   // has the notification has every byte the session wrote before it, whatever the order in
   // which lanes, workers or copy engines complete the batches.
-  mutable std::mutex writes_mu_;
-  mutable std::vector<std::weak_ptr<TransferState>> writes_;  // GUARDED_BY(writes_mu_)
-  mutable size_t prune_at_ = 64;                              // GUARDED_BY(writes_mu_)
+  mutable Mutex writes_mu_;
+  mutable std::vector<std::weak_ptr<TransferState>> writes_ GUARDED_BY(writes_mu_);
+  mutable size_t prune_at_ GUARDED_BY(writes_mu_) = 64;
 };
 
 }  // namespace ferry::internal

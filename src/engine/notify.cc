@@ -1,7 +1,6 @@
 // The engine's notifications: topics (framed beside the message, transport/notify_frame.h),
 // the endpoint each peer's notifications take, and notifications ordered after transfers
 // (NotifyAfter).
-#include <mutex>
 #include <string>
 
 #include "engine/after_gate.h"
@@ -35,14 +34,14 @@ Result<std::shared_ptr<Endpoint>> EngineCore::NotifyEndpointFor(std::string_view
   std::shared_ptr<Endpoint> endpoint;
   uint64_t generation;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = notify_endpoints_.find(peer_key);
     if (it != notify_endpoints_.end() && it->second->healthy()) return it->second;
     generation = peers_generation_;
   }
   FERRY_ASSIGN_OR_RETURN(EngineDesc peer, FindPeer(peer_key));
   FERRY_ASSIGN_OR_RETURN(endpoint, NotificationEndpoint(peer));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   // Not when the peer's descriptor changed meanwhile: the endpoint may be the old one's.
   if (generation == peers_generation_ && !closed()) notify_endpoints_[std::string(peer_key)] = endpoint;
   return endpoint;

@@ -1,5 +1,4 @@
 #include <algorithm>
-#include <mutex>
 #include <string>
 
 #include "engine/after_gate.h"
@@ -83,7 +82,7 @@ Transfer SessionCore::PostOwned(Op op, std::span<TransferOp> ops, const Transfer
   if (op == Op::kWrite) {
     // A notification waits for the session's earlier writes still running.
     {
-      std::lock_guard<std::mutex> lock(writes_mu_);
+      MutexLock lock(&writes_mu_);
       if (wire || writes_.size() >= prune_at_) {
         // Drop the finished writes; a notification waits for the rest.
         size_t kept = 0;

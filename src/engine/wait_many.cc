@@ -27,8 +27,7 @@ class Waiter {
 
   // OK / first error (kAll) or the index (kAny); kInProgress when `until` passed first.
   Result<size_t> Run(std::optional<Deadline> until) {
-    auto shared = std::make_shared<Shared>();
-    shared->pending = states_.size();
+    auto shared = std::make_shared<Shared>(states_.size());
     std::vector<uint64_t> handles(states_.size(), 0);
     for (size_t i = 0; i < states_.size(); ++i) {
       if (!states_[i]) {
@@ -45,12 +44,13 @@ class Waiter {
 
  private:
   struct Shared {
+    explicit Shared(size_t transfers) : pending(transfers) {}
     Mutex mu;
     CondVar cv;
     size_t pending GUARDED_BY(mu) = 0;
     std::optional<size_t> first GUARDED_BY(mu);  // lowest index finished
     Status error GUARDED_BY(mu);                 // first error, in finishing order
-    void Arrived(size_t i, const Status& s) {
+    void Arrived(size_t i, const Status& s) EXCLUDES(mu) {
       {
         MutexLock lock(&mu);
         --pending;

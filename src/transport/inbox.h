@@ -14,11 +14,11 @@
 #include <cstdint>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "base/mutex.h"
 #include "ferry/status.h"
 #include "ferry/types.h"
 #include "transport/notify_frame.h"
@@ -35,7 +35,7 @@ class Inbox {
   // Takes a received notification whose `message` is still framed (n.topic is ignored).
   // kInvalidArgument when the frame is malformed (counted in rejected()) or the payload too
   // big; kResourceExhausted when the backlog is full (by count or by bytes).
-  Status Push(Notification n) {
+  Status Push(Notification n) EXCLUDES(mu_) {
     if (!DecodeNotifyFrame(&n.message, &n.topic)) {
       rejected_.fetch_add(1, std::memory_order_relaxed);
       return Status(Code::kInvalidArgument, "malformed notification frame");
@@ -46,7 +46,7 @@ class Inbox {
                                                 " bytes exceeds the limit of " +
                                                 std::to_string(max_bytes_));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (size_.load(std::memory_order_relaxed) >= max_pending_) {
       dropped_.fetch_add(1, std::memory_order_relaxed);
       return Status(Code::kResourceExhausted, "the receiver's notification backlog is full (" +
@@ -66,9 +66,9 @@ class Inbox {
   }
 
   // Takes every pending notification of `topic`, in arrival order.
-  std::vector<Notification> PopAll(std::string_view topic = {}) {
+  std::vector<Notification> PopAll(std::string_view topic = {}) EXCLUDES(mu_) {
     if (size_.load(std::memory_order_acquire) == 0) return {};
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = pending_.find(topic);
     if (it == pending_.end()) return {};
     std::vector<Notification> out(std::make_move_iterator(it->second.begin()),
@@ -95,11 +95,11 @@ class Inbox {
   const size_t max_pending_;
   const size_t max_bytes_;
   const size_t max_pending_bytes_;
-  std::mutex mu_;
+  Mutex mu_;
   // Topic -> its notifications; a topic with none is erased (a peer cannot grow the map past
   // the backlog's bound).
-  std::map<std::string, std::deque<Notification>, std::less<>> pending_;  // GUARDED_BY(mu_)
-  size_t pending_bytes_ = 0;     // GUARDED_BY(mu_): bytes of pending_'s payloads
+  std::map<std::string, std::deque<Notification>, std::less<>> pending_ GUARDED_BY(mu_);
+  size_t pending_bytes_ GUARDED_BY(mu_) = 0;  // bytes of pending_'s payloads
   std::atomic<size_t> size_{0};  // notifications in pending_, written under mu_
   std::atomic<uint64_t> dropped_{0};
   std::atomic<uint64_t> rejected_{0};

@@ -18,7 +18,7 @@ TransferState::~TransferState() {
 
 uint64_t TransferState::OnFinish(std::function<void(const Status&)> fn) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (phase_.load(std::memory_order_relaxed) == kRunning) {
       const uint64_t handle = next_observer_++;
       on_finish_.push_back(Observer{handle, std::move(fn)});
@@ -31,7 +31,7 @@ uint64_t TransferState::OnFinish(std::function<void(const Status&)> fn) {
 
 bool TransferState::RemoveOnFinish(uint64_t handle) {
   std::function<void(const Status&)> gone;  // destroyed after the lock is released
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto it = on_finish_.begin(); it != on_finish_.end(); ++it) {
     if (it->handle != handle) continue;
     gone = std::move(it->fn);
@@ -72,7 +72,7 @@ void TransferState::PartDone(const Status& status) {
     // Every part is done: nothing touches the regions any more.
     std::vector<std::shared_ptr<void>> holds;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       holds.swap(holds_);
     }
   }
@@ -81,14 +81,14 @@ void TransferState::PartDone(const Status& status) {
 bool TransferState::Finish(Status status) {
   std::vector<Observer> observers;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (phase_.load(std::memory_order_relaxed) != kRunning) return false;
     status_ = std::move(status);
     phase_.store(kFinished, std::memory_order_release);
     observers.swap(on_finish_);
   }
-  cv_.notify_all();
-  for (auto& o : observers) o.fn(status_);  // status_ is immutable once finished
+  cv_.NotifyAll();
+  for (auto& o : observers) o.fn(FinalStatus());
   return true;
 }
 
@@ -125,10 +125,8 @@ Status TransferState::Wait(Deadline until) {
       backoff = std::min(backoff * 2, std::chrono::microseconds(50));
     }
   } else {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_until(lock, until.at(), [this] {
-      return phase_.load(std::memory_order_acquire) == kFinished;
-    });
+    MutexLock lock(&mu_);
+    (void)cv_.WaitUntil(&mu_, until.at(), [this] { return phase_.load(std::memory_order_acquire) == kFinished; });
   }
   CheckDeadline();
   if (!finished()) return Status(Code::kInProgress, "transfer still running");
@@ -137,7 +135,7 @@ Status TransferState::Wait(Deadline until) {
 
 Status TransferState::status() const {
   if (!finished()) return Status(Code::kInProgress, "transfer still running");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return status_;
 }
 

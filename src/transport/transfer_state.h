@@ -14,17 +14,17 @@
 //  - holds_ (regions pinned by the transfer) are released when the last part is done, never
 //    at the deadline: a late copy still owns the memory it touches.
 //
-// Thread safety: every method may be called from any thread.
+// Thread safety: every method may be called from any thread. mu_ guards the observers, the
+// holds and the final status; phase_ and parts_ are atomics read without it.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "base/deadline.h"
+#include "base/mutex.h"
 #include "ferry/descriptors.h"
 #include "ferry/status.h"
 #include "ferry/types.h"
@@ -43,9 +43,9 @@ class TransferState : public std::enable_shared_from_this<TransferState> {
   // Announces `n` more parts. REQUIRES: called before the parts can complete.
   void AddParts(int n) { parts_.fetch_add(n, std::memory_order_relaxed); }
   // Completes one part. The first error finishes the transfer with it.
-  void PartDone(const Status& status);
+  void PartDone(const Status& status) EXCLUDES(mu_);
   // Finishes now (first call wins); returns whether this call finished it.
-  bool Finish(Status status);
+  bool Finish(Status status) EXCLUDES(mu_);
 
   // Runs when every part succeeded, before the transfer finishes; it adds and completes parts
   // of its own (AddParts/PartDone). Set before posting.
@@ -55,21 +55,24 @@ class TransferState : public std::enable_shared_from_this<TransferState> {
   // Runs `fn` with the final status once the transfer finishes (at once, on this thread, if it
   // has), on the thread that finishes it, with no lock held. A transfer destroyed unfinished
   // runs it with kAborted. Returns a handle for RemoveOnFinish, 0 when `fn` already ran.
-  uint64_t OnFinish(std::function<void(const Status&)> fn);
+  uint64_t OnFinish(std::function<void(const Status&)> fn) EXCLUDES(mu_);
   // Forgets an observer that has not run (e.g. a waiter that gave up); false if it ran or is
   // running.
-  bool RemoveOnFinish(uint64_t handle);
+  bool RemoveOnFinish(uint64_t handle) EXCLUDES(mu_);
   // Called by Test/Wait to drive completion. Set before posting.
   void SetPoller(std::function<void()> poller) { poller_ = std::move(poller); }
   // Keeps `hold` alive until every part is done.
-  void Hold(std::shared_ptr<void> hold) { holds_.push_back(std::move(hold)); }
+  void Hold(std::shared_ptr<void> hold) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    holds_.push_back(std::move(hold));
+  }
 
   // Whether completion arrives only through polling (SetPoller): a waiter must call Test().
   bool has_poller() const { return static_cast<bool>(poller_); }
 
-  bool Test();
-  Status Wait(Deadline until);
-  Status status() const;
+  bool Test() EXCLUDES(mu_);
+  Status Wait(Deadline until) EXCLUDES(mu_);
+  Status status() const EXCLUDES(mu_);
   bool finished() const { return phase_.load(std::memory_order_acquire) == kFinished; }
 
   TransferId id() const { return id_; }
@@ -79,28 +82,33 @@ class TransferState : public std::enable_shared_from_this<TransferState> {
 
  private:
   enum Phase : int { kRunning = 0, kFinished = 2 };
-  void CheckDeadline();
+  void CheckDeadline() EXCLUDES(mu_);
   Status DeadlineStatus() const;
+  // status_ once finished. It is written once, under mu_, before phase_ turns kFinished
+  // (release), and never again: a thread that saw kFinished reads it without the lock, which
+  // the analysis cannot follow. REQUIRES: finished().
+  const Status& FinalStatus() const NO_THREAD_SAFETY_ANALYSIS { return status_; }
 
   const TransferId id_;
   const uint64_t bytes_;
   const TransferPath path_;
   const Deadline deadline_;
+  // Set before posting, then read (and the continuation taken) only by the thread that
+  // completes the last part: no lock.
   std::function<void(const std::shared_ptr<TransferState>&)> continuation_;
   std::function<void()> poller_;
-  std::vector<std::shared_ptr<void>> holds_;  // released when parts_ reaches zero
   struct Observer {
     uint64_t handle;
     std::function<void(const Status&)> fn;
   };
-  std::vector<Observer> on_finish_;  // GUARDED_BY(mu_)
-  uint64_t next_observer_ = 1;       // GUARDED_BY(mu_)
-
-  std::atomic<int> phase_{kRunning};
+  std::atomic<int> phase_{kRunning};  // written under mu_; read without it
   std::atomic<int64_t> parts_{1};  // one extra part held by the poster until posting is done
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  Status status_;  // GUARDED_BY(mu_); valid once phase_ == kFinished
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::vector<Observer> on_finish_ GUARDED_BY(mu_);
+  uint64_t next_observer_ GUARDED_BY(mu_) = 1;
+  std::vector<std::shared_ptr<void>> holds_ GUARDED_BY(mu_);  // released when parts_ reaches zero
+  Status status_ GUARDED_BY(mu_);  // valid once phase_ == kFinished
 };
 
 }  // namespace ferry::internal
