@@ -383,11 +383,12 @@ TEST(UcxHostile, MalformedMessagesAreRejectedAndCounted) {
     x.size = 16;
     EncodeHeader(x, h);
     raw.Send(h, sizeof(h), payload.data(), 16);
-    // 10. a hello
+    // 10. a message of the retired type 1 (kHello, never sent by ferry)
     x = good;
-    x.type = MsgType::kHello;
+    x.type = MsgType::kAck;
     x.size = 0;
     EncodeHeader(x, h);
+    h[1] = 1;
     raw.Send(h, sizeof(h), nullptr, 0);
     // 11. a check of the region without its key
     x = good;
