@@ -13,7 +13,7 @@
 //   Reply     service -> tensor-parallel rank 0: the step's Status, after its last layer.
 //   StatsRequest  any -> service, as the first message of a connection that does not register
 //             (it may send more): asks for the service's counters and phase timings.
-//   Stats     service -> that connection: ServerStats (step_stats.h).
+//   Stats     service -> that connection: ServerStats (ferry/embed_stats.h).
 //
 // Flag words (uint32) hold kFlagReset, kFlagDone or kFlagFailed; a waiter waits for >= kFlagDone,
 // so a failed step never leaves it blocked.
@@ -28,8 +28,8 @@
 #include <variant>
 #include <vector>
 
-#include "embed/service/step_stats.h"
 #include "ferry/embed_service.h"
+#include "ferry/embed_stats.h"
 #include "ferry/status.h"
 
 namespace ferry::embed::service {
