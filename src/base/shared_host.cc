@@ -7,10 +7,10 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <string>
 
 #include "base/memory_file.h"
+#include "base/mutex.h"
 #include "ferry/shared_memory.h"
 
 namespace ferry {
@@ -28,21 +28,21 @@ class Directory {
     static Directory* d = new Directory();  // never destroyed: buffers may outlive statics
     return *d;
   }
-  std::mutex mu;
-  std::map<uintptr_t, Entry> buffers;  // GUARDED_BY(mu); key: base address
+  Mutex mu;
+  std::map<uintptr_t, Entry> buffers GUARDED_BY(mu);  // key: base address
 };
 
 }  // namespace
 
 void AddSharedHost(const void* base, uint64_t size, int fd) {
   Directory& d = Directory::Get();
-  std::lock_guard<std::mutex> lock(d.mu);
+  MutexLock lock(&d.mu);
   d.buffers[reinterpret_cast<uintptr_t>(base)] = Entry{size, fd};
 }
 
 void RemoveSharedHost(const void* base) {
   Directory& d = Directory::Get();
-  std::lock_guard<std::mutex> lock(d.mu);
+  MutexLock lock(&d.mu);
   d.buffers.erase(reinterpret_cast<uintptr_t>(base));
 }
 
@@ -50,7 +50,7 @@ std::optional<SharedSpan> FindSharedHost(const void* ptr, uint64_t bytes) {
   const auto p = reinterpret_cast<uintptr_t>(ptr);
   if (bytes > UINTPTR_MAX - p) return std::nullopt;
   Directory& d = Directory::Get();
-  std::lock_guard<std::mutex> lock(d.mu);
+  MutexLock lock(&d.mu);
   auto it = d.buffers.upper_bound(p);
   if (it == d.buffers.begin()) return std::nullopt;
   --it;

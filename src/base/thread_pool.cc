@@ -29,10 +29,10 @@ Status ThreadPool::Start(int threads, const std::string& name) {
     } catch (const std::system_error& e) {
       int started = static_cast<int>(workers_.size());
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         stopping_ = true;
       }
-      cv_.notify_all();
+      cv_.NotifyAll();
       for (auto& t : workers_) t.join();
       workers_.clear();
       return Status(Code::kResourceExhausted, name + ": cannot start thread " + std::to_string(started + 1) + " of " +
@@ -46,27 +46,27 @@ Status ThreadPool::Start(int threads, const std::string& name) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (auto& t : workers_) t.join();
 }
 
 void ThreadPool::Submit(std::function<void()> task) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     tasks_.push_back(std::move(task));
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 void ThreadPool::Run() {
   for (;;) {
     std::function<void()> task;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      MutexLock lock(&mu_);
+      cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return stopping_ || !tasks_.empty(); });
       if (tasks_.empty()) return;  // stopping and drained
       task = std::move(tasks_.front());
       tasks_.pop_front();

@@ -125,23 +125,23 @@ void CopyEngine::Core::Poll() {
   Done done;
   {
     // Another thread reaping already does this caller's work.
-    std::unique_lock<std::mutex> lock(mu, std::try_to_lock);
-    if (!lock.owns_lock()) return;
+    if (!mu.TryLock()) return;
     ReapLocked(&done, nullptr);
+    mu.Unlock();
   }
   RunDone(done);
 }
 
 void CopyEngine::Core::CompleterLoop() {
-  std::unique_lock<std::mutex> lock(mu);
+  mu.Lock();
   for (;;) {
-    cv.wait(lock, [this] { return stop || !in_flight.empty(); });
-    if (in_flight.empty()) return;  // stopped, and every batch completed
+    cv.Wait(&mu, [this]() REQUIRES(mu) { return stop || !in_flight.empty(); });
+    if (in_flight.empty()) break;  // stopped, and every batch completed
     cudaEvent_t event = in_flight.front().event;
     completer_event = event;
-    lock.unlock();
+    mu.Unlock();
     cudaError_t waited = cudaEventSynchronize(event);
-    lock.lock();
+    mu.Lock();
     completer_event = nullptr;
     if (completer_event_released) {
       completer_event_released = false;
@@ -155,10 +155,11 @@ void CopyEngine::Core::CompleterLoop() {
       Status failed = ToStatus(waited, "waiting for CUDA copies on device " + std::to_string(device));
       ReapLocked(&done, &failed);
     }
-    lock.unlock();
+    mu.Unlock();
     RunDone(done);
-    lock.lock();
+    mu.Lock();
   }
+  mu.Unlock();
 }
 
 // CopyEngine: the handle.
@@ -181,10 +182,10 @@ Result<std::unique_ptr<CopyEngine>> CopyEngine::Create(int device) {
 
 CopyEngine::~CopyEngine() {
   {
-    std::lock_guard<std::mutex> lock(core_->mu);
+    MutexLock lock(&core_->mu);
     core_->stop = true;
   }
-  core_->cv.notify_all();
+  core_->cv.NotifyAll();
   // A callback run by the completer may drop the last owner of this engine: the completer
   // then finishes on its own and frees the shared state when it ends.
   if (completer_.get_id() == std::this_thread::get_id()) {
@@ -205,7 +206,7 @@ std::function<void()> CopyEngine::Poller() const {
 int CopyEngine::device() const { return core_->device; }
 
 CopyStats CopyEngine::stats() const {
-  std::lock_guard<std::mutex> lock(core_->mu);
+  MutexLock lock(&core_->mu);
   return core_->stats;
 }
 
@@ -219,13 +220,13 @@ bool Completion::Test() {
 
 Status Completion::status() const {
   if (!done_.load(std::memory_order_acquire)) return Status(Code::kInProgress, "CUDA copies still running");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return status_;
 }
 
 void Completion::Finish(const Status& status) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     status_ = status;
   }
   done_.store(true, std::memory_order_release);
@@ -238,9 +239,9 @@ void Completion::Finish(const Status& status) {
 
 Status EnablePeerAccess(int device, int peer) {
   if (device == peer) return Status::Ok();
-  static std::mutex mu;
-  static auto* cache = new std::map<std::pair<int, int>, Status>();  // never destroyed
-  std::lock_guard<std::mutex> lock(mu);
+  static Mutex mu;
+  static auto* cache = new std::map<std::pair<int, int>, Status>();  // never destroyed; under mu
+  MutexLock lock(&mu);
   auto it = cache->find({device, peer});
   if (it != cache->end()) return it->second;
   Status result = [&]() -> Status {
@@ -277,10 +278,11 @@ bool IsMappedHost(const void* ptr, int device) {
   return attr.type == cudaMemoryTypeHost && attr.devicePointer == ptr;
 }
 
-CopyEngines::CopyEngines() : engines_(static_cast<size_t>(std::max(0, DeviceCount()))) {}
+CopyEngines::CopyEngines()
+    : devices_(std::max(0, DeviceCount())), engines_(static_cast<size_t>(devices_)) {}
 
 CopyStats CopyEngines::stats() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   CopyStats sum;
   for (const auto& e : engines_) {
     if (!e) continue;
@@ -295,9 +297,9 @@ CopyStats CopyEngines::stats() {
 }
 
 Result<CopyEngine*> CopyEngines::For(int device) {
-  if (device < 0 || device >= static_cast<int>(engines_.size()))
+  if (device < 0 || device >= devices_)
     return Status(Code::kInvalidArgument, "no CUDA device " + std::to_string(device));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto& slot = engines_[device];
   if (!slot) {
     FERRY_ASSIGN_OR_RETURN(slot, CopyEngine::Create(device));

@@ -16,12 +16,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <thread>
 #include <vector>
 
 #include "base/deadline.h"
+#include "base/mutex.h"
 #include "ferry/types.h"
 #include "ferry/status.h"
 
@@ -137,8 +137,8 @@ class Completion {
   std::weak_ptr<CopyEngine::Core> engine_;
   std::function<void(const Status&)> on_done_;
   std::atomic<bool> done_{false};
-  mutable std::mutex mu_;
-  Status status_;  // GUARDED_BY(mu_); valid once done_
+  mutable Mutex mu_;
+  Status status_ GUARDED_BY(mu_);  // valid once done_
 };
 
 // One CopyEngine per device of this process, each made on first use (a stream on a device
@@ -153,14 +153,15 @@ class CopyEngines {
   CopyEngines();  // sized by cuda::DeviceCount()
   // kInvalidArgument for a device that does not exist (kUnsupported in a build without
   // CUDA); CopyEngine::Create's errors.
-  Result<CopyEngine*> For(int device);
-  int devices() const { return static_cast<int>(engines_.size()); }
+  Result<CopyEngine*> For(int device) EXCLUDES(mu_);
+  int devices() const { return devices_; }
   // The engines' stats added up (those not made yet count nothing).
-  CopyStats stats();
+  CopyStats stats() EXCLUDES(mu_);
 
  private:
-  std::mutex mu_;
-  std::vector<std::unique_ptr<CopyEngine>> engines_;  // GUARDED_BY(mu_); by ordinal
+  const int devices_ = 0;  // engines_.size(), fixed at construction
+  Mutex mu_;
+  std::vector<std::unique_ptr<CopyEngine>> engines_ GUARDED_BY(mu_);  // by ordinal
 };
 
 // Lets kernels on `device` address memory of `peer` (once per pair; cached). kUnsupported

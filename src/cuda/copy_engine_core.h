@@ -4,13 +4,12 @@
 
 #include <cuda_runtime_api.h>
 
-#include <condition_variable>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <utility>
 #include <vector>
 
+#include "base/mutex.h"
 #include "cuda/copy_engine.h"
 #include "cuda/copy_kernels.h"
 
@@ -38,17 +37,17 @@ struct CopyEngine::Core {
   // Source: std::span<const Copy> or OffsetBatch (size() and operator[] giving a Copy).
   template <typename Source>
   Result<std::shared_ptr<Completion>> Post(const std::shared_ptr<Core>& self, const Source& copies,
-                                           PostOptions options);
-  void Poll();
-  void CompleterLoop();
+                                           PostOptions options) EXCLUDES(mu);
+  void Poll() EXCLUDES(mu);
+  void CompleterLoop() EXCLUDES(mu);
 
   // REQUIRES (every *Locked method): mu held.
-  Status EnqueueDmaLocked(const std::vector<Copy>& dma, bool batched, bool* enqueued);
+  Status EnqueueDmaLocked(const std::vector<Copy>& dma, bool batched, bool* enqueued) REQUIRES(mu);
   Status PushSegmentLocked(bool uses_ring, size_t ring_end, std::shared_ptr<Completion> completion,
-                           Status error);
-  bool AllocRingLocked(size_t n, size_t* at);
-  void ReleaseEventLocked(cudaEvent_t event);
-  void ReapLocked(Done* done, const Status* force);
+                           Status error) REQUIRES(mu);
+  bool AllocRingLocked(size_t n, size_t* at) REQUIRES(mu);
+  void ReleaseEventLocked(cudaEvent_t event) REQUIRES(mu);
+  void ReapLocked(Done* done, const Status* force) REQUIRES(mu);
   static void RunDone(Done& done) {
     for (auto& [completion, status] : done) completion->Finish(status);
   }
@@ -59,16 +58,17 @@ struct CopyEngine::Core {
   Piece* host_ring = nullptr;
   Piece* device_ring = nullptr;
 
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Segment> in_flight;          // GUARDED_BY(mu)
-  std::vector<cudaEvent_t> free_events;   // GUARDED_BY(mu)
-  size_t head = 0, tail = 0;              // GUARDED_BY(mu): ring [tail, head) in use, may wrap
-  size_t ring_users = 0;                  // GUARDED_BY(mu): segments in flight that use the ring
-  cudaEvent_t completer_event = nullptr;  // GUARDED_BY(mu): the event the completer sleeps on
-  bool completer_event_released = false;  // GUARDED_BY(mu): its segment was reaped meanwhile
-  bool stop = false;                      // GUARDED_BY(mu)
-  CopyStats stats;                        // GUARDED_BY(mu)
+  Mutex mu;
+  CondVar cv;
+  std::deque<Segment> in_flight GUARDED_BY(mu);
+  std::vector<cudaEvent_t> free_events GUARDED_BY(mu);
+  size_t head GUARDED_BY(mu) = 0;  // ring [tail, head) in use, may wrap
+  size_t tail GUARDED_BY(mu) = 0;
+  size_t ring_users GUARDED_BY(mu) = 0;                  // segments in flight that use the ring
+  cudaEvent_t completer_event GUARDED_BY(mu) = nullptr;  // the event the completer sleeps on
+  bool completer_event_released GUARDED_BY(mu) = false;  // its segment was reaped meanwhile
+  bool stop GUARDED_BY(mu) = false;
+  CopyStats stats GUARDED_BY(mu);
 };
 
 }  // namespace ferry::cuda

@@ -128,7 +128,7 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
   DeviceGuard guard(device);
   FERRY_RETURN_IF_ERROR(guard.status());
   Done done;
-  std::unique_lock<std::mutex> lock(mu);
+  mu.Lock();
   bool enqueued = false;
   bool placed = false;  // the completion sits on a segment already
   Status error;
@@ -149,12 +149,12 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
         break;
       }
       ReapLocked(&done, nullptr);
-      lock.unlock();
+      mu.Unlock();
       RunDone(done);
       done.clear();
       std::this_thread::sleep_for(backoff);
       backoff = std::min(backoff * 2, std::chrono::microseconds(500));
-      lock.lock();
+      mu.Lock();
       continue;
     }
     // Straight into the page-locked ring: no copy in between.
@@ -192,7 +192,10 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
   if (enqueued) ++stats.batches;
   if (!placed) {
     if (!enqueued) {
-      if (!error.ok()) return error;  // nothing moves: the caller learns it from Post
+      if (!error.ok()) {  // nothing moves: the caller learns it from Post
+        mu.Unlock();
+        return error;
+      }
       done.push_back({completion, Status::Ok()});  // nothing to copy
     } else {
       Status pushed = PushSegmentLocked(false, 0, completion, error);
@@ -202,8 +205,8 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
       }
     }
   }
-  lock.unlock();
-  cv.notify_one();
+  mu.Unlock();
+  cv.NotifyOne();
   RunDone(done);
   return completion;
 }

@@ -10,9 +10,10 @@
 
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <type_traits>
 
+#include "base/mutex.h"
+#include "base/os.h"
 #include "cuda/cuda_status.h"
 #include "cuda/runtime.h"
 
@@ -258,7 +259,7 @@ Status UseDevice(int device) {
 
 void ClosePieces(std::vector<VmmPiece>& pieces) {
   for (auto& p : pieces)
-    if (p.fd >= 0) close(p.fd);
+    if (p.fd >= 0) (void)os::Env::Current()->Close(p.fd);
   pieces.clear();
 }
 
@@ -279,8 +280,8 @@ Status SealRange(const VmmFns& f, CUdeviceptr va, uint64_t total, uint64_t mappe
   return error;
 }
 
-std::mutex g_vmm_mu;
-std::map<uint64_t, uint64_t> g_vmm_allocs;  // GUARDED_BY(g_vmm_mu): VmmAlloc's ranges, base -> size
+Mutex g_vmm_mu;
+std::map<uint64_t, uint64_t> g_vmm_allocs GUARDED_BY(g_vmm_mu);  // VmmAlloc's ranges, base -> size
 
 }  // namespace
 
@@ -401,7 +402,7 @@ Result<void*> VmmAlloc(int device, uint64_t bytes, int pieces) {
     if (error.ok()) mapped += per;
   }
   FERRY_RETURN_IF_ERROR(SealRange(f, va, total, mapped, device, std::move(error)));
-  std::lock_guard<std::mutex> lock(g_vmm_mu);
+  MutexLock lock(&g_vmm_mu);
   g_vmm_allocs[va] = total;
   return reinterpret_cast<void*>(va);
 }
@@ -409,7 +410,7 @@ Result<void*> VmmAlloc(int device, uint64_t bytes, int pieces) {
 Status VmmFree(void* base) {
   uint64_t size = 0;
   {
-    std::lock_guard<std::mutex> lock(g_vmm_mu);
+    MutexLock lock(&g_vmm_mu);
     auto it = g_vmm_allocs.find(reinterpret_cast<uint64_t>(base));
     if (it == g_vmm_allocs.end()) return Status(Code::kNotFound, "not a range VmmAlloc made");
     size = it->second;

@@ -4,12 +4,13 @@
 
 #include <algorithm>
 #include <map>
-#include <mutex>
 #include <random>
 #include <unordered_map>
 #include <vector>
 
 #include "base/log.h"
+#include "base/mutex.h"
+#include "base/os.h"
 #include "transport/cuda_ipc/ipc_desc.h"
 #include "transport/cuda_ipc/lease_table.h"
 
@@ -93,11 +94,11 @@ struct Peer {
     bool same_device = false;  // the allocation is the mapping device's own memory
     std::vector<std::pair<uint32_t, uint64_t>> regions;  // (slot, region) reached through it
   };
-  std::mutex mu;
-  std::map<std::pair<std::string, int>, Entry> mappings;  // GUARDED_BY(mu): (handle, device)
+  Mutex mu;
+  std::map<std::pair<std::string, int>, Entry> mappings GUARDED_BY(mu);  // by (handle, device)
 
   // Drops the mappings whose regions were all revoked (they unmap once batches finish).
-  void SweepLocked() {
+  void SweepLocked() REQUIRES(mu) {
     for (auto it = mappings.begin(); it != mappings.end();) {
       auto& regions = it->second.regions;
       regions.erase(std::remove_if(regions.begin(), regions.end(),
@@ -106,8 +107,8 @@ struct Peer {
       it = regions.empty() ? mappings.erase(it) : std::next(it);
     }
   }
-  void Sweep() {
-    std::lock_guard<std::mutex> lock(mu);
+  void Sweep() EXCLUDES(mu) {
+    MutexLock lock(&mu);
     SweepLocked();
   }
 
@@ -117,8 +118,8 @@ struct Peer {
     bool kernel_ok;
     bool same_device;
   };
-  Result<Mapped> Map(const RegionAccess& a, int device) {
-    std::lock_guard<std::mutex> lock(mu);
+  Result<Mapped> Map(const RegionAccess& a, int device) EXCLUDES(mu) {
+    MutexLock lock(&mu);
     SweepLocked();
     // The key: the IPC handle, or for VMM memory the owner's export id.
     std::string handle = a.vmm() ? "vmm:" + std::to_string(a.export_id)
@@ -146,8 +147,8 @@ struct Peer {
     return Mapped{it->second.mapping, it->second.kernel_ok, it->second.same_device};
   }
 
-  size_t mapped() {
-    std::lock_guard<std::mutex> lock(mu);
+  size_t mapped() EXCLUDES(mu) {
+    MutexLock lock(&mu);
     return mappings.size();
   }
 };
@@ -283,7 +284,7 @@ class IpcTransport final : public Transport {
     struct Descriptors {
       std::vector<cuda::VmmPiece> pieces;
       ~Descriptors() {
-        for (const auto& p : pieces) close(p.fd);
+        for (const auto& p : pieces) os::Env::Current()->Close(p.fd);
       }
     } owned{ex.pieces};
     const auto base = reinterpret_cast<uint64_t>(ex.base);
@@ -298,7 +299,7 @@ class IpcTransport final : public Transport {
     a.pid = static_cast<uint32_t>(getpid());
     a.pieces = std::move(ex.pieces);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       a.export_id = ++last_export_;
     }
     if (!FitsRegionAccess(a))
@@ -306,7 +307,7 @@ class IpcTransport final : public Transport {
                                             " VMM allocations, too many to describe");
     FERRY_ASSIGN_OR_RETURN(a.lease_slot, shared_->table->Publish(static_cast<uint64_t>(region->id)));
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       slots_[static_cast<uint64_t>(region->id)] = Exported{a.lease_slot, 0, std::move(owned.pieces)};
     }
     owned.pieces.clear();
@@ -324,7 +325,7 @@ class IpcTransport final : public Transport {
     // at the same address gets a new handle: no region of it was registered in between.)
     cuda::IpcHandle handle;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = handles_.find(base);
       if (it != handles_.end()) handle = it->second.first;
     }
@@ -333,7 +334,7 @@ class IpcTransport final : public Transport {
     }
     FERRY_ASSIGN_OR_RETURN(uint32_t slot, shared_->table->Publish(static_cast<uint64_t>(region->id)));
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       slots_[static_cast<uint64_t>(region->id)] = Exported{slot, base, {}};
       auto [it, added] = handles_.try_emplace(base, handle, 0);
       ++it->second.second;
@@ -354,7 +355,7 @@ class IpcTransport final : public Transport {
     const auto id = static_cast<uint64_t>(region.id);
     Revoking r;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto rv = revoking_.find(id);
       if (rv != revoking_.end()) {
         r = std::move(rv->second);
@@ -374,13 +375,13 @@ class IpcTransport final : public Transport {
     Status s = shared_->table->Revoke(r.slot, Deadline::After(shared_->retire_wait));
     if (!s.ok()) {
       FERRY_LOG_WARN("cuda_ipc: deregistering region {}: {}", id, s.ToString());
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       revoking_[id] = std::move(r);
       return s;
     }
     // The descriptors go once the slot is revoked: a peer that took one later finds the
     // region gone at its next lease, whatever the number now names.
-    for (const auto& p : r.pieces) close(p.fd);
+    for (const auto& p : r.pieces) os::Env::Current()->Close(p.fd);
     return Status::Ok();
   }
 
@@ -412,16 +413,16 @@ class IpcTransport final : public Transport {
     uint64_t allocation;  // IPC: base of the allocation containing the region
     std::vector<cuda::VmmPiece> pieces;  // VMM: the descriptors exported for the region
   };
-  std::mutex mu_;
-  uint64_t last_export_ = 0;  // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, Exported> slots_;  // GUARDED_BY(mu_): by region id
+  Mutex mu_;
+  uint64_t last_export_ GUARDED_BY(mu_) = 0;
+  std::unordered_map<uint64_t, Exported> slots_ GUARDED_BY(mu_);  // by region id
   // Regions whose revocation passed its wait with a peer still holding a lease (Deregister).
   struct Revoking {
     uint32_t slot = 0;
     std::vector<cuda::VmmPiece> pieces;
   };
-  std::unordered_map<uint64_t, Revoking> revoking_;  // GUARDED_BY(mu_): by region id
-  std::unordered_map<uint64_t, std::pair<cuda::IpcHandle, int>> handles_;  // GUARDED_BY(mu_): by allocation base
+  std::unordered_map<uint64_t, Revoking> revoking_ GUARDED_BY(mu_);  // by region id
+  std::unordered_map<uint64_t, std::pair<cuda::IpcHandle, int>> handles_ GUARDED_BY(mu_);  // by allocation base
 };
 
 }  // namespace

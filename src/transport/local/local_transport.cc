@@ -2,12 +2,12 @@
 // directly. A process-wide directory maps engine keys to their regions and inboxes; a process
 // token in every descriptor tells whether a peer lives in this process.
 #include <algorithm>
-#include <mutex>
 #include <random>
 #include <thread>
 #include <unordered_map>
 
 #include "base/log.h"
+#include "base/mutex.h"
 #include "base/thread_pool.h"
 #include "cuda/runtime.h"
 #include "transport/local/cuda_path.h"
@@ -34,8 +34,8 @@ const std::string& ProcessToken() {
 struct EngineEntry {
   std::string key;
   std::weak_ptr<Inbox> inbox;
-  std::mutex mu;
-  std::unordered_map<uint64_t, std::weak_ptr<Region>> regions;  // GUARDED_BY(mu)
+  Mutex mu;
+  std::unordered_map<uint64_t, std::weak_ptr<Region>> regions GUARDED_BY(mu);
 };
 
 class Directory {
@@ -44,24 +44,24 @@ class Directory {
     static Directory* dir = new Directory();  // never destroyed: engines may outlive statics
     return *dir;
   }
-  void Add(const std::shared_ptr<EngineEntry>& entry) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Add(const std::shared_ptr<EngineEntry>& entry) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     engines_[entry->key] = entry;
   }
-  void Remove(const std::string& key, const EngineEntry* entry) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Remove(const std::string& key, const EngineEntry* entry) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     auto it = engines_.find(key);
     if (it != engines_.end() && it->second.get() == entry) engines_.erase(it);
   }
-  std::shared_ptr<EngineEntry> Find(const std::string& key) {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<EngineEntry> Find(const std::string& key) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     auto it = engines_.find(key);
     return it == engines_.end() ? nullptr : it->second;
   }
 
  private:
-  std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<EngineEntry>> engines_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<EngineEntry>> engines_ GUARDED_BY(mu_);
 };
 
 struct Shared {
@@ -125,7 +125,7 @@ class LocalEndpoint final : public Endpoint {
       return Status(Code::kInvalidArgument, "remote region is not in this process");
     std::shared_ptr<Region> region;
     {
-      std::lock_guard<std::mutex> lock(peer_->mu);
+      MutexLock lock(&peer_->mu);
       auto it = peer_->regions.find(static_cast<uint64_t>(remote.region));
       if (it != peer_->regions.end()) region = it->second.lock();
     }
@@ -196,12 +196,12 @@ class LocalTransport final : public Transport {
   Result<TransportData> Register(const std::shared_ptr<Region>& region) override {
     if (region->kind == MemoryKind::kCuda && !shared_->cuda)
       return Status(Code::kUnsupported, "no CUDA device");
-    std::lock_guard<std::mutex> lock(entry_->mu);
+    MutexLock lock(&entry_->mu);
     entry_->regions[static_cast<uint64_t>(region->id)] = region;
     return TransportData{std::string(kName), ProcessToken()};
   }
   Status Deregister(const Region& region) override {
-    std::lock_guard<std::mutex> lock(entry_->mu);
+    MutexLock lock(&entry_->mu);
     entry_->regions.erase(static_cast<uint64_t>(region.id));
     return Status::Ok();
   }

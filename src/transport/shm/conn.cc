@@ -13,7 +13,7 @@ Conn::~Conn() { os::Env::Current()->Close(fd_); }
 Status Conn::Send(const Header& h, std::string_view payload, std::span<const int> pass_fds) {
   if (failed()) return failure();
   std::string bytes = Encode(h, payload);
-  std::lock_guard<std::mutex> lock(send_mu_);
+  MutexLock lock(&send_mu_);
   return Sent(os::SendMessage(fd_, bytes, pass_fds, Deadline::After(send_timeout_)));
 }
 
@@ -33,7 +33,7 @@ Status Conn::Sent(Status s) {
 }
 
 Status Conn::failure() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (failure_.ok()) return Status(Code::kUnavailable, "connection to peer " + peer_key_ + " is closed");
   return failure_;
 }
@@ -45,14 +45,14 @@ void Conn::Fail(Status why) {
   std::vector<std::weak_ptr<TransferState>> tracked;
   std::unordered_map<uint64_t, std::shared_ptr<MappingSlot>> slots;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     failure_ = why;
     calls.swap(calls_);
     tracked.swap(tracked_);
     slots.swap(slots_);
   }
   shutdown(fd_, SHUT_RDWR);  // the I/O thread sees the hang-up and drops the connection
-  ring_cv_.notify_all();
+  ring_cv_.NotifyAll();
   for (auto& [token, w] : calls) w.reply(why, Header{}, -1, -1);
   for (auto& weak : tracked)
     if (auto s = weak.lock()) s->Finish(why);
@@ -63,14 +63,14 @@ void Conn::Fail(Status why) {
 Status Conn::Call(const Header& h, std::string_view payload, Deadline deadline, ReplyFn reply) {
   Header out = h;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (failed()) return failure_.ok() ? Status(Code::kUnavailable, "connection closed") : failure_;
     out.token = next_token_++;
     calls_[out.token] = Waiting{std::move(reply), deadline};
   }
   Status s = Send(out, payload);
   if (!s.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // A failed send fails the connection, whose Fail() may have answered the call already:
     // then `reply` ran, and the caller must not complete it a second time.
     if (calls_.erase(out.token) == 0) return Status::Ok();
@@ -82,7 +82,7 @@ Status Conn::Call(const Header& h, std::string_view payload, Deadline deadline, 
 bool Conn::Complete(uint64_t token, const Status& s, const Header& h, int region_fd, int table_fd) {
   Waiting w;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = calls_.find(token);
     if (it == calls_.end()) return false;
     w = std::move(it->second);
@@ -95,7 +95,7 @@ bool Conn::Complete(uint64_t token, const Status& s, const Header& h, int region
 void Conn::ExpireCalls() {
   std::vector<Waiting> expired;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (auto it = calls_.begin(); it != calls_.end();) {
       if (it->second.deadline.expired()) {
         expired.push_back(std::move(it->second));
@@ -117,7 +117,7 @@ void Conn::ExpireCalls() {
 }
 
 void Conn::Track(const std::shared_ptr<TransferState>& state) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (failed()) {
     state->Finish(failure_);
     return;
@@ -126,13 +126,13 @@ void Conn::Track(const std::shared_ptr<TransferState>& state) {
 }
 
 std::shared_ptr<MappingSlot> Conn::FindSlot(uint64_t region) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = slots_.find(region);
   return it == slots_.end() ? nullptr : it->second;
 }
 
 std::shared_ptr<MappingSlot> Conn::InstallSlot(uint64_t region, std::shared_ptr<MappingSlot> slot) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto& place = slots_[region];
   if (place && place->live()) return place;
   place = std::move(slot);
@@ -140,7 +140,7 @@ std::shared_ptr<MappingSlot> Conn::InstallSlot(uint64_t region, std::shared_ptr<
 }
 
 Result<std::shared_ptr<const RevocationView>> Conn::View(int table_fd) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!view_) {
     auto v = RevocationView::Map(table_fd);
     os::Env::Current()->Close(table_fd);
@@ -154,7 +154,7 @@ Result<std::shared_ptr<const RevocationView>> Conn::View(int table_fd) {
 
 bool Conn::SetRing(Result<std::unique_ptr<RingWriter>> ring) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (ring_set_) return false;
     ring_set_ = true;
     if (ring.ok()) {
@@ -165,14 +165,14 @@ bool Conn::SetRing(Result<std::unique_ptr<RingWriter>> ring) {
                                                     std::string(ring.status().message()));
     }
   }
-  ring_cv_.notify_all();
+  ring_cv_.NotifyAll();
   return true;
 }
 
 Result<RingWriter*> Conn::Ring(Deadline until) {
   if (RingWriter* r = ring_ptr_.load(std::memory_order_acquire)) return r;  // no lock once set
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!ring_cv_.wait_until(lock, until.at(), [&] { return ring_set_ || failed(); }))
+  MutexLock lock(&mu_);
+  if (!ring_cv_.WaitUntil(&mu_, until.at(), [&]() REQUIRES(mu_) { return ring_set_ || failed(); }))
     return Status(Code::kDeadlineExceeded, "peer " + peer_key_ + " did not set up notifications in time");
   if (failed()) return failure_.ok() ? Status(Code::kUnavailable, "connection closed") : failure_;
   if (!ring_) return ring_status_;
@@ -180,7 +180,7 @@ Result<RingWriter*> Conn::Ring(Deadline until) {
 }
 
 Result<uint64_t> Conn::Expect(Deadline deadline, ReplyFn reply) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (failed()) return failure_.ok() ? Status(Code::kUnavailable, "connection closed") : failure_;
   const uint64_t token = next_token_++;
   calls_[token] = Waiting{std::move(reply), deadline};
@@ -188,7 +188,7 @@ Result<uint64_t> Conn::Expect(Deadline deadline, ReplyFn reply) {
 }
 
 bool Conn::Forget(uint64_t token) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return calls_.erase(token) != 0;
 }
 
@@ -203,7 +203,7 @@ void Conn::WakePeer() {
 void Conn::RevokeSlot(uint64_t region) {
   std::shared_ptr<MappingSlot> slot;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = slots_.find(region);
     if (it != slots_.end()) {
       slot = std::move(it->second);

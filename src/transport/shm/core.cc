@@ -74,9 +74,10 @@ void Core::Shutdown() {
   std::vector<std::shared_ptr<Conn>> conns;
   std::unordered_map<uint64_t, Exported> exported;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     conns.swap(conns_);
     exported.swap(exported_);
+    mapped_.clear();
   }
   for (auto& [id, e] : exported) {
     table_->Revoke(e.slot);
@@ -84,14 +85,19 @@ void Core::Shutdown() {
   }
   for (auto& c : conns) c->Fail(Status(Code::kAborted, "the shm transport was shut down"));
   {
-    std::lock_guard<std::mutex> lock(drain_mu_);
+    MutexLock lock(&drain_mu_);
     rings_.clear();
   }
   {
-    std::lock_guard<std::mutex> lock(deferred_mu_);
+    MutexLock lock(&deferred_mu_);
     deferred_acks_.clear();
   }
-  unmapped_cv_.notify_all();
+  unmapped_cv_.NotifyAll();
+}
+
+bool Core::MapsLocked(const Conn* conn, uint64_t id) const {
+  auto it = mapped_.find(conn);
+  return it != mapped_.end() && it->second.count(id) != 0;
 }
 
 void Core::Wake() {
@@ -107,7 +113,7 @@ void Core::Reject(const std::string& why) {
 void Core::Add(const std::shared_ptr<Conn>& conn) {
   conn->self_ = conn;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     conns_.push_back(conn);
   }
   Wake();
@@ -124,7 +130,7 @@ Result<TransportData> Core::Register(const std::shared_ptr<Region>& region) {
   auto [slot, generation] = table_->Publish();
   const uint64_t key = RegionKey();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     exported_[static_cast<uint64_t>(region->id)] = Exported{reinterpret_cast<uint64_t>(region->base),
                                                             region->size, key, fd, span->offset, slot, generation};
   }
@@ -136,7 +142,7 @@ void Core::Deregister(const Region& region) {
   std::vector<std::shared_ptr<Conn>> holders;
   int fd = -1;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = exported_.find(id);
     if (it == exported_.end()) return;  // never registered here (not a shared buffer)
     fd = it->second.fd;
@@ -146,7 +152,7 @@ void Core::Deregister(const Region& region) {
     // Every reply that handed out this region's file went out under mu_, before this point:
     // each revocation below reaches its peer after the file did.
     for (auto& c : conns_)
-      if (c->mapped.count(id) != 0) holders.push_back(c);
+      if (MapsLocked(c.get(), id)) holders.push_back(c);
   }
   Header h;
   h.type = MsgType::kRevoke;
@@ -154,17 +160,17 @@ void Core::Deregister(const Region& region) {
   for (auto& c : holders) (void)c->Send(h);  // a failed send fails the connection
   const Deadline deadline = Deadline::After(options_.revoke_timeout);
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    auto released = [&] {
+    MutexLock lock(&mu_);
+    auto released = [&]() REQUIRES(mu_) {
       return std::all_of(holders.begin(), holders.end(),
-                         [&](const auto& c) { return c->failed() || c->mapped.count(id) == 0; });
+                         [&](const auto& c) REQUIRES(mu_) { return c->failed() || !MapsLocked(c.get(), id); });
     };
-    unmapped_cv_.wait_until(lock, deadline.at(), released);
+    unmapped_cv_.WaitUntil(&mu_, deadline.at(), released);
     for (auto& c : holders) {
-      if (c->failed() || c->mapped.count(id) == 0) continue;
+      if (c->failed() || !MapsLocked(c.get(), id)) continue;
       FERRY_LOG_WARN("shm: peer {} did not unmap region {} within {} ms; disconnecting it",
                      c->peer_key(), id, options_.revoke_timeout.count());
-      c->mapped.clear();
+      mapped_.erase(c.get());
       c->Fail(Status(Code::kUnavailable, "peer did not unmap a deregistered region in time"));
     }
   }
@@ -195,7 +201,7 @@ void Core::Run() {
   std::vector<std::shared_ptr<Conn>> polled;
   while (!stopping_.load(std::memory_order_acquire)) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       polled = conns_;
     }
     fds.clear();
@@ -237,11 +243,11 @@ void Core::Drop(const std::shared_ptr<Conn>& conn, Status why) {
   conn->Fail(std::move(why));
   if (conn->role() == Conn::Role::kTarget) DropRing(conn);
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    conn->mapped.clear();
+    MutexLock lock(&mu_);
+    mapped_.erase(conn.get());
     std::erase(conns_, conn);
   }
-  unmapped_cv_.notify_all();
+  unmapped_cv_.NotifyAll();
 }
 
 void Core::Receive(const std::shared_ptr<Conn>& conn) {
@@ -306,7 +312,7 @@ void Core::HandleAtTarget(const std::shared_ptr<Conn>& conn, const Message& m) {
       reply.type = MsgType::kOpenReply;
       reply.token = h.token;
       reply.region = h.region;
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = exported_.find(h.region);
       int pass[2] = {-1, table_->fd()};
       size_t files = 0;
@@ -323,7 +329,7 @@ void Core::HandleAtTarget(const std::shared_ptr<Conn>& conn, const Message& m) {
         reply.extra = it->second.generation;
         pass[0] = it->second.fd;
         files = 2;
-        conn->mapped.insert(h.region);
+        mapped_[conn.get()].insert(h.region);
       }
       // Sent under mu_: a revocation of this region cannot overtake the file (Deregister).
       (void)conn->Send(reply, {}, std::span<const int>(pass, files));
@@ -333,10 +339,10 @@ void Core::HandleAtTarget(const std::shared_ptr<Conn>& conn, const Message& m) {
       return;  // the I/O thread drains the rings before it sleeps again
     case MsgType::kUnmapped: {
       {
-        std::lock_guard<std::mutex> lock(mu_);
-        conn->mapped.erase(h.region);
+        MutexLock lock(&mu_);
+        if (auto m = mapped_.find(conn.get()); m != mapped_.end()) m->second.erase(h.region);
       }
-      unmapped_cv_.notify_all();
+      unmapped_cv_.NotifyAll();
       return;
     }
     default:

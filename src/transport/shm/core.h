@@ -19,16 +19,15 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/thread_pool.h"
 #include "base/unix_socket.h"
 #include "transport/shm/mapping.h"
@@ -58,7 +57,8 @@ class Conn {
   Role role() const { return role_; }
   const std::string& peer_key() const { return peer_key_; }
 
-  Status Send(const Header& h, std::string_view payload = {}, std::span<const int> pass_fds = {});
+  Status Send(const Header& h, std::string_view payload = {}, std::span<const int> pass_fds = {})
+      EXCLUDES(send_mu_);
   // Sends `h` only if it goes at once, never waiting (for application threads): when the
   // peer's socket is full, returns kResourceExhausted and sends nothing, leaving the connection
   // up. Other failures fail the connection, as Send does. One seqpacket message is atomic, so
@@ -66,37 +66,37 @@ class Conn {
   Status TrySend(const Header& h);
   // First call wins: marks the connection failed (kUnavailable unless `why` is kAborted), shuts
   // the socket down, fails every call waiting and every transfer tracked, revokes mappings.
-  void Fail(Status why);
+  void Fail(Status why) EXCLUDES(mu_);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
-  Status failure() const;
+  Status failure() const EXCLUDES(mu_);
 
   // Initiator side. A call: `reply` runs on the I/O thread with the answer, or with an error
   // when the connection fails or `deadline` passes.
-  Status Call(const Header& h, std::string_view payload, Deadline deadline, ReplyFn reply);
+  Status Call(const Header& h, std::string_view payload, Deadline deadline, ReplyFn reply) EXCLUDES(mu_);
   // Completes the call `token`; false when no such call waits (the message is then rejected).
-  bool Complete(uint64_t token, const Status& s, const Header& h, int region_fd, int table_fd);
-  void ExpireCalls();
+  bool Complete(uint64_t token, const Status& s, const Header& h, int region_fd, int table_fd) EXCLUDES(mu_);
+  void ExpireCalls() EXCLUDES(mu_);
   // Transfers whose copies run on the pool: failed with the connection's error if it dies.
-  void Track(const std::shared_ptr<TransferState>& state);
+  void Track(const std::shared_ptr<TransferState>& state) EXCLUDES(mu_);
   // Mapped regions of the peer, by region id.
-  std::shared_ptr<MappingSlot> FindSlot(uint64_t region);
+  std::shared_ptr<MappingSlot> FindSlot(uint64_t region) EXCLUDES(mu_);
   // Installs `slot` unless a live one exists; returns the one in place.
-  std::shared_ptr<MappingSlot> InstallSlot(uint64_t region, std::shared_ptr<MappingSlot> slot);
+  std::shared_ptr<MappingSlot> InstallSlot(uint64_t region, std::shared_ptr<MappingSlot> slot) EXCLUDES(mu_);
   // The peer revokes `region`: empties its slot; kUnmapped goes back once it is unmapped.
-  void RevokeSlot(uint64_t region);
+  void RevokeSlot(uint64_t region) EXCLUDES(mu_);
   // The peer's revocation table, mapped from `table_fd` (closed here) the first time.
-  Result<std::shared_ptr<const RevocationView>> View(int table_fd);
+  Result<std::shared_ptr<const RevocationView>> View(int table_fd) EXCLUDES(mu_);
   // The notification ring the peer made (kRing): set once by the I/O thread; false (and
   // nothing changes) when it was set already.
-  bool SetRing(Result<std::unique_ptr<RingWriter>> ring);
+  bool SetRing(Result<std::unique_ptr<RingWriter>> ring) EXCLUDES(mu_);
   // The ring, waiting for it until `until` (it follows the hello by one round trip).
-  Result<RingWriter*> Ring(Deadline until);
+  Result<RingWriter*> Ring(Deadline until) EXCLUDES(mu_);
   // The ring if it is set already (one load), else null.
   RingWriter* ring() const { return ring_ptr_.load(std::memory_order_acquire); }
   // A call answered without a request message of its own (a ring record carries its token).
-  Result<uint64_t> Expect(Deadline deadline, ReplyFn reply);
+  Result<uint64_t> Expect(Deadline deadline, ReplyFn reply) EXCLUDES(mu_);
   // Withdraws call `token`; false when it was answered already.
-  bool Forget(uint64_t token);
+  bool Forget(uint64_t token) EXCLUDES(mu_);
   // Tells the peer's sleeping I/O thread that records wait (never blocks).
   void WakePeer();
 
@@ -106,7 +106,6 @@ class Conn {
     peer_key_ = std::move(key);
     hello_seen_ = true;
   }
-  std::set<uint64_t> mapped;  // GUARDED_BY(Core::mu_): regions of ours this peer maps
 
  private:
   struct Waiting {
@@ -120,20 +119,20 @@ class Conn {
   std::string peer_key_;  // target side: written by the I/O thread before any use
   bool hello_seen_ = false;
   const Duration send_timeout_;
-  std::mutex send_mu_;
+  Mutex send_mu_;  // one sendmsg at a time: a message and its descriptors go together
   std::atomic<bool> failed_{false};
 
-  mutable std::mutex mu_;
-  Status failure_;                                                   // GUARDED_BY(mu_)
-  uint64_t next_token_ = 1;                                          // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, Waiting> calls_;                      // GUARDED_BY(mu_)
-  std::vector<std::weak_ptr<TransferState>> tracked_;                // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, std::shared_ptr<MappingSlot>> slots_;  // GUARDED_BY(mu_)
-  std::shared_ptr<const RevocationView> view_;                        // GUARDED_BY(mu_)
-  std::condition_variable ring_cv_;
-  bool ring_set_ = false;                                             // GUARDED_BY(mu_)
-  Status ring_status_;                                                // GUARDED_BY(mu_)
-  std::unique_ptr<RingWriter> ring_;  // GUARDED_BY(mu_) until ring_set_, then fixed
+  mutable Mutex mu_;
+  Status failure_ GUARDED_BY(mu_);
+  uint64_t next_token_ GUARDED_BY(mu_) = 1;
+  std::unordered_map<uint64_t, Waiting> calls_ GUARDED_BY(mu_);
+  std::vector<std::weak_ptr<TransferState>> tracked_ GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, std::shared_ptr<MappingSlot>> slots_ GUARDED_BY(mu_);
+  std::shared_ptr<const RevocationView> view_ GUARDED_BY(mu_);
+  CondVar ring_cv_;
+  bool ring_set_ GUARDED_BY(mu_) = false;
+  Status ring_status_ GUARDED_BY(mu_);
+  std::unique_ptr<RingWriter> ring_ GUARDED_BY(mu_);  // set once; read without mu_ via ring_ptr_
   std::atomic<RingWriter*> ring_ptr_{nullptr};  // ring_.get() once set
   std::weak_ptr<Conn> self_;
   friend class Core;
@@ -152,11 +151,11 @@ class Core : public std::enable_shared_from_this<Core> {
   uint64_t parallel_copy_bytes() const { return parallel_copy_bytes_; }
   uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
   // Drains the notification rings into the inbox from this thread; whether any had records.
-  bool Poll();
+  bool Poll() EXCLUDES(drain_mu_);
 
   // Target side.
-  Result<TransportData> Register(const std::shared_ptr<Region>& region);
-  void Deregister(const Region& region);
+  Result<TransportData> Register(const std::shared_ptr<Region>& region) EXCLUDES(mu_);
+  void Deregister(const Region& region) EXCLUDES(mu_);
 
   // Initiator side: connects to the engine listening on `name` and says hello.
   Result<std::shared_ptr<Conn>> Dial(const std::string& peer_key, const std::string& name);
@@ -169,12 +168,14 @@ class Core : public std::enable_shared_from_this<Core> {
   void Handle(const std::shared_ptr<Conn>& conn, os::Received& msg);
   void HandleAtTarget(const std::shared_ptr<Conn>& conn, const Message& m);
   void HandleAtInitiator(const std::shared_ptr<Conn>& conn, const Message& m, int region_fd, int table_fd);
-  void Drop(const std::shared_ptr<Conn>& conn, Status why);
+  void Drop(const std::shared_ptr<Conn>& conn, Status why) EXCLUDES(mu_);
   void Reject(const std::string& why);
   void Wake();
-  void Add(const std::shared_ptr<Conn>& conn);
+  void Add(const std::shared_ptr<Conn>& conn) EXCLUDES(mu_);
+  // Whether `conn` maps region `id` of ours.
+  bool MapsLocked(const Conn* conn, uint64_t id) const REQUIRES(mu_);
   // Target side: makes the ring of a connection that said hello and passes it (kRing).
-  void OfferRing(const std::shared_ptr<Conn>& conn);
+  void OfferRing(const std::shared_ptr<Conn>& conn) EXCLUDES(drain_mu_);
   // Moves the records of every ring into the inbox. REQUIRES: drain_mu_ held. Acks to send and
   // connections to fail go to `after`, done once the lock is released (Finish).
   struct RingEntry {
@@ -191,17 +192,17 @@ class Core : public std::enable_shared_from_this<Core> {
     std::vector<Ack> acks;
     std::vector<std::shared_ptr<Conn>> broken;
   };
-  bool DrainLocked(AfterDrain* after);
+  bool DrainLocked(AfterDrain* after) REQUIRES(drain_mu_);
   void DrainRing(RingEntry& e, AfterDrain* after);
   // Sends the acks and fails the broken connections. On the I/O thread (`may_wait`) an ack
   // waits for room in the peer's socket up to the send timeout; on an application thread
   // (Poll) it goes only if it can at once, and otherwise is handed to the I/O thread
   // (deferred_acks_), so that a stopped peer never holds the thread that polls.
-  void Finish(AfterDrain& after, bool may_wait);
+  void Finish(AfterDrain& after, bool may_wait) EXCLUDES(deferred_mu_);
   // The I/O thread, before it sleeps: drains, and asks to be woken unless threads poll.
   // Returns the poll timeout in ms.
-  int PrepareToSleep();
-  void DropRing(const std::shared_ptr<Conn>& conn);
+  int PrepareToSleep() EXCLUDES(drain_mu_, deferred_mu_);
+  void DropRing(const std::shared_ptr<Conn>& conn) EXCLUDES(drain_mu_);
 
   struct Exported {
     uint64_t address;
@@ -229,15 +230,17 @@ class Core : public std::enable_shared_from_this<Core> {
   std::atomic<uint64_t> poll_calls_{0};  // Poll() calls: while it grows, the I/O thread sleeps lightly
   uint64_t poll_calls_seen_ = 0;        // I/O thread only
 
-  std::mutex drain_mu_;            // one drainer of the rings at a time; held briefly
-  std::vector<RingEntry> rings_;  // GUARDED_BY(drain_mu_)
-  std::mutex deferred_mu_;
-  std::vector<AfterDrain::Ack> deferred_acks_;  // GUARDED_BY(deferred_mu_): for the I/O thread
+  Mutex drain_mu_;  // one drainer of the rings at a time; held briefly
+  std::vector<RingEntry> rings_ GUARDED_BY(drain_mu_);
+  Mutex deferred_mu_;
+  std::vector<AfterDrain::Ack> deferred_acks_ GUARDED_BY(deferred_mu_);  // for the I/O thread
 
-  std::mutex mu_;
-  std::condition_variable unmapped_cv_;
-  std::vector<std::shared_ptr<Conn>> conns_;           // GUARDED_BY(mu_)
-  std::unordered_map<uint64_t, Exported> exported_;    // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  CondVar unmapped_cv_;
+  std::vector<std::shared_ptr<Conn>> conns_ GUARDED_BY(mu_);
+  std::unordered_map<uint64_t, Exported> exported_ GUARDED_BY(mu_);
+  // Regions of ours each peer maps, by connection (an entry leaves with its connection, Drop).
+  std::unordered_map<const Conn*, std::set<uint64_t>> mapped_ GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::internal::shm

@@ -35,7 +35,7 @@ void Core::OfferRing(const std::shared_ptr<Conn>& conn) {
   reply.offset = (*reader)->max_message_bytes();
   const int fd = (*reader)->fd();
   {
-    std::lock_guard<std::mutex> lock(drain_mu_);
+    MutexLock lock(&drain_mu_);
     rings_.push_back(RingEntry{conn, conn->peer_key(), std::move(reader).value()});
   }
   (void)conn->Send(reply, {}, std::span<const int>(&fd, 1));  // the reader keeps its file open
@@ -73,7 +73,7 @@ void Core::Finish(AfterDrain& after, bool may_wait) {
     if (may_wait) {
       (void)a.conn->Send(ack);
     } else if (a.conn->TrySend(ack).code() == Code::kResourceExhausted) {
-      std::lock_guard<std::mutex> lock(deferred_mu_);
+      MutexLock lock(&deferred_mu_);
       deferred_acks_.push_back(std::move(a));
       deferred = true;
     }
@@ -87,7 +87,7 @@ bool Core::Poll() {
   AfterDrain after;
   bool any;
   {
-    std::lock_guard<std::mutex> lock(drain_mu_);
+    MutexLock lock(&drain_mu_);
     any = DrainLocked(&after);
   }
   if (any) Finish(after, /*may_wait=*/false);
@@ -101,12 +101,12 @@ int Core::PrepareToSleep() {
   AfterDrain after;
   {
     // Acks that application threads could not send at once.
-    std::lock_guard<std::mutex> lock(deferred_mu_);
+    MutexLock lock(&deferred_mu_);
     after.acks.swap(deferred_acks_);
   }
   int timeout = polled ? kPolledMs : kPollMs;
   {
-    std::lock_guard<std::mutex> lock(drain_mu_);
+    MutexLock lock(&drain_mu_);
     for (RingEntry& e : rings_) e.reader->Disarm();
     DrainLocked(&after);
     if (!polled) {
@@ -124,7 +124,7 @@ void Core::DropRing(const std::shared_ptr<Conn>& conn) {
   AfterDrain after;
   std::unique_ptr<RingReader> gone;
   {
-    std::lock_guard<std::mutex> lock(drain_mu_);
+    MutexLock lock(&drain_mu_);
     auto it = std::find_if(rings_.begin(), rings_.end(), [&](const RingEntry& e) { return e.conn == conn; });
     if (it == rings_.end()) return;
     // What the peer published before it went is delivered.

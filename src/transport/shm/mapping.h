@@ -14,9 +14,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 
 #include "base/memory_file.h"
+#include "base/mutex.h"
 #include "ferry/status.h"
 #include "transport/shm/revocation.h"
 
@@ -53,22 +53,22 @@ struct MappingSlot {
 
   // The mapping for one more transfer; null once revoked, by message or in the peer's
   // revocation table.
-  std::shared_ptr<Mapping> Acquire() {
+  std::shared_ptr<Mapping> Acquire() EXCLUDES(mu_) {
     if (view_ && !view_->Live(slot_, generation_)) return nullptr;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return mapping_;
   }
-  bool live() {
+  bool live() EXCLUDES(mu_) {
     if (view_ && !view_->Live(slot_, generation_)) return false;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return mapping_ != nullptr;
   }
   // Empties the slot; `on_unmapped` runs once the last transfer using the mapping let go
   // (at once when none does). Returns false (and runs nothing) when already revoked.
-  bool Revoke(std::function<void()> on_unmapped) {
+  bool Revoke(std::function<void()> on_unmapped) EXCLUDES(mu_) {
     std::shared_ptr<Mapping> m;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       m.swap(mapping_);
     }
     if (!m) return false;
@@ -77,8 +77,8 @@ struct MappingSlot {
   }
 
  private:
-  std::mutex mu_;
-  std::shared_ptr<Mapping> mapping_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::shared_ptr<Mapping> mapping_ GUARDED_BY(mu_);
   const std::shared_ptr<const RevocationView> view_;
   const uint32_t slot_;
   const uint64_t generation_;

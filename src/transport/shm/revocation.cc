@@ -25,6 +25,7 @@ Result<std::unique_ptr<RevocationTable>> RevocationTable::Create() {
   if (!m.ok()) return Status(Code::kUnavailable, std::string(m.status().message())).WithContext("revocation table");
   t->words_ = reinterpret_cast<uint64_t*>(m->data());
   m->Release();  // unmapped by the destructor
+  MutexLock lock(&t->mu_);  // not shared yet; the lock keeps the analysis whole
   t->free_.reserve(kRevocationSlots);
   for (uint32_t i = kRevocationSlots; i > 0; --i) t->free_.push_back(i - 1);
   return t;
@@ -36,7 +37,7 @@ RevocationTable::~RevocationTable() {
 }
 
 std::pair<uint32_t, uint64_t> RevocationTable::Publish() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const uint64_t generation = next_generation_++;
   if (free_.empty()) return {kNoSlot, generation};
   const uint32_t slot = free_.back();
@@ -47,7 +48,7 @@ std::pair<uint32_t, uint64_t> RevocationTable::Publish() {
 
 void RevocationTable::Revoke(uint32_t slot) {
   if (slot >= kRevocationSlots) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   __atomic_store_n(words_ + slot, uint64_t{0}, __ATOMIC_RELEASE);
   free_.push_back(slot);
 }

@@ -10,10 +10,10 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <utility>
 #include <vector>
 
+#include "base/mutex.h"
 #include "ferry/status.h"
 
 namespace ferry::internal::shm {
@@ -28,17 +28,17 @@ class RevocationTable {
   ~RevocationTable();
   int fd() const { return fd_; }
   // A slot and a fresh generation for a region being registered; kNoSlot when all are taken.
-  std::pair<uint32_t, uint64_t> Publish();
+  std::pair<uint32_t, uint64_t> Publish() EXCLUDES(mu_);
   // The region of `slot` is being deregistered: peers see it at their next transfer.
-  void Revoke(uint32_t slot);
+  void Revoke(uint32_t slot) EXCLUDES(mu_);
 
  private:
   RevocationTable() = default;
   int fd_ = -1;
   uint64_t* words_ = nullptr;
-  std::mutex mu_;
-  std::vector<uint32_t> free_;  // GUARDED_BY(mu_)
-  uint64_t next_generation_ = 1;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::vector<uint32_t> free_ GUARDED_BY(mu_);
+  uint64_t next_generation_ GUARDED_BY(mu_) = 1;
 };
 
 // A peer's read-only view of a target's table.

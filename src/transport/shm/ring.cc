@@ -96,9 +96,10 @@ Result<std::unique_ptr<RingWriter>> RingWriter::Map(int fd, uint64_t capacity, u
       __atomic_load_n(Word32(w->base_, kRingVersionOffset), __ATOMIC_RELAXED) != kRingVersion ||
       __atomic_load_n(Word(w->base_, kRingCapacityOffset), __ATOMIC_RELAXED) != capacity)
     return Status(Code::kInvalidArgument, "the peer's notification ring has a bad header");
-  w->head_ = __atomic_load_n(Word(w->base_, kRingHeadOffset), __ATOMIC_RELAXED);
+  // A new ring starts empty, where the writer's own head_ starts.
+  const uint64_t head = __atomic_load_n(Word(w->base_, kRingHeadOffset), __ATOMIC_RELAXED);
   const uint64_t tail = __atomic_load_n(Word(w->base_, kRingTailOffset), __ATOMIC_ACQUIRE);
-  if (w->head_ != 0 || tail != 0) return Status(Code::kInvalidArgument, "the peer's notification ring is not new");
+  if (head != 0 || tail != 0) return Status(Code::kInvalidArgument, "the peer's notification ring is not new");
   return w;
 }
 
@@ -110,7 +111,7 @@ Status RingWriter::Put(std::string_view message, uint64_t token, bool acked, boo
                                               std::to_string(max_message_bytes_));
   const uint64_t span = RecordSpan(message.size());
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (broken_) return Status(Code::kDataLoss, "the receiver's notification ring is corrupt");
     // The consumer index is read again only when the room known from the last read is short:
     // while it suffices, the cache line the receiver writes stays away from this path.

@@ -11,9 +11,9 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string_view>
 
+#include "base/mutex.h"
 #include "ferry/status.h"
 #include "transport/shm/mapping.h"
 #include "transport/shm/ring_format.h"
@@ -65,7 +65,7 @@ class RingWriter {
   // Publishes one record. kInvalidArgument: larger than the receiver takes; kResourceExhausted:
   // no room (the receiver is behind); kDataLoss: the receiver's consumer index is corrupt
   // (fail the connection). `*wake` is set when the receiver sleeps and must be woken.
-  Status Put(std::string_view message, uint64_t token, bool acked, bool* wake);
+  Status Put(std::string_view message, uint64_t token, bool acked, bool* wake) EXCLUDES(mu_);
 
  private:
   RingWriter() = default;
@@ -73,10 +73,10 @@ class RingWriter {
   std::byte* base_ = nullptr;
   uint64_t capacity_ = 0;
   size_t max_message_bytes_ = 0;
-  std::mutex mu_;
-  uint64_t head_ = 0;       // GUARDED_BY(mu_); the sender's own copy
-  uint64_t tail_seen_ = 0;  // GUARDED_BY(mu_); the consumer index last read (and checked)
-  bool broken_ = false;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  uint64_t head_ GUARDED_BY(mu_) = 0;       // the sender's own copy
+  uint64_t tail_seen_ GUARDED_BY(mu_) = 0;  // the consumer index last read (and checked)
+  bool broken_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ferry::internal::shm

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "base/codec.h"
+#include "base/mutex.h"
 #include "base/os.h"
 #include "transport/host_copy.h"
 #include "transport/shm/core.h"
@@ -63,23 +64,23 @@ class ShmChannel final : public Channel {
 // What a call's reply callback hands to the thread that waits for it.
 template <typename T>
 struct Waiter {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
-  Result<T> result = Status(Code::kInternal, "no reply");
+  Mutex mu;
+  CondVar cv;
+  bool done GUARDED_BY(mu) = false;
+  Result<T> result GUARDED_BY(mu) = Status(Code::kInternal, "no reply");
 
-  void Set(Result<T> r) {
+  void Set(Result<T> r) EXCLUDES(mu) {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       if (done) return;
       result = std::move(r);
       done = true;
     }
-    cv.notify_all();
+    cv.NotifyAll();
   }
-  Result<T> Wait(Deadline until) {
-    std::unique_lock<std::mutex> lock(mu);
-    if (!cv.wait_until(lock, until.at(), [&] { return done; }))
+  Result<T> Wait(Deadline until) EXCLUDES(mu) {
+    MutexLock lock(&mu);
+    if (!cv.WaitUntil(&mu, until.at(), [&]() REQUIRES(mu) { return done; }))
       return Status(Code::kDeadlineExceeded, "the peer did not answer in time");
     return result;
   }
