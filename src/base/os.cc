@@ -47,6 +47,10 @@ class RealEnv final : public Env {
     return ::mmap(addr, bytes, prot, flags, fd, offset);
   }
   int Munmap(void* addr, size_t bytes) override { return ::munmap(addr, bytes); }
+  int ShmOpen(const char* name, int oflag, mode_t mode) override {
+    return ::shm_open(name, oflag, mode);
+  }
+  int ShmUnlink(const char* name) override { return ::shm_unlink(name); }
   int PidfdOpen(pid_t pid, unsigned flags) override {
     return static_cast<int>(::syscall(SYS_pidfd_open, pid, flags));
   }

@@ -57,6 +57,9 @@ class Env {
   virtual int Ftruncate(int fd, off_t bytes) = 0;
   virtual void* Mmap(void* addr, size_t bytes, int prot, int flags, int fd, off_t offset) = 0;
   virtual int Munmap(void* addr, size_t bytes) = 0;
+  // POSIX shared memory objects (shm_open / shm_unlink).
+  virtual int ShmOpen(const char* name, int oflag, mode_t mode) = 0;
+  virtual int ShmUnlink(const char* name) = 0;
 
   // Other processes' descriptors (pidfd_open / pidfd_getfd).
   virtual int PidfdOpen(pid_t pid, unsigned flags) = 0;
@@ -110,6 +113,10 @@ class EnvWrapper : public Env {
     return target_->Mmap(addr, bytes, prot, flags, fd, offset);
   }
   int Munmap(void* addr, size_t bytes) override { return target_->Munmap(addr, bytes); }
+  int ShmOpen(const char* name, int oflag, mode_t mode) override {
+    return target_->ShmOpen(name, oflag, mode);
+  }
+  int ShmUnlink(const char* name) override { return target_->ShmUnlink(name); }
   int PidfdOpen(pid_t pid, unsigned flags) override { return target_->PidfdOpen(pid, flags); }
   int PidfdGetfd(int pidfd, int target_fd, unsigned flags) override {
     return target_->PidfdGetfd(pidfd, target_fd, flags);

@@ -1,9 +1,12 @@
 #include "base/os.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <string>
 
 #include "base/deadline.h"
 #include "testing/fault_env.h"
@@ -41,6 +44,20 @@ TEST(OsEnv, WrapperForwardsWhatItDoesNotOverride) {
   EXPECT_EQ(Env::Current()->Socket(AF_UNIX, SOCK_SEQPACKET, 0), -1);
   EXPECT_EQ(errno, EMFILE);
   EXPECT_EQ(env.calls(FaultEnv::kSocket), 1);
+}
+
+TEST(OsEnv, SharedMemoryObjectsGoThroughTheSeam) {
+  FaultEnv env;
+  ScopedEnv scope(&env);
+  const std::string name = "/ferry-os-test-" + std::to_string(getpid());
+  const int fd = Env::Current()->ShmOpen(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(Env::Current()->ShmOpen(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600), -1);
+  EXPECT_EQ(errno, EEXIST);
+  EXPECT_EQ(Env::Current()->Close(fd), 0);
+  EXPECT_EQ(Env::Current()->ShmUnlink(name.c_str()), 0);
+  EXPECT_EQ(Env::Current()->ShmUnlink(name.c_str()), -1);
+  EXPECT_EQ(errno, ENOENT);
 }
 
 TEST(OsEnv, ErrnoMapsToTheCodeTheCallerActsOn) {

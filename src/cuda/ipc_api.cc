@@ -40,7 +40,7 @@ class RuntimeIpcApi final : public IpcApi {
     std::vector<VmmPiece> mine = pieces;
     for (size_t i = 0; i < fds.size(); ++i) mine[i].fd = fds[i];
     auto mapped = VmmMapPieces(mine, device);
-    for (int fd : fds) close(fd);
+    for (int fd : fds) (void)os::Env::Current()->Close(fd);
     return mapped;
   }
   Status CloseVmm(void* mapped_base, uint64_t size) override { return VmmUnmap(mapped_base, size); }

@@ -48,20 +48,21 @@ Result<std::shared_ptr<LeaseTable>> LeaseTable::Create() {
   std::random_device rd;
   char name[96];
   snprintf(name, sizeof(name), "/ferry-ipc-%d-%08x%08x", static_cast<int>(getpid()), rd(), rd());
-  int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+  os::Env* env = os::Env::Current();
+  int fd = env->ShmOpen(name, O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0) return os::ErrnoStatus(Code::kUnavailable, std::string("shm_open ") + name, errno);
-  if (ftruncate(fd, sizeof(Layout)) != 0) {
+  if (env->Ftruncate(fd, sizeof(Layout)) != 0) {
     Status s = os::ErrnoStatus(Code::kUnavailable, "ftruncate lease table", errno);
-    close(fd);
-    shm_unlink(name);
+    env->Close(fd);
+    env->ShmUnlink(name);
     return s;
   }
-  void* p = mmap(nullptr, sizeof(Layout), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
+  void* p = env->Mmap(nullptr, sizeof(Layout), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int mmap_errno = errno;
+  env->Close(fd);
   if (p == MAP_FAILED) {
-    Status s = os::ErrnoStatus(Code::kUnavailable, "mmap lease table", errno);
-    shm_unlink(name);
-    return s;
+    env->ShmUnlink(name);
+    return os::ErrnoStatus(Code::kUnavailable, "mmap lease table", mmap_errno);
   }
   auto* layout = static_cast<Layout*>(p);  // zero-filled by ftruncate
   layout->slots = kSlots;
@@ -71,49 +72,55 @@ Result<std::shared_ptr<LeaseTable>> LeaseTable::Create() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   layout->magic = Layout::kMagic;
   std::shared_ptr<LeaseTable> table(new LeaseTable(name, layout, true));
-  table->retired_.assign(kSlots, 0);
+  {
+    MutexLock lock(&table->mu_);  // not shared yet; the lock keeps the analysis whole
+    table->retired_.assign(kSlots, 0);
+  }
   return table;
 }
 
 Result<std::shared_ptr<LeaseTable>> LeaseTable::Open(const std::string& name) {
   if (name.empty() || name[0] != '/' || name.find('/', 1) != std::string::npos)
     return Status(Code::kInvalidArgument, "bad lease table name '" + name + "'");
-  int fd = shm_open(name.c_str(), O_RDWR, 0);
+  os::Env* env = os::Env::Current();
+  int fd = env->ShmOpen(name.c_str(), O_RDWR, 0);
   if (fd < 0) return os::ErrnoStatus(Code::kUnavailable, "opening lease table " + name + " (is the peer gone?)", errno);
   struct stat st {};
   if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) != sizeof(Layout)) {
-    close(fd);
+    env->Close(fd);
     return Status(Code::kInvalidArgument, "lease table " + name + " has the wrong size");
   }
-  void* p = mmap(nullptr, sizeof(Layout), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) return os::ErrnoStatus(Code::kUnavailable, "mmap lease table " + name, errno);
+  void* p = env->Mmap(nullptr, sizeof(Layout), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int mmap_errno = errno;
+  env->Close(fd);
+  if (p == MAP_FAILED) return os::ErrnoStatus(Code::kUnavailable, "mmap lease table " + name, mmap_errno);
   auto* layout = static_cast<Layout*>(p);
   if (layout->magic != Layout::kMagic || layout->version != Layout::kVersion || layout->slots != kSlots ||
       layout->rows != kRows) {
-    munmap(p, sizeof(Layout));
+    env->Munmap(p, sizeof(Layout));
     return Status(Code::kInvalidArgument, "lease table " + name + " is not of this ferry version");
   }
   return std::shared_ptr<LeaseTable>(new LeaseTable(name, layout, false));
 }
 
 LeaseTable::~LeaseTable() {
-  munmap(layout_, sizeof(Layout));
-  if (owner_) shm_unlink(name_.c_str());
+  os::Env* env = os::Env::Current();
+  env->Munmap(layout_, sizeof(Layout));
+  if (owner_) env->ShmUnlink(name_.c_str());
 }
 
 bool LeaseTable::OwnerAlive() const { return ProcessAlive(layout_->owner_pid); }
 
 void LeaseTable::UnlinkIfOwnerDead() {
   if (owner_ || OwnerAlive()) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!unlinked_) shm_unlink(name_.c_str());
+  MutexLock lock(&mu_);
+  if (!unlinked_) os::Env::Current()->ShmUnlink(name_.c_str());
   unlinked_ = true;
 }
 
 Result<uint32_t> LeaseTable::Publish(uint64_t region) {
   if (region == 0) return Status(Code::kInvalidArgument, "region id 0 cannot be published");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (uint32_t s = 0; s < kSlots; ++s) {
     if (retired_[s] || layout_->slot_region[s].load() != 0) continue;
     layout_->slot_region[s].store(region);
@@ -134,7 +141,7 @@ Status LeaseTable::Revoke(uint32_t slot, Deadline deadline) {
     }
     if (!busy) return Status::Ok();
     if (deadline.expired()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       retired_[slot] = 1;
       return Status(Code::kDeadlineExceeded, "a peer process still copies into the region");
     }

@@ -21,11 +21,11 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "base/deadline.h"
+#include "base/mutex.h"
 #include "ferry/status.h"
 
 namespace ferry::internal::cuda_ipc {
@@ -46,13 +46,13 @@ class LeaseTable {
   // Whether the process that created the table still runs.
   bool OwnerAlive() const;
   // A peer's view: removes the table's name once its owner died (a killed owner cannot).
-  void UnlinkIfOwnerDead();
+  void UnlinkIfOwnerDead() EXCLUDES(mu_);
 
   // Owner: publishes `region` (never 0) in a free slot; kResourceExhausted when none is left.
-  Result<uint32_t> Publish(uint64_t region);
+  Result<uint32_t> Publish(uint64_t region) EXCLUDES(mu_);
   // Owner: withdraws the slot, then waits until no live peer holds a lease on it, or
   // `deadline` (kDeadlineExceeded; the slot is then never reused).
-  Status Revoke(uint32_t slot, Deadline deadline);
+  Status Revoke(uint32_t slot, Deadline deadline) EXCLUDES(mu_);
 
   // Peer: a row for this process (kResourceExhausted when every row is taken by a live one).
   Result<uint32_t> ClaimRow();
@@ -70,9 +70,9 @@ class LeaseTable {
   const std::string name_;
   Layout* const layout_;  // mapped shared memory
   const bool owner_;
-  std::mutex mu_;
-  std::vector<uint8_t> retired_;  // GUARDED_BY(mu_): owner only; slots never to be reused
-  bool unlinked_ = false;         // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::vector<uint8_t> retired_ GUARDED_BY(mu_);  // owner only: slots never to be reused
+  bool unlinked_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ferry::internal::cuda_ipc
