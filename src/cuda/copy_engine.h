@@ -10,6 +10,10 @@
 //
 // Thread safety: every method may be called from any thread. Callbacks run on the thread that
 // observes completion, with no lock of the engine held; they may Post() again.
+//
+// Invariant of Completion::done_ (read without a lock): it goes false -> true once, after the
+// batch's status was stored under the completion's mutex (release / acquire), and on_done runs
+// once, on the thread that finished the batch.
 #pragma once
 
 #include <atomic>

@@ -15,6 +15,14 @@
 // receiver costs the sender no syscall; otherwise it sets each ring's `waiting` word before it
 // sleeps and the sender wakes it through the socket (kWake).
 //
+// Invariants of the fields read without a lock:
+//  - Conn::failed_ goes false -> true once (the first Fail() wins); the failure is set under
+//    the connection's mutex just after, and a reader that finds it not set yet reports
+//    kUnavailable.
+//  - Conn::ring_ptr_ is null until SetRing stores ring_.get() (release, under the mutex), and
+//    never changes after: the ring lives as long as its connection.
+//  - Core::stopping_ goes false -> true once; rejected_ and poll_calls_ are counters.
+//
 // Thread safety: every public method may be called from any thread.
 #pragma once
 

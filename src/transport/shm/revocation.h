@@ -5,6 +5,13 @@
 // registered, even when it has not read the revocation message yet (e.g. it was stopped and
 // just resumed). Generations are never reused, so a slot may serve a new region at once.
 //
+// Invariants (the words are read lock-free, by other processes):
+//  - only the target writes a word, under its mutex: a fresh generation when the slot is
+//    published, 0 when it is revoked; a slot is on the free list exactly while its word is 0.
+//  - generations only grow, so a (slot, generation) pair that a peer reads back equal names
+//    the region it mapped; a revoked or reused slot never matches it again.
+//  - stores are release, loads acquire; peers map the file read-only.
+//
 // Thread safety: every method may be called from any thread.
 #pragma once
 
