@@ -25,12 +25,12 @@ struct Calls {
 
   std::function<void(const Status&)> Fn() {
     return [this](const Status& s) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        ++count;
-        last = s;
-        thread = std::this_thread::get_id();
-      }
+      // Notifies under the lock: a waiter that sees the count may destroy this Calls (a test's
+      // local) as soon as it returns, so nothing here may touch it after the unlock.
+      std::lock_guard<std::mutex> lock(mu);
+      ++count;
+      last = s;
+      thread = std::this_thread::get_id();
       cv.notify_all();
     };
   }
