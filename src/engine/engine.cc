@@ -84,11 +84,11 @@ Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& opti
   core->inbox_ = std::make_shared<Inbox>(options.max_pending_notifications, options.max_notification_bytes,
                                          options.max_pending_notification_bytes);
 
+  core->copy_engines_ = std::make_shared<cuda::CopyEngines>();
   FERRY_ASSIGN_OR_RETURN(core->completions_, Completions::Create());
   // The transports carry a topic frame beside each notification.
   core->transport_options_ = core->options_;
   core->transport_options_.max_notification_bytes += kNotifyFrameOverhead;
-  core->copy_engines_ = std::make_shared<cuda::CopyEngines>();
   TransportContext ctx{core->options_.key, &core->transport_options_, core->inbox_, core->copy_engines_};
   std::map<std::string, Status, std::less<>> unusable;  // why each transport asked for failed
   for (const TransportEntry& entry : entries) {
