@@ -1,11 +1,16 @@
-// Helpers of the service tests: a small synthetic model, a server on a temporary socket, and
-// checks of output rows against the synthetic pattern at independently computed row ids.
+// Helpers of the service tests: a small synthetic model, a server on a temporary socket (and a
+// fixture holding one), clients and raw registrations of that model, and checks of output rows
+// against the synthetic pattern at independently computed row ids.
+//
+// Thread safety: plain functions; a RawRank, like the fixture, belongs to one test thread.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -116,8 +121,9 @@ inline void WriteInputs(Client& c, const StepData& s) {
   CopyInts(c.ngram_context().data(), s.ctx);
 }
 
-// Checks every byte of the slot's first num_tokens rows against SyntheticRow at the row ids.
-inline void ExpectRows(Client& c, size_t slot, const StepData& s) {
+// Checks every byte of the first num_tokens rows at `got` (the output of layer slot `slot`)
+// against SyntheticRow at the row ids.
+inline void ExpectRowsAt(const uint8_t* got, size_t slot, const StepData& s) {
   Result<Layout> layout = Layout::Create(SmallConfig(static_cast<int>(kLayers[slot])));
   ASSERT_TRUE(layout.ok());
   StepInput in{s.tokens, s.qsl, s.ctx};
@@ -126,7 +132,6 @@ inline void ExpectRows(Client& c, size_t slot, const StepData& s) {
   ASSERT_TRUE(ComputeRowIds(*layout, in, ids).ok());
   const uint64_t row_bytes = kTokenBytes / G;
   std::vector<uint8_t> want(row_bytes);
-  const uint8_t* got = c.output(slot).data();
   for (size_t t = 0; t < s.tokens.size(); ++t) {
     for (int h = 0; h < G; ++h) {
       uint64_t id = ids[t * G + h];
@@ -138,6 +143,91 @@ inline void ExpectRows(Client& c, size_t slot, const StepData& s) {
           << "slot " << slot << " token " << t << " head " << h;
     }
   }
+}
+
+// The same for a host-mode client's output of `slot`.
+inline void ExpectRows(Client& c, size_t slot, const StepData& s) {
+  ExpectRowsAt(c.output(slot).data(), slot, s);
+}
+
+// A server of the small model; null (and a test failure) when it does not start.
+inline std::unique_ptr<Server> StartServer(const ServerOptions& o) {
+  Result<std::unique_ptr<Server>> s = Server::Create(o, SmallLayers());
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? std::move(s).value() : nullptr;
+}
+
+// A host-mode client of the small model; null (and a test failure) when it does not register.
+inline std::unique_ptr<Client> MakeClient(const std::string& path, uint32_t dp, uint32_t tp,
+                                          uint32_t tp_size) {
+  Result<std::unique_ptr<Client>> c = Client::Create(SmallClientOptions(path, dp, tp, tp_size));
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+// One forward of every rank of a host-mode group: rank 0 writes the inputs, every rank
+// prepares, waits for and checks each layer's rows, then every rank releases.
+inline void Forward(const std::vector<Client*>& ranks, const StepData& s) {
+  WriteInputs(*ranks[0], s);
+  for (Client* c : ranks)
+    ASSERT_TRUE(c->PrepareForward(s.qsl.size() - 1, s.tokens.size(), false).ok());
+  for (Client* c : ranks) {
+    for (size_t slot = 0; slot < c->slots(); ++slot) {
+      Status w = c->Wait(slot);
+      ASSERT_TRUE(w.ok()) << w.ToString();
+      ExpectRows(*c, slot, s);
+    }
+  }
+  for (Client* c : ranks) ASSERT_TRUE(c->ReleaseOutputs().ok());
+}
+
+// A fixture: a server of the small model on a socket named after the test.
+class SmallServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = TempSocketPath(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    server_ = StartServer(SmallServerOptions(path_));
+    ASSERT_TRUE(server_);
+  }
+  std::unique_ptr<Client> MakeClient(uint32_t dp, uint32_t tp, uint32_t tp_size) {
+    return testing::MakeClient(path_, dp, tp, tp_size);
+  }
+
+  std::string path_;
+  std::unique_ptr<Server> server_;
+};
+
+// A connection to the service at `path` (5 s at the most).
+inline Result<UniqueFd> ConnectTo(const std::string& path) {
+  return Connect(path, Deadline::After(std::chrono::seconds(5)));
+}
+
+// The next message on `fd`, decoded.
+inline Result<AnyMessage> NextMessage(int fd,
+                                      std::chrono::milliseconds wait = std::chrono::seconds(5)) {
+  Result<Message> m = Receive(fd, Deadline::After(wait));
+  if (!m.ok()) return m.status();
+  return Decode(m->bytes);
+}
+
+// The registration of host-mode rank `tp` of `tp_size` in data-parallel group `dp`, as a client
+// of SmallClientOptions sends it: the three layers' outputs one after the other in the outputs
+// memfd, then their flags 64 bytes apart; rank 0 brings the inputs.
+inline Register SmallRegister(uint32_t dp, uint32_t tp, uint32_t tp_size) {
+  Register reg;
+  reg.dp_rank = dp;
+  reg.tp_rank = tp;
+  reg.tp_size = tp_size;
+  reg.max_tokens = 512;
+  reg.max_reqs = 64;
+  reg.context_len = 2;
+  reg.token_bytes = kTokenBytes;
+  for (size_t i = 0; i < kLayers.size(); ++i)
+    reg.layers.push_back(
+        {kLayers[i], i * 512 * kTokenBytes, kLayers.size() * 512 * kTokenBytes + 64 * i, "", ""});
+  reg.has_inputs = tp == 0;
+  if (reg.has_inputs) reg.inputs = {0, 2048, 2560};
+  return reg;
 }
 
 // Tensor-parallel rank 0 of a group of one over a raw connection (host mode), for tests that
@@ -160,9 +250,7 @@ struct RawRank {
   }
   // The next message from the service.
   Result<AnyMessage> Next(std::chrono::milliseconds wait = std::chrono::seconds(5)) {
-    Result<Message> m = Receive(fd.get(), Deadline::After(wait));
-    if (!m.ok()) return m.status();
-    return Decode(m->bytes);
+    return NextMessage(fd.get(), wait);
   }
   // The next message, which must be a Reply.
   Reply NextReply() {
@@ -181,22 +269,12 @@ inline std::unique_ptr<RawRank> RegisterRaw(const std::string& path, uint32_t dp
   if (!out.ok() || !in.ok()) return nullptr;
   r->out = std::move(out).value();
   r->in = std::move(in).value();
-  Register& reg = r->reg;
-  reg.dp_rank = dp;
-  reg.max_tokens = 512;
-  reg.max_reqs = 64;
-  reg.context_len = 2;
-  reg.token_bytes = kTokenBytes;
-  for (size_t i = 0; i < 3; ++i)
-    reg.layers.push_back(
-        {kLayers[i], i * 512 * kTokenBytes, 3 * 512 * kTokenBytes + 64 * i, "", ""});
-  reg.has_inputs = true;
-  reg.inputs = {0, 2048, 2560};
-  Result<UniqueFd> fd = Connect(path, Deadline::After(std::chrono::seconds(5)));
+  r->reg = SmallRegister(dp, 0, 1);
+  Result<UniqueFd> fd = ConnectTo(path);
   if (!fd.ok()) return nullptr;
   r->fd = std::move(fd).value();
   int fds[] = {r->out->fd(), r->in->fd()};
-  if (!Send(r->fd.get(), Encode(reg), fds).ok()) return nullptr;
+  if (!Send(r->fd.get(), Encode(r->reg), fds).ok()) return nullptr;
   Result<AnyMessage> m = r->Next();
   if (!m.ok() || !std::holds_alternative<Registered>(*m) || !std::get<Registered>(*m).status.ok())
     return nullptr;

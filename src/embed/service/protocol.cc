@@ -1,16 +1,22 @@
 #include "embed/service/protocol.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include "base/codec.h"
 
 namespace ferry::embed::service {
 namespace {
 
-void Header(codec::Writer& w, uint32_t fields, MessageType type) {
+// One message, [version, type, fields...]: `put` writes its `fields` fields.
+template <typename Fields>
+std::string EncodeMessage(MessageType type, uint32_t fields, Fields&& put) {
+  codec::Writer w;
   w.Array(2 + fields);
   w.UInt(kEmbedProtocolVersion);
   w.UInt(static_cast<uint64_t>(type));
+  put(w);
+  return w.Take();
 }
 
 void PutStatus(codec::Writer& w, const Status& s) {
@@ -46,8 +52,8 @@ Status GetStatus(codec::ArrayReader& r, Status* out) {
   return Status::Ok();
 }
 
-Result<AnyMessage> DecodeRegister(codec::ArrayReader& r) {
-  Register m;
+// The fields of each message type, into m.
+Status DecodeFields(codec::ArrayReader& r, Register& m) {
   FERRY_ASSIGN_OR_RETURN(uint64_t dp, Bounded(r, "dp_rank", 0, kMaxDpRanks - 1));
   FERRY_ASSIGN_OR_RETURN(uint64_t tp_size, Bounded(r, "tp_size", 1, kMaxTpSize));
   FERRY_ASSIGN_OR_RETURN(uint64_t tp, Bounded(r, "tp_rank", 0, tp_size - 1));
@@ -87,13 +93,35 @@ Result<AnyMessage> DecodeRegister(codec::ArrayReader& r) {
   FERRY_ASSIGN_OR_RETURN(m.inputs.ids, Aligned(r, "inputs.ids"));
   FERRY_ASSIGN_OR_RETURN(m.inputs.query_start_loc, Aligned(r, "inputs.query_start_loc"));
   FERRY_ASSIGN_OR_RETURN(m.inputs.ngram_context, Aligned(r, "inputs.ngram_context"));
-  return AnyMessage(std::move(m));
+  return Status::Ok();
+}
+
+Status DecodeFields(codec::ArrayReader& r, Registered& m) { return GetStatus(r, &m.status); }
+
+Status DecodeFields(codec::ArrayReader& r, Request& m) {
+  FERRY_ASSIGN_OR_RETURN(m.seq, r.UInt("seq"));
+  FERRY_ASSIGN_OR_RETURN(uint64_t dp, Bounded(r, "dp_rank", 0, kMaxDpRanks - 1));
+  m.dp_rank = static_cast<uint32_t>(dp);
+  FERRY_ASSIGN_OR_RETURN(uint64_t t, Bounded(r, "num_tokens", 0, kMaxTokens));
+  FERRY_ASSIGN_OR_RETURN(uint64_t q, Bounded(r, "num_reqs", 0, kMaxRequests));
+  m.num_tokens = static_cast<uint32_t>(t);
+  m.num_reqs = static_cast<uint32_t>(q);
+  return Status::Ok();
+}
+
+Status DecodeFields(codec::ArrayReader& r, Reply& m) {
+  FERRY_ASSIGN_OR_RETURN(m.seq, r.UInt("seq"));
+  return GetStatus(r, &m.status);
+}
+
+Status DecodeFields(codec::ArrayReader& r, StatsRequest& m) {
+  FERRY_ASSIGN_OR_RETURN(m.reset, r.Bool("reset"));
+  return Status::Ok();
 }
 
 constexpr uint32_t kBucketFields = 4 + 3 * kPhaseCount;
 
-Result<AnyMessage> DecodeStats(codec::ArrayReader& r) {
-  Stats m;
+Status DecodeFields(codec::ArrayReader& r, Stats& m) {
   ServerStats& s = m.stats;
   FERRY_ASSIGN_OR_RETURN(s.registrations, r.UInt("registrations"));
   FERRY_ASSIGN_OR_RETURN(s.live_clients, r.UInt("live_clients"));
@@ -118,8 +146,22 @@ Result<AnyMessage> DecodeStats(codec::ArrayReader& r) {
     }
     s.buckets.push_back(out);
   }
+  return Status::Ok();
+}
+
+template <typename M>
+Result<AnyMessage> DecodeAs(codec::ArrayReader& r) {
+  M m;
+  FERRY_RETURN_IF_ERROR(DecodeFields(r, m));
   return AnyMessage(std::move(m));
 }
+
+// The decoder of each MessageType, at its value - 1.
+using Decoder = Result<AnyMessage> (*)(codec::ArrayReader&);
+constexpr Decoder kDecoders[] = {DecodeAs<Register>, DecodeAs<Registered>,   DecodeAs<Request>,
+                                 DecodeAs<Reply>,    DecodeAs<StatsRequest>, DecodeAs<Stats>};
+static_assert(static_cast<size_t>(MessageType::kRegister) == 1 &&
+              static_cast<size_t>(MessageType::kStats) == std::size(kDecoders));
 
 // One msgpack non-negative integer at bytes[*pos] (any width, unsigned or signed, as the
 // decoder accepts), advancing *pos; nullopt for anything else.
@@ -161,89 +203,80 @@ std::optional<uint64_t> RequestSeqOf(std::string_view bytes) {
 }
 
 std::string Encode(const Register& m) {
-  codec::Writer w;
-  Header(w, 14, MessageType::kRegister);
-  w.UInt(m.dp_rank);
-  w.UInt(m.tp_size);
-  w.UInt(m.tp_rank);
-  w.UInt(static_cast<uint64_t>(m.mode));
-  w.Int(m.device);
-  w.UInt(m.max_tokens);
-  w.UInt(m.max_reqs);
-  w.UInt(m.context_len);
-  w.UInt(m.token_bytes);
-  w.Array(static_cast<uint32_t>(m.layers.size()));
-  for (const LayerOutput& l : m.layers) {
-    w.Array(5);
-    w.UInt(l.layer);
-    w.UInt(l.output_offset);
-    w.UInt(l.flag_offset);
-    w.Bin(l.output_ipc);
-    w.Bin(l.flag_ipc);
-  }
-  w.Bool(m.has_inputs);
-  w.UInt(m.inputs.ids);
-  w.UInt(m.inputs.query_start_loc);
-  w.UInt(m.inputs.ngram_context);
-  return w.Take();
+  return EncodeMessage(MessageType::kRegister, 14, [&](codec::Writer& w) {
+    w.UInt(m.dp_rank);
+    w.UInt(m.tp_size);
+    w.UInt(m.tp_rank);
+    w.UInt(static_cast<uint64_t>(m.mode));
+    w.Int(m.device);
+    w.UInt(m.max_tokens);
+    w.UInt(m.max_reqs);
+    w.UInt(m.context_len);
+    w.UInt(m.token_bytes);
+    w.Array(static_cast<uint32_t>(m.layers.size()));
+    for (const LayerOutput& l : m.layers) {
+      w.Array(5);
+      w.UInt(l.layer);
+      w.UInt(l.output_offset);
+      w.UInt(l.flag_offset);
+      w.Bin(l.output_ipc);
+      w.Bin(l.flag_ipc);
+    }
+    w.Bool(m.has_inputs);
+    w.UInt(m.inputs.ids);
+    w.UInt(m.inputs.query_start_loc);
+    w.UInt(m.inputs.ngram_context);
+  });
 }
 
 std::string Encode(const Registered& m) {
-  codec::Writer w;
-  Header(w, 2, MessageType::kRegistered);
-  PutStatus(w, m.status);
-  return w.Take();
+  return EncodeMessage(MessageType::kRegistered, 2,
+                       [&](codec::Writer& w) { PutStatus(w, m.status); });
 }
 
 std::string Encode(const Request& m) {
-  codec::Writer w;
-  Header(w, 4, MessageType::kRequest);
-  w.UInt(m.seq);
-  w.UInt(m.dp_rank);
-  w.UInt(m.num_tokens);
-  w.UInt(m.num_reqs);
-  return w.Take();
+  return EncodeMessage(MessageType::kRequest, 4, [&](codec::Writer& w) {
+    w.UInt(m.seq);
+    w.UInt(m.dp_rank);
+    w.UInt(m.num_tokens);
+    w.UInt(m.num_reqs);
+  });
 }
 
 std::string Encode(const Reply& m) {
-  codec::Writer w;
-  Header(w, 3, MessageType::kReply);
-  w.UInt(m.seq);
-  PutStatus(w, m.status);
-  return w.Take();
+  return EncodeMessage(MessageType::kReply, 3, [&](codec::Writer& w) {
+    w.UInt(m.seq);
+    PutStatus(w, m.status);
+  });
 }
 
 std::string Encode(const StatsRequest& m) {
-  codec::Writer w;
-  Header(w, 1, MessageType::kStatsRequest);
-  w.Bool(m.reset);
-  return w.Take();
+  return EncodeMessage(MessageType::kStatsRequest, 1, [&](codec::Writer& w) { w.Bool(m.reset); });
 }
 
 std::string Encode(const Stats& m) {
-  codec::Writer w;
   const ServerStats& s = m.stats;
-  Header(w, 5, MessageType::kStats);
-  w.UInt(s.registrations);
-  w.UInt(s.live_clients);
-  w.UInt(s.steps_ok);
-  w.UInt(s.steps_failed);
-  const size_t n = std::min(s.buckets.size(), kMaxStatBuckets);
-  w.Array(static_cast<uint32_t>(n));
-  for (size_t i = 0; i < n; ++i) {
-    const BucketStats& b = s.buckets[i];
-    w.Array(kBucketFields);
-    w.UInt(b.bucket);
-    w.UInt(b.cpu_steps);
-    w.UInt(b.uva_steps);
-    w.UInt(b.copies);
-    for (const PhaseSummary& p : b.phases) {
-      w.UInt(p.count);
-      w.UInt(p.sum_ns);
-      w.UInt(p.median_ns);
+  return EncodeMessage(MessageType::kStats, 5, [&](codec::Writer& w) {
+    w.UInt(s.registrations);
+    w.UInt(s.live_clients);
+    w.UInt(s.steps_ok);
+    w.UInt(s.steps_failed);
+    const size_t n = std::min(s.buckets.size(), kMaxStatBuckets);
+    w.Array(static_cast<uint32_t>(n));
+    for (size_t i = 0; i < n; ++i) {
+      const BucketStats& b = s.buckets[i];
+      w.Array(kBucketFields);
+      w.UInt(b.bucket);
+      w.UInt(b.cpu_steps);
+      w.UInt(b.uva_steps);
+      w.UInt(b.copies);
+      for (const PhaseSummary& p : b.phases) {
+        w.UInt(p.count);
+        w.UInt(p.sum_ns);
+        w.UInt(p.median_ns);
+      }
     }
-  }
-  return w.Take();
+  });
 }
 
 Result<AnyMessage> Decode(std::string_view bytes) {
@@ -260,47 +293,9 @@ Result<AnyMessage> Decode(std::string_view bytes) {
                                           ", this build speaks " +
                                           std::to_string(kEmbedProtocolVersion));
   FERRY_ASSIGN_OR_RETURN(uint64_t type, r.UInt("type"));
-  Result<AnyMessage> out = Bad("unknown message type " + std::to_string(type));
-  if (type > 0xff) return out;  // the cast below would keep only its low byte
-  switch (static_cast<MessageType>(type)) {
-    case MessageType::kRegister:
-      out = DecodeRegister(r);
-      break;
-    case MessageType::kRegistered: {
-      Registered m;
-      FERRY_RETURN_IF_ERROR(GetStatus(r, &m.status));
-      out = AnyMessage(std::move(m));
-      break;
-    }
-    case MessageType::kRequest: {
-      Request m;
-      FERRY_ASSIGN_OR_RETURN(m.seq, r.UInt("seq"));
-      FERRY_ASSIGN_OR_RETURN(uint64_t dp, Bounded(r, "dp_rank", 0, kMaxDpRanks - 1));
-      m.dp_rank = static_cast<uint32_t>(dp);
-      FERRY_ASSIGN_OR_RETURN(uint64_t t, Bounded(r, "num_tokens", 0, kMaxTokens));
-      FERRY_ASSIGN_OR_RETURN(uint64_t q, Bounded(r, "num_reqs", 0, kMaxRequests));
-      m.num_tokens = static_cast<uint32_t>(t);
-      m.num_reqs = static_cast<uint32_t>(q);
-      out = AnyMessage(m);
-      break;
-    }
-    case MessageType::kReply: {
-      Reply m;
-      FERRY_ASSIGN_OR_RETURN(m.seq, r.UInt("seq"));
-      FERRY_RETURN_IF_ERROR(GetStatus(r, &m.status));
-      out = AnyMessage(std::move(m));
-      break;
-    }
-    case MessageType::kStatsRequest: {
-      StatsRequest m;
-      FERRY_ASSIGN_OR_RETURN(m.reset, r.Bool("reset"));
-      out = AnyMessage(m);
-      break;
-    }
-    case MessageType::kStats:
-      out = DecodeStats(r);
-      break;
-  }
+  if (type < 1 || type > std::size(kDecoders))
+    return Bad("unknown message type " + std::to_string(type));
+  Result<AnyMessage> out = kDecoders[type - 1](r);
   if (out.ok() && !r.done()) return Bad("trailing fields");
   return out;
 }

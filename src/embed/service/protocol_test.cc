@@ -3,24 +3,15 @@
 #include <gtest/gtest.h>
 
 #include "base/codec.h"
+#include "testing/embed_service.h"
 
 namespace ferry::embed::service {
 namespace {
 
-Register SampleRegister() {
-  Register r;
-  r.dp_rank = 3;
-  r.tp_rank = 0;
-  r.tp_size = 2;
-  r.max_tokens = 512;
-  r.max_reqs = 64;
-  r.context_len = 2;
-  r.token_bytes = 5120;
-  r.layers = {{7, 0, 4096, "", ""}, {9, 8192, 4160, "", ""}};
-  r.has_inputs = true;
-  r.inputs = {0, 2048, 2560};
-  return r;
-}
+using testing::kTokenBytes;
+
+// Rank 0 of 2 in data-parallel group 3, with the inputs (embed_service.h).
+Register SampleRegister() { return testing::SmallRegister(3, 0, 2); }
 
 TEST(EmbedProtocol, RoundTripsEveryMessage) {
   Register r = SampleRegister();
@@ -30,10 +21,11 @@ TEST(EmbedProtocol, RoundTripsEveryMessage) {
   EXPECT_EQ(back.dp_rank, 3u);
   EXPECT_EQ(back.tp_size, 2u);
   EXPECT_EQ(back.max_tokens, 512u);
-  ASSERT_EQ(back.layers.size(), 2u);
-  EXPECT_EQ(back.layers[1].layer, 9u);
-  EXPECT_EQ(back.layers[1].output_offset, 8192u);
-  EXPECT_EQ(back.layers[1].flag_offset, 4160u);
+  EXPECT_EQ(back.token_bytes, kTokenBytes);
+  ASSERT_EQ(back.layers.size(), 3u);
+  EXPECT_EQ(back.layers[2].layer, 2u);
+  EXPECT_EQ(back.layers[2].output_offset, 2 * 512 * kTokenBytes);
+  EXPECT_EQ(back.layers[2].flag_offset, 3 * 512 * kTokenBytes + 128);
   EXPECT_EQ(back.inputs.ngram_context, 2560u);
 
   Result<AnyMessage> q = Decode(Encode(Request{42, 8192, 8, 3}));
@@ -89,10 +81,10 @@ TEST(EmbedProtocol, RejectsOutOfRangeFields) {
   r.has_inputs = false;  // rank 0 must bring the inputs
   EXPECT_EQ(Decode(Encode(r)).status().code(), Code::kInvalidArgument);
   r = SampleRegister();
-  r.layers[1].flag_offset = 4161;  // unaligned
+  r.layers[1].flag_offset += 1;  // unaligned
   EXPECT_EQ(Decode(Encode(r)).status().code(), Code::kInvalidArgument);
   r = SampleRegister();
-  r.layers[1].layer = 7;  // twice
+  r.layers[1].layer = r.layers[0].layer;  // twice
   EXPECT_EQ(Decode(Encode(r)).status().code(), Code::kInvalidArgument);
   r = SampleRegister();
   r.layers[0].output_ipc = std::string(64, 'x');  // host mode carries no IPC handle

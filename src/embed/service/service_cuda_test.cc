@@ -109,21 +109,7 @@ class EmbedServiceCudaTest : public ::testing::Test {
     std::vector<uint8_t> host(s.tokens.size() * kTokenBytes);
     ASSERT_TRUE(cuda::MemcpyAsync(host.data(), c.device_output(slot), host.size(), stream_).ok());
     ASSERT_TRUE(cuda::StreamSync(stream_, Deadline::After(std::chrono::seconds(10))).ok());
-    Result<Layout> layout = Layout::Create(SmallConfig(static_cast<int>(kLayers[slot])));
-    ASSERT_TRUE(layout.ok());
-    const int G = layout->num_heads();
-    std::vector<uint64_t> ids(s.tokens.size() * G);
-    ASSERT_TRUE(ComputeRowIds(*layout, StepInput{s.tokens, s.qsl, s.ctx}, ids).ok());
-    const uint64_t row_bytes = kTokenBytes / G;
-    std::vector<uint8_t> want(row_bytes);
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (ids[i] == kPaddingRow)
-        std::fill(want.begin(), want.end(), 0);
-      else
-        SyntheticRow(ids[i], row_bytes, want.data());
-      ASSERT_EQ(std::memcmp(host.data() + i * row_bytes, want.data(), row_bytes), 0)
-          << "slot " << slot << " row " << i;
-    }
+    ExpectRowsAt(host.data(), slot, s);
   }
   void Forward(std::vector<Client*> ranks, const StepData& s, const StepSources* sources) {
     if (sources == nullptr) WriteInputs(*ranks[0], s);
@@ -246,34 +232,34 @@ std::vector<StepData> UvaSteps() {
   return steps;
 }
 
-class EmbedServiceUvaAlwaysTest : public EmbedServiceCudaTest {
- protected:
-  std::vector<std::string> ExtraArgs() const override { return {"--uva", "always"}; }
+// A path forced on the service (--uva always or off) and the layer steps of the 512-token step
+// each path must have run (3 layers).
+struct ForcedPath {
+  const char* uva;
+  uint64_t cpu_steps, uva_steps;
 };
 
-TEST_F(EmbedServiceUvaAlwaysTest, KernelRowsEqualTheCpuPathsOnEveryRank) {
-  auto r0 = MakeClient(0, 2), r1 = MakeClient(1, 2);
-  ASSERT_TRUE(r0 && r1);
-  for (const StepData& s : UvaSteps()) Forward({r0.get(), r1.get()}, s, nullptr);
-  // Every layer step of the 512-token step ran the kernel (3 layers).
-  auto [cpu, uva] = PathCounts(path_, 512, 3);
-  EXPECT_EQ(cpu, 0u);
-  EXPECT_EQ(uva, 3u);
-}
-
-class EmbedServiceUvaOffTest : public EmbedServiceCudaTest {
+class EmbedServiceForcedPathTest : public EmbedServiceCudaTest,
+                                   public ::testing::WithParamInterface<ForcedPath> {
  protected:
-  std::vector<std::string> ExtraArgs() const override { return {"--uva", "off"}; }
+  std::vector<std::string> ExtraArgs() const override { return {"--uva", GetParam().uva}; }
 };
 
-TEST_F(EmbedServiceUvaOffTest, CpuPathOnly) {
+TEST_P(EmbedServiceForcedPathTest, RowsEqualTheCpuPathsOnEveryRank) {
   auto r0 = MakeClient(0, 2), r1 = MakeClient(1, 2);
   ASSERT_TRUE(r0 && r1);
   for (const StepData& s : UvaSteps()) Forward({r0.get(), r1.get()}, s, nullptr);
   auto [cpu, uva] = PathCounts(path_, 512, 3);
-  EXPECT_EQ(cpu, 3u);
-  EXPECT_EQ(uva, 0u);
+  EXPECT_EQ(cpu, GetParam().cpu_steps);
+  EXPECT_EQ(uva, GetParam().uva_steps);
 }
+
+// --uva always: every layer step ran the kernel; --uva off: the CPU path only.
+INSTANTIATE_TEST_SUITE_P(Uva, EmbedServiceForcedPathTest,
+                         ::testing::Values(ForcedPath{"always", 0, 3}, ForcedPath{"off", 3, 0}),
+                         [](const ::testing::TestParamInfo<ForcedPath>& p) {
+                           return std::string(p.param.uva);
+                         });
 
 class EmbedServiceUvaAutoTest : public EmbedServiceCudaTest {
  protected:

@@ -48,41 +48,31 @@ bool Eventually(Pred pred) {
   return pred();
 }
 
-std::unique_ptr<Server> Start(const std::string& path, ServerOptions o) {
-  auto s = Server::Create(o, SmallLayers());
-  EXPECT_TRUE(s.ok()) << s.status().ToString();
-  return s.ok() ? std::move(s).value() : nullptr;
-}
-
-// One forward of a group of one through the client library.
-void ForwardOne(Client& c, const StepData& s) {
-  WriteInputs(c, s);
-  ASSERT_TRUE(c.PrepareForward(s.qsl.size() - 1, s.tokens.size(), false).ok());
-  for (size_t slot = 0; slot < c.slots(); ++slot) {
-    Status w = c.Wait(slot);
-    ASSERT_TRUE(w.ok()) << w.ToString();
-    ExpectRows(c, slot, s);
+// `n` connections to the service that send nothing; empty (and a test failure) when one fails.
+std::vector<UniqueFd> ConnectIdle(const std::string& path, int n) {
+  std::vector<UniqueFd> idle;
+  for (int i = 0; i < n; ++i) {
+    Result<UniqueFd> fd = ConnectTo(path);
+    EXPECT_TRUE(fd.ok()) << fd.status().ToString();
+    if (!fd.ok()) return {};
+    idle.push_back(std::move(fd).value());
   }
-  ASSERT_TRUE(c.ReleaseOutputs().ok());
+  return idle;
 }
 
 // Issue 4: connections are served by the event loop; idle ones start no thread.
 TEST(EmbedServiceHostile, IdleConnectionsStartNoThreads) {
   std::string path = TempSocketPath("idle");
-  auto server = Start(path, SmallServerOptions(path));
+  auto server = StartServer(SmallServerOptions(path));
   ASSERT_TRUE(server);
   const int before = ThreadCount();
-  std::vector<UniqueFd> idle;
-  for (int i = 0; i < 80; ++i) {
-    Result<UniqueFd> fd = Connect(path, Deadline::After(std::chrono::seconds(5)));
-    ASSERT_TRUE(fd.ok());
-    idle.push_back(std::move(fd).value());
-  }
+  std::vector<UniqueFd> idle = ConnectIdle(path, 80);
+  ASSERT_EQ(idle.size(), 80u);
   ASSERT_TRUE(Eventually([&] { return server->memory().connections == 80; }));
   EXPECT_EQ(ThreadCount(), before);
-  auto c = Client::Create(SmallClientOptions(path, 0, 0, 1));
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  ForwardOne(**c, MakeStep(4, 128, 1));
+  auto c = MakeClient(path, 0, 0, 1);
+  ASSERT_TRUE(c);
+  Forward({c.get()}, MakeStep(4, 128, 1));
   idle.clear();
   EXPECT_TRUE(Eventually([&] { return server->memory().connections == 1; }));
 }
@@ -92,14 +82,10 @@ TEST(EmbedServiceHostile, ConnectionsPastTheLimitAreRefused) {
   std::string path = TempSocketPath("limit");
   ServerOptions o = SmallServerOptions(path);
   o.max_connections = 3;
-  auto server = Start(path, o);
+  auto server = StartServer(o);
   ASSERT_TRUE(server);
-  std::vector<UniqueFd> idle;
-  for (int i = 0; i < 3; ++i) {
-    Result<UniqueFd> fd = Connect(path, Deadline::After(std::chrono::seconds(5)));
-    ASSERT_TRUE(fd.ok());
-    idle.push_back(std::move(fd).value());
-  }
+  std::vector<UniqueFd> idle = ConnectIdle(path, 3);
+  ASSERT_EQ(idle.size(), 3u);
   ASSERT_TRUE(Eventually([&] { return server->memory().connections == 3; }));
   auto refused = Client::Create(SmallClientOptions(path, 0, 0, 1));
   EXPECT_EQ(refused.status().code(), Code::kResourceExhausted) << refused.status().ToString();
@@ -108,9 +94,9 @@ TEST(EmbedServiceHostile, ConnectionsPastTheLimitAreRefused) {
   EXPECT_EQ(stats.status().code(), Code::kResourceExhausted) << stats.status().ToString();
   idle.pop_back();
   ASSERT_TRUE(Eventually([&] { return server->memory().connections == 2; }));
-  auto c = Client::Create(SmallClientOptions(path, 0, 0, 1));
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  ForwardOne(**c, MakeStep(2, 32, 2));
+  auto c = MakeClient(path, 0, 0, 1);
+  ASSERT_TRUE(c);
+  Forward({c.get()}, MakeStep(2, 32, 2));
 }
 
 // Issue 11: a thread that cannot start is kResourceExhausted (it used to be std::terminate).
@@ -120,15 +106,15 @@ TEST(EmbedServiceHostile, ThreadsThatCannotStartAreResourceExhausted) {
   auto failed = Server::Create(SmallServerOptions(path), SmallLayers());
   EXPECT_EQ(failed.status().code(), Code::kResourceExhausted) << failed.status().ToString();
   EXPECT_NE(::access(path.c_str(), F_OK), 0);  // no socket left behind
-  auto server = Start(path, SmallServerOptions(path));
+  auto server = StartServer(SmallServerOptions(path));
   ASSERT_TRUE(server);
   FailThreadStartsForTesting(1);  // the group's worker (the client's reader starts later)
   auto refused = Client::Create(SmallClientOptions(path, 0, 0, 1));
   EXPECT_EQ(refused.status().code(), Code::kResourceExhausted) << refused.status().ToString();
   EXPECT_EQ(server->memory().groups, 0u);
-  auto c = Client::Create(SmallClientOptions(path, 0, 0, 1));
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  ForwardOne(**c, MakeStep(2, 32, 3));
+  auto c = MakeClient(path, 0, 0, 1);
+  ASSERT_TRUE(c);
+  Forward({c.get()}, MakeStep(2, 32, 3));
 }
 
 // Issue 5: a host-mode group has no staging, whatever capacity it claims, and a group whose
@@ -136,7 +122,7 @@ TEST(EmbedServiceHostile, ThreadsThatCannotStartAreResourceExhausted) {
 // good.
 TEST(EmbedServiceHostile, HostGroupsHoldNoStagingAndLeaveNothing) {
   std::string path = TempSocketPath("staging");
-  auto server = Start(path, SmallServerOptions(path));
+  auto server = StartServer(SmallServerOptions(path));
   ASSERT_TRUE(server);
   const uint64_t rss = ResidentBytes();
   for (uint32_t dp = 0; dp < 2; ++dp) {
@@ -147,8 +133,8 @@ TEST(EmbedServiceHostile, HostGroupsHoldNoStagingAndLeaveNothing) {
     StepData empty;
     empty.qsl = {0, 0};
     empty.ctx = {1, 2};
-    ForwardOne(**c, empty);
-    ForwardOne(**c, MakeStep(4, 256, 4));
+    Forward({c->get()}, empty);
+    Forward({c->get()}, MakeStep(4, 256, 4));
     EXPECT_EQ(server->memory().groups, 1u);
     EXPECT_EQ(server->memory().staging_bytes, 0u);
   }
@@ -179,15 +165,14 @@ TEST(EmbedServiceHostile, StagingIsSizedByNeed) {
 // and stay open until the next client came).
 TEST(EmbedServiceHostile, EmptyDatagramIsAnsweredAndClosed) {
   std::string path = TempSocketPath("empty");
-  auto server = Start(path, SmallServerOptions(path));
+  auto server = StartServer(SmallServerOptions(path));
   ASSERT_TRUE(server);
-  Result<UniqueFd> fd = Connect(path, Deadline::After(std::chrono::seconds(5)));
+  Result<UniqueFd> fd = ConnectTo(path);
   ASSERT_TRUE(fd.ok());
   ASSERT_EQ(::send(fd->get(), "", 0, MSG_NOSIGNAL), 0);
-  Result<Message> m = Receive(fd->get(), Deadline::After(std::chrono::seconds(2)));
-  ASSERT_TRUE(m.ok()) << m.status().ToString();
-  Result<AnyMessage> d = Decode(m->bytes);
-  ASSERT_TRUE(d.ok() && std::holds_alternative<Registered>(*d));
+  Result<AnyMessage> d = NextMessage(fd->get(), std::chrono::seconds(2));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_TRUE(std::holds_alternative<Registered>(*d));
   EXPECT_EQ(std::get<Registered>(*d).status.code(), Code::kInvalidArgument);
   EXPECT_EQ(Receive(fd->get(), Deadline::After(std::chrono::seconds(2))).status().code(),
             Code::kUnavailable);
@@ -206,7 +191,7 @@ TEST(EmbedServiceHostile, EmptyDatagramIsAnsweredAndClosed) {
 // goes on.
 TEST(EmbedServiceHostile, BadRequestsFailUnderTheirSeq) {
   std::string path = TempSocketPath("seq");
-  auto server = Start(path, SmallServerOptions(path));
+  auto server = StartServer(SmallServerOptions(path));
   ASSERT_TRUE(server);
   std::unique_ptr<RawRank> r = RegisterRaw(path, 0);
   ASSERT_TRUE(r);
@@ -262,14 +247,14 @@ TEST(EmbedServiceHostile, ListenReplacesOnlyStaleSockets) {
     ::close(fd);
   }
   EXPECT_EQ(ProbeSocketPath(path).value(), PathState::kStale);
-  auto first = Start(path, SmallServerOptions(path));
+  auto first = StartServer(SmallServerOptions(path));
   ASSERT_TRUE(first);
   EXPECT_EQ(ProbeSocketPath(path).value(), PathState::kLive);
   auto second = Server::Create(SmallServerOptions(path), SmallLayers());
   EXPECT_EQ(second.status().code(), Code::kAlreadyExists) << second.status().ToString();
   auto c = Client::Create(SmallClientOptions(path, 0, 0, 1));  // the first still serves
   ASSERT_TRUE(c.ok()) << c.status().ToString();
-  ForwardOne(**c, MakeStep(2, 32, 6));
+  Forward({c->get()}, MakeStep(2, 32, 6));
   EXPECT_EQ(CheckListenPath("/nonexistent-ferry-folder/x.sock").code(), Code::kNotFound);
   EXPECT_EQ(CheckListenPath("/tmp").code(), Code::kFailedPrecondition);
   EXPECT_EQ(CheckListenPath(path).code(), Code::kAlreadyExists);  // the first one accepts

@@ -18,32 +18,13 @@ using namespace testing;
 
 const PhaseSummary& Of(const BucketStats& b, Phase p) { return b.phases[static_cast<size_t>(p)]; }
 
-class EmbedServiceStatsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    path_ = TempSocketPath(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    auto s = Server::Create(SmallServerOptions(path_), SmallLayers());
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    server_ = std::move(s).value();
-  }
-  void Forward(Client& c, const StepData& s) {
-    WriteInputs(c, s);
-    ASSERT_TRUE(c.PrepareForward(s.qsl.size() - 1, s.tokens.size(), false).ok());
-    for (size_t slot = 0; slot < c.slots(); ++slot) {
-      ASSERT_TRUE(c.Wait(slot).ok());
-      ExpectRows(c, slot, s);
-    }
-    ASSERT_TRUE(c.ReleaseOutputs().ok());
-  }
-  std::string path_;
-  std::unique_ptr<Server> server_;
-};
+using EmbedServiceStatsTest = SmallServiceTest;
 
 TEST_F(EmbedServiceStatsTest, PhasesPerBucketAndLayer) {
-  auto c = Client::Create(SmallClientOptions(path_, 0, 0, 1));
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  for (uint32_t i = 0; i < 4; ++i) Forward(**c, MakeStep(4, 300, i));  // bucket 256
-  Forward(**c, MakeStep(8, 64, 9));                                    // bucket 64
+  auto c = MakeClient(0, 0, 1);
+  ASSERT_TRUE(c);
+  for (uint32_t i = 0; i < 4; ++i) Forward({c.get()}, MakeStep(4, 300, i));  // bucket 256
+  Forward({c.get()}, MakeStep(8, 64, 9));                                    // bucket 64
   // The reply of the last step may trail its DONE flags: wait for the counters.
   for (int i = 0; i < 500 && server_->stats().steps_ok < 5; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -77,19 +58,15 @@ TEST_F(EmbedServiceStatsTest, PhasesPerBucketAndLayer) {
 }
 
 TEST_F(EmbedServiceStatsTest, StatsConnectionCannotStep) {
-  Result<UniqueFd> fd = Connect(path_, Deadline::After(std::chrono::seconds(5)));
+  Result<UniqueFd> fd = ConnectTo(path_);
   ASSERT_TRUE(fd.ok());
   ASSERT_TRUE(Send(fd->get(), Encode(StatsRequest{false})).ok());
-  Result<Message> m = Receive(fd->get(), Deadline::After(std::chrono::seconds(5)));
-  ASSERT_TRUE(m.ok());
-  Result<AnyMessage> d = Decode(m->bytes);
+  Result<AnyMessage> d = NextMessage(fd->get());
   ASSERT_TRUE(d.ok());
   EXPECT_TRUE(std::holds_alternative<Stats>(*d));
   // A step request on it is not a registration: refused, and the connection closed.
   ASSERT_TRUE(Send(fd->get(), Encode(Request{1, 8, 1, 0})).ok());
-  m = Receive(fd->get(), Deadline::After(std::chrono::seconds(5)));
-  ASSERT_TRUE(m.ok());
-  d = Decode(m->bytes);
+  d = NextMessage(fd->get());
   ASSERT_TRUE(d.ok());
   ASSERT_TRUE(std::holds_alternative<Registered>(*d));
   EXPECT_EQ(std::get<Registered>(*d).status.code(), Code::kFailedPrecondition);
@@ -122,37 +99,26 @@ TEST(EmbedServicePumpTest, PumpedCopiesReachTheOtherRank) {
   ServerOptions o = SmallServerOptions(path);
   o.pump_host_copies = true;
   o.min_copy_bytes = 128 * kTokenBytes;
-  auto server = Server::Create(o, SmallLayers());
-  ASSERT_TRUE(server.ok()) << server.status().ToString();
-  auto r0 = Client::Create(SmallClientOptions(path, 0, 0, 2));
-  auto r1 = Client::Create(SmallClientOptions(path, 0, 1, 2));
-  ASSERT_TRUE(r0.ok() && r1.ok());
+  std::unique_ptr<Server> server = StartServer(o);
+  ASSERT_TRUE(server);
+  auto r0 = MakeClient(path, 0, 0, 2), r1 = MakeClient(path, 0, 1, 2);
+  ASSERT_TRUE(r0 && r1);
   StepData padded = MakeStep(3, 200, 5);
   padded.qsl.back() = 150;  // tokens 150.. are padding: zero rows on both ranks
   std::vector<StepData> steps = {MakeStep(4, 512, 1), MakeStep(64, 64, 2), MakeStep(1, 1, 3),
                                  padded, MakeStep(7, 333, 4)};
   for (const StepData& s : steps) {
     // Rank 1's previous rows are overwritten, so stale bytes would show.
-    std::memset((*r1)->output(0).data(), 0xab, (*r1)->output(0).size());
-    WriteInputs(**r0, s);
-    ASSERT_TRUE((*r0)->PrepareForward(s.qsl.size() - 1, s.tokens.size(), false).ok());
-    ASSERT_TRUE((*r1)->PrepareForward(s.qsl.size() - 1, s.tokens.size(), false).ok());
-    for (Client* c : {r0->get(), r1->get()}) {
-      for (size_t slot = 0; slot < c->slots(); ++slot) {
-        Status w = c->Wait(slot);
-        ASSERT_TRUE(w.ok()) << w.ToString();
-        ExpectRows(*c, slot, s);
-      }
-    }
-    for (Client* c : {r0->get(), r1->get()}) ASSERT_TRUE(c->ReleaseOutputs().ok());
+    std::memset(r1->output(0).data(), 0xab, r1->output(0).size());
+    Forward({r0.get(), r1.get()}, s);
   }
-  for (int i = 0; i < 500 && (*server)->stats().steps_ok < steps.size(); ++i)
+  for (int i = 0; i < 500 && server->stats().steps_ok < steps.size(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  EXPECT_EQ((*server)->stats().steps_ok, steps.size());
-  EXPECT_EQ((*server)->stats().steps_failed, 0u);
+  EXPECT_EQ(server->stats().steps_ok, steps.size());
+  EXPECT_EQ(server->stats().steps_failed, 0u);
   // The 512-token step: at most 5 copies per layer (4 runs of >= 128 tokens and a last one),
   // not one per 16-token chunk (32).
-  ServerStats st = (*server)->stats();
+  ServerStats st = server->stats();
   bool found = false;
   for (const BucketStats& b : st.buckets) {
     if (b.bucket != 512) continue;

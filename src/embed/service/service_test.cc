@@ -14,37 +14,7 @@ namespace {
 
 using namespace testing;
 
-class EmbedServiceTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    path_ = TempSocketPath(::testing::UnitTest::GetInstance()->current_test_info()->name());
-    auto s = Server::Create(SmallServerOptions(path_), SmallLayers());
-    ASSERT_TRUE(s.ok()) << s.status().ToString();
-    server_ = std::move(s).value();
-  }
-  std::unique_ptr<Client> MakeClient(uint32_t dp, uint32_t tp, uint32_t tp_size) {
-    auto c = Client::Create(SmallClientOptions(path_, dp, tp, tp_size));
-    EXPECT_TRUE(c.ok()) << c.status().ToString();
-    return c.ok() ? std::move(c).value() : nullptr;
-  }
-  // One forward of every rank of a group: rank 0 sends, all wait, check, release.
-  void Forward(std::vector<Client*> ranks, const StepData& s) {
-    WriteInputs(*ranks[0], s);
-    for (Client* c : ranks)
-      ASSERT_TRUE(c->PrepareForward(s.qsl.size() - 1, s.tokens.size(), false).ok());
-    for (Client* c : ranks) {
-      for (size_t slot = 0; slot < c->slots(); ++slot) {
-        Status w = c->Wait(slot);
-        ASSERT_TRUE(w.ok()) << w.ToString();
-        ExpectRows(*c, slot, s);
-      }
-    }
-    for (Client* c : ranks) ASSERT_TRUE(c->ReleaseOutputs().ok());
-  }
-
-  std::string path_;
-  std::unique_ptr<Server> server_;
-};
+using EmbedServiceTest = SmallServiceTest;
 
 TEST_F(EmbedServiceTest, TwoDataParallelByTwoTensorParallelRanks) {
   auto a0 = MakeClient(0, 0, 2), a1 = MakeClient(0, 1, 2);
@@ -211,51 +181,23 @@ TEST_F(EmbedServiceTest, BadRequestsFailTheirFlagsAndTheGroupGoesOn) {
 TEST_F(EmbedServiceTest, TruncatedRequestFailsTheStep) {
   auto r0 = MakeClient(0, 0, 2), r1 = MakeClient(0, 1, 2);
   ASSERT_TRUE(r0 && r1);
-  // A raw connection registered as rank 0 of another group would be needed to send bytes
-  // of our choosing; instead use the protocol directly on a second group.
-  auto mem_out = SharedMemory::Create("out", 3 * 512 * kTokenBytes + 4096);
-  auto mem_in = SharedMemory::Create("in", 8192);
-  ASSERT_TRUE(mem_out.ok() && mem_in.ok());
-  Register reg;
-  reg.dp_rank = 7;
-  reg.max_tokens = 512;
-  reg.max_reqs = 64;
-  reg.context_len = 2;
-  reg.token_bytes = kTokenBytes;
-  for (size_t i = 0; i < 3; ++i)
-    reg.layers.push_back(
-        {kLayers[i], i * 512 * kTokenBytes, 3 * 512 * kTokenBytes + 64 * i, "", ""});
-  reg.has_inputs = true;
-  reg.inputs = {0, 2048, 2560};
-  Result<UniqueFd> fd = Connect(path_, Deadline::After(std::chrono::seconds(5)));
-  ASSERT_TRUE(fd.ok());
-  int fds[] = {(*mem_out)->fd(), (*mem_in)->fd()};
-  ASSERT_TRUE(Send(fd->get(), Encode(reg), fds).ok());
-  Result<Message> m = Receive(fd->get(), Deadline::After(std::chrono::seconds(5)));
-  ASSERT_TRUE(m.ok());
-  ASSERT_TRUE(std::get<Registered>(*Decode(m->bytes)).status.ok());
+  // A raw connection registered as rank 0 of a second group sends bytes of our choosing.
+  std::unique_ptr<RawRank> k = RegisterRaw(path_, 7);
+  ASSERT_TRUE(k);
   // A request naming another data-parallel rank fails as well.
-  ASSERT_TRUE(Send(fd->get(), Encode(Request{5, 10, 1, 3})).ok());
-  m = Receive(fd->get(), Deadline::After(std::chrono::seconds(5)));
-  ASSERT_TRUE(m.ok());
-  ASSERT_TRUE(Decode(m->bytes).ok());
-  EXPECT_EQ(std::get<Reply>(*Decode(m->bytes)).status.code(), Code::kInvalidArgument);
-  EXPECT_EQ(std::get<Reply>(*Decode(m->bytes)).seq, 5u);
-  for (size_t i = 0; i < 3; ++i) {
-    uint32_t* f = reinterpret_cast<uint32_t*>((*mem_out)->data() + reg.layers[i].flag_offset);
-    EXPECT_EQ(LoadFlag(f), kFlagFailed);
-    StoreFlag(f, kFlagReset);  // released
-  }
-  std::string req = Encode(Request{1, 10, 1, 7});
-  ASSERT_TRUE(Send(fd->get(), std::string_view(req).substr(0, req.size() - 1)).ok());
-  m = Receive(fd->get(), Deadline::After(std::chrono::seconds(5)));
-  ASSERT_TRUE(m.ok());
-  Result<AnyMessage> reply = Decode(m->bytes);
+  ASSERT_TRUE(Send(k->fd.get(), Encode(Request{5, 10, 1, 3})).ok());
+  Result<AnyMessage> reply = k->Next();
   ASSERT_TRUE(reply.ok());
   EXPECT_EQ(std::get<Reply>(*reply).status.code(), Code::kInvalidArgument);
-  for (size_t i = 0; i < 3; ++i)
-    EXPECT_EQ(LoadFlag(reinterpret_cast<uint32_t*>((*mem_out)->data() + reg.layers[i].flag_offset)),
-              kFlagFailed);
+  EXPECT_EQ(std::get<Reply>(*reply).seq, 5u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(LoadFlag(k->flag(i)), kFlagFailed);
+  k->SetFlags(kFlagReset);  // released
+  std::string req = Encode(Request{1, 10, 1, 7});
+  ASSERT_TRUE(Send(k->fd.get(), std::string_view(req).substr(0, req.size() - 1)).ok());
+  reply = k->Next();
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(std::get<Reply>(*reply).status.code(), Code::kInvalidArgument);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(LoadFlag(k->flag(i)), kFlagFailed);
   // The other group never noticed.
   Forward({r0.get(), r1.get()}, MakeStep(2, 32, 11));
 }
@@ -284,29 +226,22 @@ TEST_F(EmbedServiceTest, BadRegistrationsAreRefused) {
 TEST_F(EmbedServiceTest, RegisteredOffsetsOutsideTheMemoryAreRefused) {
   auto small = SharedMemory::Create("small", 4096);
   ASSERT_TRUE(small.ok());
-  Register reg;
-  reg.dp_rank = 0;
-  reg.tp_rank = 1;
-  reg.tp_size = 2;
-  reg.max_tokens = 512;
-  reg.max_reqs = 64;
-  reg.context_len = 2;
-  reg.token_bytes = kTokenBytes;
-  reg.layers.push_back({0, 0, 1024, "", ""});  // 64 KiB of output in 4 KiB
-  Result<UniqueFd> fd = Connect(path_, Deadline::After(std::chrono::seconds(5)));
+  Register reg = SmallRegister(0, 1, 2);
+  reg.layers = {{0, 0, 1024, "", ""}};  // 64 KiB of output in 4 KiB
+  Result<UniqueFd> fd = ConnectTo(path_);
   ASSERT_TRUE(fd.ok());
   int fds[] = {(*small)->fd()};
   ASSERT_TRUE(Send(fd->get(), Encode(reg), fds).ok());
-  Result<Message> m = Receive(fd->get(), Deadline::After(std::chrono::seconds(5)));
+  Result<AnyMessage> m = NextMessage(fd->get());
   ASSERT_TRUE(m.ok());
-  EXPECT_EQ(std::get<Registered>(*Decode(m->bytes)).status.code(), Code::kOutOfRange);
+  EXPECT_EQ(std::get<Registered>(*m).status.code(), Code::kOutOfRange);
   // Missing descriptor.
-  fd = Connect(path_, Deadline::After(std::chrono::seconds(5)));
+  fd = ConnectTo(path_);
   ASSERT_TRUE(fd.ok());
   ASSERT_TRUE(Send(fd->get(), Encode(reg)).ok());
-  m = Receive(fd->get(), Deadline::After(std::chrono::seconds(5)));
+  m = NextMessage(fd->get());
   ASSERT_TRUE(m.ok());
-  EXPECT_EQ(std::get<Registered>(*Decode(m->bytes)).status.code(), Code::kInvalidArgument);
+  EXPECT_EQ(std::get<Registered>(*m).status.code(), Code::kInvalidArgument);
   EXPECT_EQ(server_->stats().live_clients, 0u);
 }
 
@@ -355,20 +290,12 @@ TEST_F(EmbedServiceTest, StoppedServiceFailsEveryWait) {
   EXPECT_EQ(r1->Wait(0).code(), Code::kUnavailable);
 }
 
-}  // namespace
-}  // namespace ferry::embed::service
-
-namespace ferry::embed::service {
-namespace {
-
-using namespace testing;
-
 TEST(EmbedServiceQueue, StepsPastTheQueueLimitFailWithResourceExhausted) {
   std::string path = TempSocketPath("queue");
   ServerOptions o = SmallServerOptions(path);
   o.max_queued_steps = 2;
-  auto server = Server::Create(o, SmallLayers());
-  ASSERT_TRUE(server.ok());
+  std::unique_ptr<Server> server = StartServer(o);
+  ASSERT_TRUE(server);
   // A raw rank 0: a client refuses to send a step before the previous one is released.
   std::unique_ptr<RawRank> k = RegisterRaw(path, 0);
   ASSERT_TRUE(k);
@@ -395,43 +322,23 @@ TEST(EmbedServiceQueue, StepsPastTheQueueLimitFailWithResourceExhausted) {
     }
     k->SetFlags(kFlagReset);
   }
-  EXPECT_EQ((*server)->stats().steps_ok, 3u);
-  EXPECT_EQ((*server)->stats().steps_failed, 1u);
+  EXPECT_EQ(server->stats().steps_ok, 3u);
+  EXPECT_EQ(server->stats().steps_failed, 1u);
 }
-
-}  // namespace
-}  // namespace ferry::embed::service
-
-namespace ferry::embed::service {
-namespace {
-
-using namespace testing;
 
 TEST(EmbedServiceMessages, OnlyRankZeroSendsRequestsAndRegistrationIsOnce) {
   std::string path = TempSocketPath("messages");
-  auto server = Server::Create(SmallServerOptions(path), SmallLayers());
-  ASSERT_TRUE(server.ok());
+  std::unique_ptr<Server> server = StartServer(SmallServerOptions(path));
+  ASSERT_TRUE(server);
   auto out = SharedMemory::Create("out", 3 * 512 * kTokenBytes + 4096);
   ASSERT_TRUE(out.ok());
-  Register reg;
-  reg.dp_rank = 4;
-  reg.tp_rank = 1;
-  reg.tp_size = 2;
-  reg.max_tokens = 512;
-  reg.max_reqs = 64;
-  reg.context_len = 2;
-  reg.token_bytes = kTokenBytes;
-  for (size_t i = 0; i < 3; ++i)
-    reg.layers.push_back(
-        {kLayers[i], i * 512 * kTokenBytes, 3 * 512 * kTokenBytes + 64 * i, "", ""});
-  Result<UniqueFd> fd = Connect(path, Deadline::After(std::chrono::seconds(5)));
+  Register reg = SmallRegister(4, 1, 2);
+  Result<UniqueFd> fd = ConnectTo(path);
   ASSERT_TRUE(fd.ok());
   int fds[] = {(*out)->fd()};
   ASSERT_TRUE(Send(fd->get(), Encode(reg), fds).ok());
   auto reply = [&]() -> Status {
-    Result<Message> m = Receive(fd->get(), Deadline::After(std::chrono::seconds(5)));
-    if (!m.ok()) return m.status();
-    Result<AnyMessage> d = Decode(m->bytes);
+    Result<AnyMessage> d = NextMessage(fd->get());
     if (!d.ok()) return d.status();
     if (auto* r = std::get_if<Registered>(&*d)) return r->status;
     return std::get<Reply>(*d).status;
@@ -441,8 +348,8 @@ TEST(EmbedServiceMessages, OnlyRankZeroSendsRequestsAndRegistrationIsOnce) {
   EXPECT_EQ(reply().code(), Code::kFailedPrecondition);
   ASSERT_TRUE(Send(fd->get(), Encode(reg), fds).ok());
   EXPECT_EQ(reply().code(), Code::kInvalidArgument);
-  EXPECT_EQ((*server)->stats().live_clients, 1u);
-  EXPECT_EQ((*server)->stats().steps_ok + (*server)->stats().steps_failed, 0u);
+  EXPECT_EQ(server->stats().live_clients, 1u);
+  EXPECT_EQ(server->stats().steps_ok + server->stats().steps_failed, 0u);
 }
 
 }  // namespace
