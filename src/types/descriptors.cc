@@ -63,6 +63,35 @@ Result<std::string> Key(codec::ArrayReader& r, std::string_view field, bool allo
   return std::string(key);
 }
 
+// The frame both descriptors share: [magic, version, fields..., transport entries]; `put`
+// writes the `fields` fields between.
+template <typename Fields>
+std::string PackFrame(std::string_view magic, uint64_t version, uint32_t fields,
+                      const std::vector<TransportData>& transports, Fields&& put) {
+  codec::Writer w;
+  w.Array(fields + 3);
+  w.Str(magic);
+  w.UInt(version);
+  put(w);
+  PackTransports(w, transports);
+  return w.Take();
+}
+
+// Reads the frame: `get` reads the fields between the header and the transport entries, which
+// go to d.*transports; nothing may follow them.
+template <typename D, typename Fields>
+Result<D> UnpackFrame(std::string_view bytes, std::string_view magic,
+                      std::vector<TransportData> D::*transports, Fields&& get) {
+  FERRY_ASSIGN_OR_RETURN(codec::Reader reader, codec::Reader::Parse(bytes, DescriptorLimits()));
+  codec::ArrayReader r = reader.root();
+  FERRY_RETURN_IF_ERROR(CheckHeader(r, magic));
+  D d;
+  FERRY_RETURN_IF_ERROR(get(r, d));
+  FERRY_ASSIGN_OR_RETURN(d.*transports, UnpackTransports(r));
+  if (!r.done()) return Status(Code::kInvalidArgument, "malformed descriptor: extra fields");
+  return d;
+}
+
 const TransportData* Find(const std::vector<TransportData>& v, std::string_view name) {
   for (const auto& e : v)
     if (e.transport == name) return &e;
@@ -88,81 +117,67 @@ const TransportData* EngineDesc::FindTransport(std::string_view transport) const
 }
 
 std::string MemoryDesc::Pack() const {
-  codec::Writer w;
-  w.Array(10);
-  w.Str(kMemoryMagic);
-  w.UInt(kDescriptorVersion);
-  w.Str(engine_key);
-  w.UInt(static_cast<uint64_t>(region));
-  w.UInt(address);
-  w.UInt(size);
-  w.UInt(static_cast<uint64_t>(kind));
-  w.Int(device);
-  w.Str(host_id);
-  PackTransports(w, access);
-  return w.Take();
+  return PackFrame(kMemoryMagic, kDescriptorVersion, 7, access, [&](codec::Writer& w) {
+    w.Str(engine_key);
+    w.UInt(static_cast<uint64_t>(region));
+    w.UInt(address);
+    w.UInt(size);
+    w.UInt(static_cast<uint64_t>(kind));
+    w.Int(device);
+    w.Str(host_id);
+  });
 }
 
 Result<MemoryDesc> MemoryDesc::Unpack(std::string_view bytes) {
-  FERRY_ASSIGN_OR_RETURN(codec::Reader reader, codec::Reader::Parse(bytes, DescriptorLimits()));
-  codec::ArrayReader r = reader.root();
-  FERRY_RETURN_IF_ERROR(CheckHeader(r, kMemoryMagic));
-  MemoryDesc d;
-  FERRY_ASSIGN_OR_RETURN(d.engine_key, Key(r, "engine key", false));
-  FERRY_ASSIGN_OR_RETURN(uint64_t region, r.UInt("region"));
-  d.region = static_cast<RegionId>(region);
-  FERRY_ASSIGN_OR_RETURN(d.address, r.UInt("address"));
-  FERRY_ASSIGN_OR_RETURN(d.size, r.UInt("size"));
-  if (d.size > UINT64_MAX - d.address)
-    return Status(Code::kInvalidArgument, "malformed descriptor: region wraps around the address space");
-  FERRY_ASSIGN_OR_RETURN(uint64_t kind, r.UInt("kind"));
-  if (kind > static_cast<uint64_t>(MemoryKind::kCuda))
-    return Status(Code::kInvalidArgument, "malformed descriptor: unknown memory kind " + std::to_string(kind));
-  d.kind = static_cast<MemoryKind>(kind);
-  FERRY_ASSIGN_OR_RETURN(int64_t device, r.Int("device"));
-  if (device < -1 || device > kMaxDevice)
-    return Status(Code::kInvalidArgument, "malformed descriptor: device " + std::to_string(device));
-  if ((d.kind == MemoryKind::kCuda) != (device >= 0))
-    return Status(Code::kInvalidArgument, "malformed descriptor: device does not match memory kind");
-  d.device = static_cast<int32_t>(device);
-  FERRY_ASSIGN_OR_RETURN(d.host_id, Key(r, "host id", true));
-  FERRY_ASSIGN_OR_RETURN(d.access, UnpackTransports(r));
-  if (!r.done()) return Status(Code::kInvalidArgument, "malformed descriptor: extra fields");
-  return d;
+  return UnpackFrame(bytes, kMemoryMagic, &MemoryDesc::access,
+                     [](codec::ArrayReader& r, MemoryDesc& d) -> Status {
+    FERRY_ASSIGN_OR_RETURN(d.engine_key, Key(r, "engine key", false));
+    FERRY_ASSIGN_OR_RETURN(uint64_t region, r.UInt("region"));
+    d.region = static_cast<RegionId>(region);
+    FERRY_ASSIGN_OR_RETURN(d.address, r.UInt("address"));
+    FERRY_ASSIGN_OR_RETURN(d.size, r.UInt("size"));
+    if (d.size > UINT64_MAX - d.address)
+      return Status(Code::kInvalidArgument, "malformed descriptor: region wraps around the address space");
+    FERRY_ASSIGN_OR_RETURN(uint64_t kind, r.UInt("kind"));
+    if (kind > static_cast<uint64_t>(MemoryKind::kCuda))
+      return Status(Code::kInvalidArgument, "malformed descriptor: unknown memory kind " + std::to_string(kind));
+    d.kind = static_cast<MemoryKind>(kind);
+    FERRY_ASSIGN_OR_RETURN(int64_t device, r.Int("device"));
+    if (device < -1 || device > kMaxDevice)
+      return Status(Code::kInvalidArgument, "malformed descriptor: device " + std::to_string(device));
+    if ((d.kind == MemoryKind::kCuda) != (device >= 0))
+      return Status(Code::kInvalidArgument, "malformed descriptor: device does not match memory kind");
+    d.device = static_cast<int32_t>(device);
+    FERRY_ASSIGN_OR_RETURN(d.host_id, Key(r, "host id", true));
+    return Status::Ok();
+  });
 }
 
 std::string EngineDesc::Pack() const {
-  codec::Writer w;
-  w.Array(7);
-  w.Str(kEngineMagic);
-  w.UInt(protocol_version);
-  w.Str(key);
-  w.Str(host_id);
-  w.UInt(pid);
-  w.Array(static_cast<uint32_t>(addresses.size()));
-  for (const auto& a : addresses) w.Str(a);
-  PackTransports(w, transports);
-  return w.Take();
+  return PackFrame(kEngineMagic, protocol_version, 4, transports, [&](codec::Writer& w) {
+    w.Str(key);
+    w.Str(host_id);
+    w.UInt(pid);
+    w.Array(static_cast<uint32_t>(addresses.size()));
+    for (const auto& a : addresses) w.Str(a);
+  });
 }
 
 Result<EngineDesc> EngineDesc::Unpack(std::string_view bytes) {
-  FERRY_ASSIGN_OR_RETURN(codec::Reader reader, codec::Reader::Parse(bytes, DescriptorLimits()));
-  codec::ArrayReader r = reader.root();
-  FERRY_RETURN_IF_ERROR(CheckHeader(r, kEngineMagic));
-  EngineDesc d;
-  FERRY_ASSIGN_OR_RETURN(d.key, Key(r, "engine key", false));
-  FERRY_ASSIGN_OR_RETURN(d.host_id, Key(r, "host id", true));
-  FERRY_ASSIGN_OR_RETURN(uint64_t pid, r.UInt("pid"));
-  if (pid > UINT32_MAX) return Status(Code::kInvalidArgument, "malformed descriptor: pid out of range");
-  d.pid = static_cast<uint32_t>(pid);
-  FERRY_ASSIGN_OR_RETURN(codec::ArrayReader addresses, r.Array("addresses", kMaxAddresses));
-  while (!addresses.done()) {
-    FERRY_ASSIGN_OR_RETURN(std::string_view a, addresses.Bytes("address", kMaxKeyBytes));
-    d.addresses.emplace_back(a);
-  }
-  FERRY_ASSIGN_OR_RETURN(d.transports, UnpackTransports(r));
-  if (!r.done()) return Status(Code::kInvalidArgument, "malformed descriptor: extra fields");
-  return d;
+  return UnpackFrame(bytes, kEngineMagic, &EngineDesc::transports,
+                     [](codec::ArrayReader& r, EngineDesc& d) -> Status {
+    FERRY_ASSIGN_OR_RETURN(d.key, Key(r, "engine key", false));
+    FERRY_ASSIGN_OR_RETURN(d.host_id, Key(r, "host id", true));
+    FERRY_ASSIGN_OR_RETURN(uint64_t pid, r.UInt("pid"));
+    if (pid > UINT32_MAX) return Status(Code::kInvalidArgument, "malformed descriptor: pid out of range");
+    d.pid = static_cast<uint32_t>(pid);
+    FERRY_ASSIGN_OR_RETURN(codec::ArrayReader addresses, r.Array("addresses", kMaxAddresses));
+    while (!addresses.done()) {
+      FERRY_ASSIGN_OR_RETURN(std::string_view a, addresses.Bytes("address", kMaxKeyBytes));
+      d.addresses.emplace_back(a);
+    }
+    return Status::Ok();
+  });
 }
 
 }  // namespace ferry
