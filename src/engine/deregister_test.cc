@@ -1,35 +1,35 @@
-// Deregistering a region that a transfer still uses (one waiting on a stopped peer, here a
-// channel that holds the region until the test lets go): the call fails with
+// Deregistering a region that a transfer still uses (one waiting on a stopped peer, here an
+// interposer that holds the region until the test lets go): the call fails with
 // kDeadlineExceeded and the region stays known, retiring, so that a retry once the transfer
-// ended frees it. The transport is `local` behind that holding channel.
+// ended frees it. The transport is `local` behind that interposer
+// (testing/wrapped_transport.h).
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <mutex>
+#include <optional>
+#include <string>
 
+#include "base/mutex.h"
 #include "engine/engine_core.h"
 #include "testing/wrapped_transport.h"
 
 namespace ferry::internal {
-
-Result<std::unique_ptr<Transport>> MakeLocalTransport(const TransportContext& ctx);
-
 namespace {
 
 using namespace std::chrono_literals;
 
-// What the holding channel keeps: the transfer's part and its use of the local region.
+// What the holding interposer keeps: the transfer's part and its use of the local region.
 struct Hold {
   std::shared_ptr<TransferState> state;
   std::shared_ptr<RegionUse> use;
 };
-std::mutex g_mu;
-std::vector<Hold> g_holds;  // GUARDED_BY(g_mu)
+Mutex g_mu;
+std::vector<Hold> g_holds GUARDED_BY(g_mu);
 
 void LetGo() {
   std::vector<Hold> holds;
   {
-    std::lock_guard<std::mutex> lock(g_mu);
+    MutexLock lock(&g_mu);
     holds.swap(g_holds);
   }
   for (auto& h : holds) h.state->PartDone(Status::Ok());
@@ -37,59 +37,31 @@ void LetGo() {
 
 // Posts nothing: takes a part of the transfer and the local region, as a transfer to a peer
 // that does not answer does, until LetGo().
-class HoldingChannel final : public Channel {
+class HoldRegions final : public Interposer {
  public:
-  HoldingChannel(std::unique_ptr<Channel> inner, std::shared_ptr<Region> local)
-      : inner_(std::move(inner)), local_(std::move(local)) {}
-  Status Post(Op, std::span<const TransferOp>, uint64_t, const std::shared_ptr<TransferState>& state) override {
-    auto use = RegionUse::Make(local_);
+  Status Post(Channel&, const std::shared_ptr<Region>& local, Op, std::span<const TransferOp>, uint64_t,
+              const std::shared_ptr<TransferState>& state) override {
+    auto use = RegionUse::Make(local);
     if (!use) return Status(Code::kFailedPrecondition, "local region was deregistered");
     state->AddParts(1);
-    std::lock_guard<std::mutex> lock(g_mu);
+    MutexLock lock(&g_mu);
     g_holds.push_back({state, std::move(use)});
     return Status::Ok();
   }
-  TransferPath path() const override { return inner_->path(); }
-
- private:
-  std::unique_ptr<Channel> inner_;
-  std::shared_ptr<Region> local_;
 };
 
-class HoldingEndpoint final : public Endpoint {
- public:
-  explicit HoldingEndpoint(std::shared_ptr<Endpoint> inner) : inner_(std::move(inner)) {}
-  Result<std::unique_ptr<Channel>> OpenChannel(const std::shared_ptr<Region>& local, const MemoryDesc& remote) override {
-    FERRY_ASSIGN_OR_RETURN(auto ch, inner_->OpenChannel(local, remote));
-    return std::unique_ptr<Channel>(new HoldingChannel(std::move(ch), local));
-  }
-  Status Notify(std::string_view m) override { return inner_->Notify(m); }
-
- private:
-  std::shared_ptr<Endpoint> inner_;
-};
-
-class HoldingTransport final : public WrappedTransport {
- public:
-  using WrappedTransport::WrappedTransport;
-
- protected:
-  std::shared_ptr<Endpoint> Wrap(std::shared_ptr<Endpoint> ep) override {
-    return std::make_shared<HoldingEndpoint>(std::move(ep));
-  }
-};
-
-Result<std::unique_ptr<Transport>> MakeHolding(const TransportContext& ctx) {
-  FERRY_ASSIGN_OR_RETURN(auto inner, MakeLocalTransport(ctx));
-  return std::unique_ptr<Transport>(new HoldingTransport(std::move(inner)));
+// An engine over `local` behind the interposer that `make` puts there.
+Result<std::shared_ptr<EngineCore>> MakeEngine(TransportFactory make, std::string key,
+                                               std::optional<Duration> deregister_timeout = std::nullopt) {
+  const TransportEntry entries[] = {{"local", make}};
+  EngineOptions options;
+  options.key = std::move(key);
+  if (deregister_timeout) options.deregister_timeout = *deregister_timeout;
+  return EngineCore::Create(options, entries);
 }
 
 TEST(Deregister, ARegionStillInUseStaysRetiringAndARetryFreesIt) {
-  const TransportEntry entries[] = {{"local", &MakeHolding}};
-  EngineOptions options;
-  options.key = "dereg";
-  options.deregister_timeout = 200ms;
-  auto e = EngineCore::Create(options, entries);
+  auto e = MakeEngine(&MakeInterposedLocal<HoldRegions>, "dereg", 200ms);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   std::vector<uint8_t> buf(4096), other(4096);
   auto d = (*e)->RegisterMemory(buf.data(), buf.size(), MemoryKind::kHost, -1);
@@ -120,11 +92,7 @@ TEST(Deregister, ARegionStillInUseStaysRetiringAndARetryFreesIt) {
 }
 
 TEST(Deregister, ShutdownFreesARetiringRegion) {
-  const TransportEntry entries[] = {{"local", &MakeHolding}};
-  EngineOptions options;
-  options.key = "dereg-shutdown";
-  options.deregister_timeout = 100ms;
-  auto e = EngineCore::Create(options, entries);
+  auto e = MakeEngine(&MakeInterposedLocal<HoldRegions>, "dereg-shutdown", 100ms);
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   std::vector<uint8_t> buf(4096);
   auto d = (*e)->RegisterMemory(buf.data(), buf.size(), MemoryKind::kHost, -1);
@@ -146,50 +114,37 @@ TEST(Deregister, ANonPositiveTimeoutIsRefused) {
 }
 
 // A transport whose peer process still holds the region when its wait ends (as cuda_ipc's lease
-// table reports a peer copying into GPU memory): Deregister says so, `refusals` times.
-class RevokingTransport final : public WrappedTransport {
+// table reports a peer copying into GPU memory): Deregister says so, twice.
+class Revoking final : public Interposer {
  public:
-  RevokingTransport(std::unique_ptr<Transport> inner, int refusals)
-      : WrappedTransport(std::move(inner)), refusals_(refusals) {}
-  Status Deregister(const Region& r) override {
+  Status Deregister(Transport& inner, const Region& r) override {
     ++calls;
     if (refusals_ > 0) {
       --refusals_;
       return Status(Code::kDeadlineExceeded, "a peer process still copies into the region");
     }
-    return WrappedTransport::Deregister(r);
+    return inner.Deregister(r);
   }
   static inline std::atomic<int> calls{0};
 
- protected:
-  std::shared_ptr<Endpoint> Wrap(std::shared_ptr<Endpoint> ep) override { return ep; }
-
  private:
-  int refusals_;
+  int refusals_ = 2;
 };
 
-Result<std::unique_ptr<Transport>> MakeRevoking(const TransportContext& ctx) {
-  FERRY_ASSIGN_OR_RETURN(auto inner, MakeLocalTransport(ctx));
-  return std::unique_ptr<Transport>(new RevokingTransport(std::move(inner), 2));
-}
-
 TEST(Deregister, ARegionAPeerProcessStillHoldsStaysRetiringUntilItLetsGo) {
-  const TransportEntry entries[] = {{"local", &MakeRevoking}};
-  EngineOptions options;
-  options.key = "dereg-revoke";
-  auto e = EngineCore::Create(options, entries);
+  auto e = MakeEngine(&MakeInterposedLocal<Revoking>, "dereg-revoke");
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   std::vector<uint8_t> buf(4096);
   auto d = (*e)->RegisterMemory(buf.data(), buf.size(), MemoryKind::kHost, -1);
   ASSERT_TRUE(d.ok());
-  RevokingTransport::calls = 0;
+  Revoking::calls = 0;
   Status first = (*e)->DeregisterMemory(d->region);
   EXPECT_EQ(first.code(), Code::kDeadlineExceeded) << first.ToString();
   EXPECT_NE(first.message().find("still copies"), std::string_view::npos) << first.ToString();
   EXPECT_EQ((*e)->OpenSession(*d, *d).status().code(), Code::kFailedPrecondition);  // retiring
   EXPECT_EQ((*e)->DeregisterMemory(d->region).code(), Code::kDeadlineExceeded);    // asked again
   EXPECT_TRUE((*e)->DeregisterMemory(d->region).ok());                              // it let go
-  EXPECT_EQ(RevokingTransport::calls.load(), 3);
+  EXPECT_EQ(Revoking::calls.load(), 3);
   EXPECT_EQ((*e)->DeregisterMemory(d->region).code(), Code::kNotFound);
   (*e)->Shutdown();
 }

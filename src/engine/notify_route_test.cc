@@ -5,16 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <thread>
 
-#include "engine/engine_core.h"
 #include "ferry/engine.h"
 #include "testing/bytes.h"
+#include "testing/core_pair.h"
 #include "testing/wrapped_transport.h"
 
 namespace ferry::internal {
 
-Result<std::unique_ptr<Transport>> MakeLocalTransport(const TransportContext& ctx);
 Result<std::unique_ptr<Transport>> MakeUcxTransport(const TransportContext& ctx);
 
 namespace {
@@ -23,84 +23,30 @@ using namespace std::chrono_literals;
 
 std::atomic<int> g_mute_notifies{0};
 
-class MuteEndpoint final : public Endpoint {
+// The local transport, declaring no notifications and refusing to send any.
+class Mute final : public Interposer {
  public:
-  explicit MuteEndpoint(std::shared_ptr<Endpoint> inner) : inner_(std::move(inner)) {}
-  Result<std::unique_ptr<Channel>> OpenChannel(const std::shared_ptr<Region>& local, const MemoryDesc& remote) override {
-    return inner_->OpenChannel(local, remote);
+  Capabilities Caps(Capabilities c) const override {
+    c.notifications = false;
+    return c;
   }
-  Status Notify(std::string_view) override {
+  Status Notify(Endpoint&, std::string_view) override {
     ++g_mute_notifies;
     return Status(Code::kUnsupported, "this transport carries no notifications");
   }
-  void NotifyPart(std::string, const std::shared_ptr<TransferState>& state) override {
+  void NotifyPart(Endpoint&, std::string, const std::shared_ptr<TransferState>& state) override {
     ++g_mute_notifies;
     state->AddParts(1);
     state->PartDone(Status(Code::kUnsupported, "this transport carries no notifications"));
   }
-
- private:
-  std::shared_ptr<Endpoint> inner_;
 };
 
-// The local transport, declaring no notifications and refusing to send any.
-class MuteTransport final : public WrappedTransport {
- public:
-  using WrappedTransport::WrappedTransport;
-  Capabilities caps() const override {
-    Capabilities c = WrappedTransport::caps();
-    c.notifications = false;
-    return c;
-  }
-
- protected:
-  std::shared_ptr<Endpoint> Wrap(std::shared_ptr<Endpoint> ep) override { return std::make_shared<MuteEndpoint>(std::move(ep)); }
-};
-
-Result<std::unique_ptr<Transport>> MakeMute(const TransportContext& ctx) {
-  FERRY_ASSIGN_OR_RETURN(auto inner, MakeLocalTransport(ctx));
-  return std::unique_ptr<Transport>(new MuteTransport(std::move(inner)));
+std::unique_ptr<CorePair> MakeRig(std::span<const TransportEntry> entries, size_t bytes) {
+  EngineOptions options;
+  options.default_deadline = 10s;
+  options.key = "route";
+  return CorePair::Make(entries, options, std::vector<uint8_t>(bytes, 0), std::vector<uint8_t>(bytes, 0));
 }
-
-struct Rig {
-  std::vector<uint8_t> a_buf, b_buf;
-  std::shared_ptr<EngineCore> a, b;
-  std::shared_ptr<SessionCore> session;
-
-  static std::unique_ptr<Rig> Make(std::span<const TransportEntry> entries, size_t bytes) {
-    static std::atomic<int> counter{0};
-    auto r = std::make_unique<Rig>();
-    EngineOptions options;
-    options.default_deadline = 10s;
-    const std::string n = std::to_string(counter++);
-    options.key = "route-a" + n;
-    auto a = EngineCore::Create(options, entries);
-    options.key = "route-b" + n;
-    auto b = EngineCore::Create(options, entries);
-    EXPECT_TRUE(a.ok() && b.ok());
-    if (!a.ok() || !b.ok()) return nullptr;
-    r->a = *a;
-    r->b = *b;
-    r->a_buf.assign(bytes, 0);
-    r->b_buf.assign(bytes, 0);
-    auto ad = r->a->RegisterMemory(r->a_buf.data(), bytes, MemoryKind::kHost, -1);
-    auto bd = r->b->RegisterMemory(r->b_buf.data(), bytes, MemoryKind::kHost, -1);
-    EXPECT_TRUE(ad.ok() && bd.ok());
-    if (!ad.ok() || !bd.ok()) return nullptr;
-    EXPECT_TRUE(r->a->AddPeer(r->b->desc()).ok());
-    EXPECT_TRUE(r->b->AddPeer(r->a->desc()).ok());
-    auto s = r->a->OpenSession(*ad, *bd);
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
-    if (!s.ok()) return nullptr;
-    r->session = *s;
-    return r;
-  }
-  ~Rig() {
-    session.reset();
-    if (a) a->Shutdown();
-    if (b) b->Shutdown();
-  }
-};
 
 std::vector<Notification> WaitForNotes(EngineCore& e, size_t n) {
   std::vector<Notification> got;
@@ -113,8 +59,8 @@ std::vector<Notification> WaitForNotes(EngineCore& e, size_t n) {
 }
 
 TEST(NotifyRoute, NotificationsOfAMuteTransportGoThroughAnother) {
-  const TransportEntry entries[] = {{"local", &MakeMute}, {"ucx", &MakeUcxTransport}};
-  auto rig = Rig::Make(entries, 1 << 20);
+  const TransportEntry entries[] = {{"local", &MakeInterposedLocal<Mute>}, {"ucx", &MakeUcxTransport}};
+  auto rig = MakeRig(entries, 1 << 20);
   ASSERT_TRUE(rig);
   EXPECT_EQ(rig->session->path().transport, "local");  // the data stays on the cheapest route
   g_mute_notifies = 0;
@@ -144,8 +90,8 @@ TEST(NotifyRoute, NotificationsOfAMuteTransportGoThroughAnother) {
 }
 
 TEST(NotifyRoute, WithoutAnyNotificationTransportAWriteWithANotificationFailsBeforeMoving) {
-  const TransportEntry entries[] = {{"local", &MakeMute}};
-  auto rig = Rig::Make(entries, 1 << 16);
+  const TransportEntry entries[] = {{"local", &MakeInterposedLocal<Mute>}};
+  auto rig = MakeRig(entries, 1 << 16);
   ASSERT_TRUE(rig);
   ::ferry::testing::Fill(rig->a_buf, 9);
   TransferOptions o;
