@@ -8,7 +8,7 @@
 namespace ferry::internal::ucx {
 
 Status Conn::failure() const {
-  std::lock_guard<std::mutex> lock(failure_mu_);
+  MutexLock lock(&failure_mu_);
   if (failure_.ok()) return Status(Code::kUnavailable, "connection to peer " + peer_.key + " is closed");
   return failure_;
 }
@@ -38,7 +38,7 @@ void Conn::Fail(Status why) {
   if (failed_.exchange(true)) return;
   if (why.code() != Code::kAborted) why = Status(Code::kUnavailable, std::string(why.message()));
   {
-    std::lock_guard<std::mutex> lock(failure_mu_);
+    MutexLock lock(&failure_mu_);
     failure_ = why;
   }
   FERRY_LOG_INFO("ucx: {}", why.ToString());

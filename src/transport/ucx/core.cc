@@ -161,8 +161,12 @@ uint64_t Core::refused_connections() const { return door_ ? door_->refused() : 0
 
 Core::~Core() {
   Shutdown();
-  stager_.reset();  // waits for its GPU copies; needs the (stopped) worker
-  std::lock_guard<std::mutex> lock(regions_mu_);
+  // Does not wait for GPU copies in flight: they finish on the engine's copy engines, which
+  // outlive the transport (only a transport made alone, with a set of its own, waits here
+  // for that set's copies), and their callbacks, finding the stager detached, fail their
+  // parts with kAborted. Before shards_.clear(), so that no callback reaches a worker after.
+  stager_.reset();
+  MutexLock lock(&regions_mu_);
   for (auto& [id, r] : regions_)
     if (r.memh != nullptr) ucp_mem_unmap(context_, r.memh);
   regions_.clear();
@@ -197,7 +201,7 @@ Result<TransportData> Core::Register(const std::shared_ptr<Region>& region) {
   if (region->kind == MemoryKind::kCuda) {
     // Staged: peers reach it only through active messages, never by RMA.
     const uint64_t key = RandomKey();
-    std::lock_guard<std::mutex> lock(regions_mu_);
+    MutexLock lock(&regions_mu_);
     regions_[static_cast<uint64_t>(region->id)] = Registered{region, nullptr, key};
     return TransportData{"ucx", PackAccess(key, "staged")};
   }
@@ -218,7 +222,7 @@ Result<TransportData> Core::Register(const std::shared_ptr<Region>& region) {
   const uint64_t key = RandomKey();
   TransportData data{"ucx", PackAccess(key, std::string_view(static_cast<const char*>(rkey), rkey_size))};
   ucp_rkey_buffer_release(rkey);
-  std::lock_guard<std::mutex> lock(regions_mu_);
+  MutexLock lock(&regions_mu_);
   regions_[static_cast<uint64_t>(region->id)] = Registered{region, memh, key};
   return data;
 }
@@ -226,7 +230,7 @@ Result<TransportData> Core::Register(const std::shared_ptr<Region>& region) {
 void Core::Deregister(const Region& region) {
   ucp_mem_h memh = nullptr;
   {
-    std::lock_guard<std::mutex> lock(regions_mu_);
+    MutexLock lock(&regions_mu_);
     auto it = regions_.find(static_cast<uint64_t>(region.id));
     if (it == regions_.end()) return;
     memh = it->second.memh;
@@ -267,7 +271,7 @@ bool Core::Poll() {
 }
 
 std::shared_ptr<Region> Core::FindRegion(uint64_t id, uint64_t key) {
-  std::lock_guard<std::mutex> lock(regions_mu_);
+  MutexLock lock(&regions_mu_);
   auto it = regions_.find(id);
   if (it == regions_.end()) return nullptr;
   // A wrong key is as good as no region: the caller rejects the message.

@@ -21,12 +21,12 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "base/mutex.h"
 #include "transport/transport.h"
 #include "transport/ucx/access_wire.h"
 #include "transport/ucx/am_wire.h"
@@ -58,7 +58,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   Shard& shard() const { return *shard_; }
   bool same_host() const { return same_host_; }
   bool failed() const { return failed_.load(std::memory_order_acquire); }
-  Status failure() const;
+  Status failure() const EXCLUDES(failure_mu_);
   // Whether the peer has answered anything sent on this connection (it is up, not merely
   // being dialled).
   bool answered() const { return answered_.load(std::memory_order_acquire); }
@@ -66,7 +66,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
 
   // Holding shard()'s worker only.
   Status Open(int lanes);
-  void Fail(Status why);
+  void Fail(Status why) EXCLUDES(failure_mu_);
   void Close();
   size_t lanes() const { return eps_.size(); }
   // REQUIRES: !failed() (a failed connection has no endpoints)
@@ -89,8 +89,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
   int control_;  // the handshake's socket, closed with the connection
   std::atomic<bool> failed_{false};
   mutable std::atomic<bool> answered_{false};
-  mutable std::mutex failure_mu_;
-  Status failure_;  // GUARDED_BY(failure_mu_)
+  mutable Mutex failure_mu_;
+  Status failure_ GUARDED_BY(failure_mu_);
   std::vector<ucp_ep_h> eps_;
   std::unordered_map<uint64_t, std::vector<ucp_rkey_h>> rkeys_;  // by remote region id
   std::set<uint64_t> revoked_;
@@ -199,12 +199,12 @@ class Core : public std::enable_shared_from_this<Core> {
   // GPU memory staged through bounce buffers (staged.h).
   Stager& stager() { return *stager_; }
 
-  Result<TransportData> Register(const std::shared_ptr<Region>& region);
+  Result<TransportData> Register(const std::shared_ptr<Region>& region) EXCLUDES(regions_mu_);
   // From a user thread: ferry's handshake with `peer` at `address` for a connection on shard
   // `shard`, until `deadline`; then the Conn opens `lanes` endpoints (on its shard's thread).
   Result<std::shared_ptr<Conn>> Dial(const EngineDesc& peer, const std::string& address, bool same_host,
                                      size_t shard, int lanes, Deadline deadline);
-  void Deregister(const Region& region);
+  void Deregister(const Region& region) EXCLUDES(regions_mu_);
 
   // From a user thread: sends `h` (and `payload`) on lane 0 of `conn` with a fresh token and
   // waits for the peer's ack until `deadline`.
@@ -225,7 +225,7 @@ class Core : public std::enable_shared_from_this<Core> {
   Core() = default;
   Status Listen();
   // The region `id` if `key` is its key; otherwise null, and the message is rejected.
-  std::shared_ptr<Region> FindRegion(uint64_t id, uint64_t key);
+  std::shared_ptr<Region> FindRegion(uint64_t id, uint64_t key) EXCLUDES(regions_mu_);
   void Reject(const char* why);
   static void Forget(Shard& s);
 
@@ -258,8 +258,8 @@ class Core : public std::enable_shared_from_this<Core> {
   std::atomic<uint64_t> rejected_{0};
   bool shut_down_ = false;
 
-  std::mutex regions_mu_;
-  std::unordered_map<uint64_t, Registered> regions_;  // GUARDED_BY(regions_mu_)
+  Mutex regions_mu_;
+  std::unordered_map<uint64_t, Registered> regions_ GUARDED_BY(regions_mu_);
 
   std::unique_ptr<Stager> stager_;
 

@@ -2,10 +2,8 @@
 // back to its worker, on shard 0), their end, and the dialling of a peer.
 #include <unistd.h>
 
-#include <condition_variable>
-#include <mutex>
-
 #include "base/log.h"
+#include "base/mutex.h"
 #include "transport/ucx/core.h"
 
 namespace ferry::internal::ucx {
@@ -35,22 +33,22 @@ Welcome Core::Admit(const Hello& hello, Deadline deadline) {
     return w;
   }
   struct Wait {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    bool abandoned = false;
-    Status status;
+    Mutex mu;
+    CondVar cv;
+    bool done GUARDED_BY(mu) = false;
+    bool abandoned GUARDED_BY(mu) = false;
+    Status status GUARDED_BY(mu);
   };
   auto wait = std::make_shared<Wait>();
   const uint64_t id = RandomKey();  // unguessable: it is what names the peer in each message
   Shard* s0 = shards_[0].get();
   bool submitted = s0->worker->Submit([this, s0, wait, id, hello, padded = std::move(address).value()] {
-    std::unique_lock<std::mutex> lock(wait->mu);
+    MutexLock lock(&wait->mu);
     if (wait->abandoned) return;
     if (s0->accepted.count(id) != 0) {  // 2^-64
       wait->status = Status(Code::kUnavailable, "connection id in use; retry");
       wait->done = true;
-      return wait->cv.notify_all();
+      return wait->cv.NotifyAll();
     }
     auto a = std::make_unique<Accepted>();
     a->id = id;
@@ -75,7 +73,7 @@ Welcome Core::Admit(const Hello& hello, Deadline deadline) {
     }
     wait->status = st;
     wait->done = true;
-    wait->cv.notify_all();
+    wait->cv.NotifyAll();
   });
   Welcome w;
   if (!submitted) {
@@ -83,8 +81,8 @@ Welcome Core::Admit(const Hello& hello, Deadline deadline) {
     w.message = "the engine is shutting down";
     return w;
   }
-  std::unique_lock<std::mutex> lock(wait->mu);
-  if (!wait->cv.wait_until(lock, deadline.at(), [&] { return wait->done; })) {
+  MutexLock lock(&wait->mu);
+  if (!wait->cv.WaitUntil(&wait->mu, deadline.at(), [&]() REQUIRES(wait->mu) { return wait->done; })) {
     wait->abandoned = true;
     w.code = Code::kUnavailable;
     w.message = "the engine is too busy to take a connection";

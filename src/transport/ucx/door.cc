@@ -103,7 +103,7 @@ Door::~Door() {
 
 void Door::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopped_) return;
     stopped_ = true;
   }
@@ -117,7 +117,7 @@ void Door::Stop() {
 
 void Door::Forget(uint64_t conn_id) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stopped_) return;
     forget_.push_back(conn_id);
   }
@@ -168,7 +168,7 @@ void Door::Loop() {
       (void)!read(wake_fd_, &v, sizeof(v));
       std::vector<uint64_t> forget;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         forget.swap(forget_);
       }
       for (uint64_t id : forget) {

@@ -18,12 +18,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "base/deadline.h"
+#include "base/mutex.h"
 #include "ferry/status.h"
 #include "transport/ucx/door_wire.h"
 
@@ -52,9 +52,9 @@ class Door {
   uint16_t port() const { return port_; }
   // Closes the control socket of `conn_id` (its connection was dropped elsewhere); GoneFn is
   // not called for it.
-  void Forget(uint64_t conn_id);
+  void Forget(uint64_t conn_id) EXCLUDES(mu_);
   // Closes the listener and every socket and joins the door thread. Idempotent.
-  void Stop();
+  void Stop() EXCLUDES(mu_);
 
   // Connections closed without becoming established: malformed, silent past the timeout,
   // evicted, refused.
@@ -73,7 +73,7 @@ class Door {
     uint64_t conn_id;
   };
   Door(DoorOptions options, AdmitFn admit, GoneFn gone, int listen_fd, int wake_fd, uint16_t port);
-  void Loop();
+  void Loop() EXCLUDES(mu_);
   void Accept();
   void Read(Pending& p, bool* done);  // *done: p is finished (established or closed)
   void Finish(Pending& p);
@@ -97,9 +97,9 @@ class Door {
   Clock::time_point paused_until_{};
   uint64_t accept_errors_ = 0;
 
-  std::mutex mu_;
-  std::vector<uint64_t> forget_;  // GUARDED_BY(mu_)
-  bool stopped_ = false;          // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::vector<uint64_t> forget_ GUARDED_BY(mu_);
+  bool stopped_ GUARDED_BY(mu_) = false;
 };
 
 // An initiator's side of the handshake: connects to `address` ("ip:port"), sends `hello` and

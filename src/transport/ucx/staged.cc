@@ -4,7 +4,6 @@
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <mutex>
 
 #include "base/log.h"
 #include "base/tsan.h"
@@ -235,7 +234,7 @@ struct ReadJob : ChunkJob<ReadJob> {
 
 Stager::Stager(Core* core, std::unique_ptr<StageCopier> copier) : impl_(std::make_shared<Impl>()) {
   impl_->core = core;
-  impl_->dispatch->core = core;
+  impl_->dispatch->Attach(core);
   impl_->copier = copier ? std::move(copier) : MakeCudaStageCopier(nullptr);
   impl_->has_gpu = impl_->copier->gpu();
   const bool pin = cuda::Available();
@@ -244,10 +243,7 @@ Stager::Stager(Core* core, std::unique_ptr<StageCopier> copier) : impl_(std::mak
 }
 
 Stager::~Stager() {
-  {
-    std::lock_guard<std::mutex> lock(impl_->dispatch->mu);
-    impl_->dispatch->core = nullptr;  // callbacks from now on fail their parts with kAborted
-  }
+  impl_->dispatch->Detach();  // callbacks from now on fail their parts with kAborted
   impl_->send_pool->DropWaiters();
   impl_->recv_pool->DropWaiters();
   impl_->copier.reset();  // copies in flight finish on the engine's copy engines

@@ -12,10 +12,10 @@
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <utility>
 #include <vector>
 
+#include "base/mutex.h"
 #include "cuda/runtime.h"
 #include "transport/ucx/core.h"
 #include "transport/ucx/staged.h"
@@ -25,13 +25,24 @@ namespace ferry::internal::ucx {
 inline constexpr size_t kBounceBytes = (kStageChunkBytes + PieceTableBytes(kStageMaxPieces) + 4095) / 4096 * 4096;
 
 // Runs work on a shard's progress thread while the transport lives.
-struct Dispatcher {
-  std::mutex mu;
-  Core* core = nullptr;  // GUARDED_BY(mu); null once the transport is gone
-  bool Run(size_t shard, std::function<void()> fn) {
-    std::lock_guard<std::mutex> lock(mu);
-    return core != nullptr && core->shard(shard).worker->Submit(std::move(fn));
+class Dispatcher {
+ public:
+  // From Stager's construction to its end: Run() reaches `core`'s shards.
+  void Attach(Core* core) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    core_ = core;
   }
+  // Run() fails from now on (the transport is going).
+  void Detach() EXCLUDES(mu_) { Attach(nullptr); }
+  // False when detached or the shard's worker is stopping; then `fn` does not run.
+  bool Run(size_t shard, std::function<void()> fn) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    return core_ != nullptr && core_->shard(shard).worker->Submit(std::move(fn));
+  }
+
+ private:
+  Mutex mu_;
+  Core* core_ GUARDED_BY(mu_) = nullptr;
 };
 
 class BouncePool;
@@ -60,18 +71,44 @@ class BouncePool : public std::enable_shared_from_this<BouncePool> {
   // A buffer, or null when all kStageBuffers are in use; then `retry` runs on the progress
   // thread of `shard` once one comes back (registered under the same lock as the check, so that a
   // buffer returned meanwhile on another thread is not missed).
-  std::shared_ptr<Bounce> AcquireOrWait(size_t shard, std::function<void()> retry) {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<Bounce> AcquireOrWait(size_t shard, std::function<void()> retry) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     auto b = TryAcquireLocked();
     if (!b && retry) waiters_.emplace_back(shard, std::move(retry));
     return b;
   }
-  std::shared_ptr<Bounce> TryAcquire() {
-    std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<Bounce> TryAcquire() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return TryAcquireLocked();
   }
-  // REQUIRES: mu_ held.
-  std::shared_ptr<Bounce> TryAcquireLocked() {
+  void Return(std::byte* data, bool pinned) EXCLUDES(mu_) {
+    std::pair<size_t, std::function<void()>> next;
+    {
+      MutexLock lock(&mu_);
+      free_.emplace_back(data, pinned);
+      if (!waiters_.empty()) {
+        next = std::move(waiters_.front());
+        waiters_.pop_front();
+      }
+    }
+    if (next.second) (void)dispatch_->Run(next.first, std::move(next.second));
+  }
+  void DropWaiters() EXCLUDES(mu_) {
+    std::deque<std::pair<size_t, std::function<void()>>> w;  // destroyed after the lock is let go
+    MutexLock lock(&mu_);
+    w.swap(waiters_);
+  }
+  size_t free() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    return free_.size();
+  }
+  size_t allocated() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    return allocated_;
+  }
+
+ private:
+  std::shared_ptr<Bounce> TryAcquireLocked() REQUIRES(mu_) {
     if (!free_.empty()) {
       auto [data, pinned] = free_.back();
       free_.pop_back();
@@ -84,39 +121,13 @@ class BouncePool : public std::enable_shared_from_this<BouncePool> {
     ++allocated_;
     return std::make_shared<Bounce>(weak_from_this(), data, pinned);
   }
-  void Return(std::byte* data, bool pinned) {
-    std::pair<size_t, std::function<void()>> next;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      free_.emplace_back(data, pinned);
-      if (!waiters_.empty()) {
-        next = std::move(waiters_.front());
-        waiters_.pop_front();
-      }
-    }
-    if (next.second) (void)dispatch_->Run(next.first, std::move(next.second));
-  }
-  void DropWaiters() {
-    std::deque<std::pair<size_t, std::function<void()>>> w;
-    std::lock_guard<std::mutex> lock(mu_);
-    w.swap(waiters_);
-  }
-  size_t free() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return free_.size();
-  }
-  size_t allocated() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return allocated_;
-  }
 
- private:
   std::shared_ptr<Dispatcher> dispatch_;
   const bool pin_;
-  std::mutex mu_;
-  std::vector<std::pair<std::byte*, bool>> free_;  // GUARDED_BY(mu_)
-  std::deque<std::pair<size_t, std::function<void()>>> waiters_;  // GUARDED_BY(mu_): shard, retry
-  size_t allocated_ = 0;                           // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::vector<std::pair<std::byte*, bool>> free_ GUARDED_BY(mu_);
+  std::deque<std::pair<size_t, std::function<void()>>> waiters_ GUARDED_BY(mu_);  // shard, retry
+  size_t allocated_ GUARDED_BY(mu_) = 0;
 };
 
 inline Bounce::~Bounce() {

@@ -99,7 +99,7 @@ Status Worker::Start(std::function<void()> tick, std::function<bool()> outstandi
 
 bool Worker::Submit(std::function<void()> fn) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (closed_) return false;
     queue_.push_back(std::move(fn));
     queued_.store(true, std::memory_order_seq_cst);
@@ -112,28 +112,30 @@ bool Worker::Submit(std::function<void()> fn) {
       ucp_worker_signal(worker_);
       break;
     case Sleep::kStepBack:
-      wake_.notify_one();
+      wake_.NotifyOne();
       break;
   }
   return true;
 }
 
 void Worker::Stop(std::function<void()> last) {
+  const bool started = thread_.joinable();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
-    last_ = std::move(last);
+    // The progress thread runs `last` as it drains; without one, this thread does, below.
+    if (started) last_ = std::move(last);
     stop_.store(true, std::memory_order_release);  // under mu_: the stepped-back thread's predicate
   }
-  wake_.notify_all();
-  if (thread_.joinable()) {
+  wake_.NotifyAll();
+  if (started) {
     ucp_worker_signal(worker_);
     thread_.join();
     return;
   }
   Hold hold(*this);
-  if (last_) last_();
+  if (last) last();
   stopped_ = true;
 }
 
@@ -144,8 +146,9 @@ bool Worker::Usable(bool direct) const {
 
 bool Worker::TryProgress() {
   if (Held()) return false;  // inside a callback of this worker
-  Hold hold(*this, std::try_to_lock);
-  if (!hold || !Usable(/*direct=*/false)) return false;
+  if (!ucx_mu_.TryLock()) return false;
+  Hold hold(*this, std::adopt_lock);
+  if (!Usable(/*direct=*/false)) return false;
   app_progress_at_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
                          std::memory_order_relaxed);
   app_progress_.fetch_add(1, std::memory_order_relaxed);
@@ -164,10 +167,10 @@ void Worker::WakeIfOutstanding() {
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     poke_ = true;
   }
-  wake_.notify_one();
+  wake_.NotifyOne();
 }
 
 bool Worker::Shared(std::chrono::steady_clock::time_point now) const {
@@ -183,9 +186,9 @@ void Worker::StepBack() {
   const auto window = std::chrono::duration_cast<Clock::duration>(kShareWindow);
   // The tick still runs about every 20 ms (the caller's loop does it).
   const auto tick = Clock::now() + std::chrono::milliseconds(20);
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   sleeping_.store(Sleep::kStepBack, std::memory_order_seq_cst);
-  auto woken = [this] {
+  auto woken = [this]() REQUIRES(mu_) {
     return poke_ || queued_.load(std::memory_order_acquire) ||
            stop_.load(std::memory_order_acquire);
   };
@@ -196,7 +199,7 @@ void Worker::StepBack() {
     auto until = std::min(
         tick, Clock::time_point(Clock::duration(app_progress_at_.load(std::memory_order_relaxed))) +
                   window);
-    if (wake_.wait_until(lock, until, woken)) break;
+    if (wake_.WaitUntil(&mu_, until, woken)) break;
     auto now = Clock::now();
     if (now >= tick || !Shared(now)) break;
   }
@@ -208,7 +211,7 @@ bool Worker::RunQueued() {
   if (!queued_.load(std::memory_order_acquire)) return false;  // no lock while idle
   std::vector<std::function<void()>> batch;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     batch.swap(queue_);
     queued_.store(false, std::memory_order_relaxed);
   }
@@ -279,7 +282,7 @@ void Worker::Loop(std::function<void()> tick) {
   RunQueued();
   std::function<void()> last;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     last = std::move(last_);
   }
   if (last) last();

@@ -22,14 +22,14 @@
 // housekeeping.
 //
 // Thread safety: Submit(), TryRun(), TryProgress(), Held() from any thread; handle() and
-// everything done with it by the thread that holds the worker (Held()).
+// everything done with it by the thread that holds the worker (Held()). Locks: the worker's
+// (ucx_mu_) is taken before the queue's (mu_), never the other way round.
 #pragma once
 
 #include <ucp/api/ucp.h>
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -37,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "ferry/options.h"
 #include "ferry/status.h"
 
@@ -64,9 +65,9 @@ class Worker {
   // flight.
   Status Start(std::function<void()> tick, std::function<bool()> outstanding);
   // Runs `fn` on the progress thread, holding the worker; returns false once it is stopping.
-  bool Submit(std::function<void()> fn);
+  bool Submit(std::function<void()> fn) EXCLUDES(mu_);
   // Stops the thread after it ran `last` (holding the worker) and everything submitted before.
-  void Stop(std::function<void()> last);
+  void Stop(std::function<void()> last) EXCLUDES(ucx_mu_, mu_);
 
   // Whether the calling thread holds the worker: the progress thread in its loop, or an
   // application thread inside TryRun/TryProgress (e.g. in a callback that progress ran).
@@ -76,9 +77,10 @@ class Worker {
   // work submitted before it). Returns false, without running `fn`, otherwise; then the
   // caller Submit()s it. REQUIRES: !Held().
   template <typename F>
-  bool TryRun(F& fn) {
-    Hold hold(*this, std::try_to_lock);
-    if (!hold || !Usable(/*direct=*/true)) return false;
+  bool TryRun(F& fn) EXCLUDES(ucx_mu_) {
+    if (!ucx_mu_.TryLock()) return false;
+    Hold hold(*this, std::adopt_lock);
+    if (!Usable(/*direct=*/true)) return false;
     fn();
     direct_runs_.fetch_add(1, std::memory_order_relaxed);
     WakeIfOutstanding();
@@ -87,7 +89,7 @@ class Worker {
   // Progresses the worker from the calling thread if it can be taken without waiting (and
   // the calling thread does not already hold it: UCX forbids progress from its callbacks).
   // Returns whether UCX made progress.
-  bool TryProgress();
+  bool TryProgress() EXCLUDES(ucx_mu_);
 
   // For tests and diagnostics.
   bool asleep() const { return sleeping_.load(std::memory_order_acquire) != Sleep::kAwake; }
@@ -97,37 +99,39 @@ class Worker {
 
  private:
   enum class Sleep : uint8_t { kAwake, kOnFd, kStepBack };
-  // Holds the worker: its lock, and owner_ set to the holding thread.
-  class Hold {
+  // Holds the worker for its scope: its lock, and owner_ set to the holding thread. The
+  // adopting form takes over the lock that the caller took with ucx_mu_.TryLock() (application
+  // threads never wait for the worker).
+  class SCOPED_CAPABILITY Hold {
    public:
-    explicit Hold(Worker& w) : w_(w), lock_(w.ucx_mu_) { Own(); }
-    Hold(Worker& w, std::try_to_lock_t) : w_(w), lock_(w.ucx_mu_, std::try_to_lock) {
-      if (lock_.owns_lock()) Own();
+    explicit Hold(Worker& w) ACQUIRE(w.ucx_mu_) : w_(w) {
+      w_.ucx_mu_.Lock();
+      Own();
     }
-    ~Hold() {
-      if (lock_.owns_lock()) w_.owner_.store(std::thread::id(), std::memory_order_relaxed);
+    Hold(Worker& w, std::adopt_lock_t) REQUIRES(w.ucx_mu_) : w_(w) { Own(); }
+    ~Hold() RELEASE() {
+      w_.owner_.store(std::thread::id(), std::memory_order_relaxed);
+      w_.ucx_mu_.Unlock();
     }
     Hold(const Hold&) = delete;
     Hold& operator=(const Hold&) = delete;
-    explicit operator bool() const { return lock_.owns_lock(); }
 
    private:
     void Own() { w_.owner_.store(std::this_thread::get_id(), std::memory_order_relaxed); }
     Worker& w_;
-    std::unique_lock<std::mutex> lock_;
   };
 
   Worker(ucp_worker_h worker, int efd, UcxOptions::Progress mode)
       : worker_(worker), efd_(efd), mode_(mode) {}
-  void Loop(std::function<void()> tick);
-  bool RunQueued();  // REQUIRES: Held()
+  void Loop(std::function<void()> tick) EXCLUDES(ucx_mu_, mu_);
+  bool RunQueued() REQUIRES(ucx_mu_) EXCLUDES(mu_);
   // Whether an application thread holding the worker may use it: not drained, not stopping
   // and, for work of its own (`direct`), nothing submitted still waiting to run.
-  bool Usable(bool direct) const;  // REQUIRES: Held()
-  void StepBack();
+  bool Usable(bool direct) const REQUIRES(ucx_mu_);
+  void StepBack() EXCLUDES(mu_);
   // After an application thread used the worker: a sleeping progress thread must come back
   // for operations it left in flight.
-  void WakeIfOutstanding();  // REQUIRES: Held()
+  void WakeIfOutstanding() REQUIRES(ucx_mu_) EXCLUDES(mu_);
   // kShared: whether application threads progressed the worker within kShareWindow.
   bool Shared(std::chrono::steady_clock::time_point now) const;
 
@@ -137,9 +141,9 @@ class Worker {
   std::thread thread_;
   std::function<bool()> outstanding_;  // set before the thread starts
 
-  std::mutex ucx_mu_;  // the worker's lock (see the header comment)
+  Mutex ucx_mu_;  // the worker's lock (see the header comment)
   std::atomic<std::thread::id> owner_{};
-  bool stopped_ = false;  // GUARDED_BY(ucx_mu_): the worker is drained; nobody progresses it
+  bool stopped_ GUARDED_BY(ucx_mu_) = false;  // the worker is drained; nobody progresses it
 
   std::atomic<bool> stop_{false};
   std::atomic<Sleep> sleeping_{Sleep::kAwake};
@@ -148,12 +152,12 @@ class Worker {
   std::atomic<uint64_t> direct_runs_{0};
   std::atomic<uint64_t> app_progress_{0};
   std::atomic<uint64_t> step_backs_{0};
-  std::mutex mu_;
-  std::condition_variable wake_;              // the stepped-back thread waits here, on mu_
-  bool poke_ = false;                         // GUARDED_BY(mu_): wake_ was signalled
-  std::vector<std::function<void()>> queue_;  // GUARDED_BY(mu_)
-  bool closed_ = false;                       // GUARDED_BY(mu_)
-  std::function<void()> last_;                // GUARDED_BY(mu_)
+  Mutex mu_ ACQUIRED_AFTER(ucx_mu_);
+  CondVar wake_;                                              // the stepped-back thread waits here, on mu_
+  bool poke_ GUARDED_BY(mu_) = false;                         // wake_ was signalled
+  std::vector<std::function<void()>> queue_ GUARDED_BY(mu_);
+  bool closed_ GUARDED_BY(mu_) = false;
+  std::function<void()> last_ GUARDED_BY(mu_);
 };
 
 // Opens an endpoint of `worker` to the worker at `address` (a checked, padded worker address:
