@@ -4,10 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <mutex>
+#include <functional>
 #include <thread>
 
+#include "base/mutex.h"
 #include "testing/held_engines.h"
 
 namespace ferry::internal {
@@ -16,34 +16,44 @@ namespace {
 using namespace std::chrono_literals;
 
 // The calls of one callback: how many, with which status, on which thread.
-struct Calls {
-  std::mutex mu;
-  std::condition_variable cv;
-  int count = 0;
-  Status last;
-  std::thread::id thread;
-
+class Calls {
+ public:
   std::function<void(const Status&)> Fn() {
     return [this](const Status& s) {
       // Notifies under the lock: a waiter that sees the count may destroy this Calls (a test's
       // local) as soon as it returns, so nothing here may touch it after the unlock.
-      std::lock_guard<std::mutex> lock(mu);
-      ++count;
-      last = s;
-      thread = std::this_thread::get_id();
-      cv.notify_all();
+      MutexLock lock(&mu_);
+      ++count_;
+      last_ = s;
+      thread_ = std::this_thread::get_id();
+      cv_.NotifyAll();
     };
   }
   // Waits up to `d` for at least `n` calls; returns the count.
-  int WaitFor(int n, std::chrono::milliseconds d = 5s) {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait_for(lock, d, [&] { return count >= n; });
-    return count;
+  int WaitFor(int n, std::chrono::milliseconds d = 5s) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    cv_.WaitFor(&mu_, d, [&]() REQUIRES(mu_) { return count_ >= n; });
+    return count_;
   }
-  int Count() {
-    std::lock_guard<std::mutex> lock(mu);
-    return count;
+  int Count() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    return count_;
   }
+  Status Last() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    return last_;
+  }
+  std::thread::id Thread() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    return thread_;
+  }
+
+ private:
+  Mutex mu_;
+  CondVar cv_;
+  int count_ GUARDED_BY(mu_) = 0;
+  Status last_ GUARDED_BY(mu_);
+  std::thread::id thread_ GUARDED_BY(mu_);
 };
 
 class CompletionTest : public HeldEnginesTest {
@@ -62,8 +72,8 @@ TEST_F(CompletionTest, ACallbackRunsOnceOnTheCompletionThreadOnSuccess) {
   EXPECT_EQ(c.Count(), 0);
   ASSERT_TRUE(held().Release(0));
   ASSERT_EQ(c.WaitFor(1), 1);
-  EXPECT_TRUE(c.last.ok()) << c.last.ToString();
-  EXPECT_NE(c.thread, std::this_thread::get_id());
+  EXPECT_TRUE(c.Last().ok()) << c.Last().ToString();
+  EXPECT_NE(c.Thread(), std::this_thread::get_id());
   EXPECT_TRUE(LayerInPlace(0));
   EXPECT_TRUE(t.Wait().ok());
   std::this_thread::sleep_for(20ms);
@@ -75,7 +85,7 @@ TEST_F(CompletionTest, ACallbackRunsOnceOnFailure) {
   Transfer t = WriteLayer(1, WithCallback(c));
   ASSERT_TRUE(held().Release(0, Status(Code::kUnavailable, "link down")));
   ASSERT_EQ(c.WaitFor(1), 1);
-  EXPECT_EQ(c.last.code(), Code::kUnavailable);
+  EXPECT_EQ(c.Last().code(), Code::kUnavailable);
   EXPECT_EQ(t.Wait().code(), Code::kUnavailable);
   std::this_thread::sleep_for(20ms);
   EXPECT_EQ(c.Count(), 1);
@@ -89,7 +99,7 @@ TEST_F(CompletionTest, ACallbackRunsAtTheDeadlineOfATransferNobodyWaitsOn) {
   ASSERT_EQ(c.WaitFor(1), 1);
   EXPECT_GE(std::chrono::steady_clock::now() - start, 100ms);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
-  EXPECT_EQ(c.last.code(), Code::kDeadlineExceeded);
+  EXPECT_EQ(c.Last().code(), Code::kDeadlineExceeded);
   EXPECT_TRUE(t.Test());
   // The batch lands late: the transfer stays failed, the callback is not run again.
   ASSERT_TRUE(held().Release(0));
@@ -103,20 +113,20 @@ TEST_F(CompletionTest, ARefusedTransferRunsItsCallbackAtOnceOnTheCallersThread) 
   TransferOp op{0, 0, kLayer + 1};
   Transfer t = sessions_[0]->Post(Op::kWrite, std::span<const TransferOp>(&op, 1), WithCallback(c));
   ASSERT_EQ(c.Count(), 1);
-  EXPECT_EQ(c.last.code(), Code::kOutOfRange);
-  EXPECT_EQ(c.thread, std::this_thread::get_id());
+  EXPECT_EQ(c.Last().code(), Code::kOutOfRange);
+  EXPECT_EQ(c.Thread(), std::this_thread::get_id());
   Calls d;
   TransferOptions o = WithCallback(d);
   o.deadline = Duration::zero();
   (void)WriteLayer(0, o);
   EXPECT_EQ(d.Count(), 1);
-  EXPECT_EQ(d.last.code(), Code::kInvalidArgument);
+  EXPECT_EQ(d.Last().code(), Code::kInvalidArgument);
   EXPECT_EQ(held().count(), 0u);
   // An empty session handle too.
   Calls e;
   Transfer none = Session().Write(0, 0, 1, WithCallback(e));
   EXPECT_EQ(e.Count(), 1);
-  EXPECT_EQ(e.last.code(), Code::kFailedPrecondition);
+  EXPECT_EQ(e.Last().code(), Code::kFailedPrecondition);
 }
 
 // A callback may post the next transfer (a connector chains layers this way).
@@ -124,11 +134,11 @@ TEST_F(CompletionTest, ACallbackMayPostTransfers) {
   Calls second;
   std::atomic<bool> posted{false};
   Transfer chained;
-  std::mutex mu;
+  Mutex mu;
   TransferOptions o;
   o.on_complete = [&](const Status& s) {
     ASSERT_TRUE(s.ok());
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     TransferOptions next;
     next.on_complete = second.Fn();
     chained = WriteLayer(1, next);
@@ -140,7 +150,7 @@ TEST_F(CompletionTest, ACallbackMayPostTransfers) {
   ASSERT_TRUE(posted);
   ASSERT_TRUE(held().Release(0));
   ASSERT_EQ(second.WaitFor(1), 1);
-  EXPECT_TRUE(second.last.ok());
+  EXPECT_TRUE(second.Last().ok());
   EXPECT_TRUE(LayerInPlace(0) && LayerInPlace(1));
 }
 
@@ -154,8 +164,8 @@ TEST_F(CompletionTest, ATransferDroppedAfterShutdownRunsItsCallback) {
   EXPECT_EQ(c.Count(), 0);
   held().Clear();  // the held batch, the transfer's last owner, is dropped
   ASSERT_EQ(c.WaitFor(1), 1);
-  EXPECT_EQ(c.last.code(), Code::kAborted);
-  EXPECT_EQ(c.thread, std::this_thread::get_id());
+  EXPECT_EQ(c.Last().code(), Code::kAborted);
+  EXPECT_EQ(c.Thread(), std::this_thread::get_id());
 }
 
 TEST_F(CompletionTest, WaitAnyReturnsTheTransferThatFinishedFirst) {

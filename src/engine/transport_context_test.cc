@@ -5,10 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "cuda/copy_engine.h"
 #include "cuda/runtime.h"
 #include "engine/engine_core.h"
@@ -21,11 +21,11 @@ struct Seen {
   std::string transport;
   std::shared_ptr<cuda::CopyEngines> copy_engines;
 };
-std::mutex g_mu;
-std::vector<Seen> g_seen;  // GUARDED_BY(g_mu)
+Mutex g_mu;
+std::vector<Seen> g_seen GUARDED_BY(g_mu);
 
 std::vector<Seen> TakeSeen() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(&g_mu);
   std::vector<Seen> out;
   out.swap(g_seen);
   return out;
@@ -57,7 +57,7 @@ class RecordingTransport final : public Transport {
 
 Result<std::unique_ptr<Transport>> Record(const TransportContext& ctx, std::string_view name) {
   {
-    std::lock_guard<std::mutex> lock(g_mu);
+    MutexLock lock(&g_mu);
     g_seen.push_back(Seen{ctx.engine_key, std::string(name), ctx.copy_engines});
   }
   return std::unique_ptr<Transport>(new RecordingTransport(name));
@@ -73,6 +73,15 @@ std::shared_ptr<EngineCore> MakeEngine(const std::string& key) {
   auto e = EngineCore::Create(options, kEntries);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   return e.ok() ? std::move(e).value() : nullptr;
+}
+
+// One engine, and the contexts its two transports were given.
+void MakeOne(const std::string& key, std::shared_ptr<EngineCore>* a, std::vector<Seen>* seen) {
+  TakeSeen();
+  *a = MakeEngine(key);
+  ASSERT_TRUE(*a);
+  *seen = TakeSeen();
+  ASSERT_EQ(seen->size(), 2u);
 }
 
 TEST(TransportContext, TransportsOfOneEngineShareOneSetOfCopyEngines) {
@@ -106,11 +115,9 @@ TEST(TransportContext, TransportsOfOneEngineShareOneSetOfCopyEngines) {
 }
 
 TEST(TransportContext, TheCopyEnginesLiveAsLongAsTheEngine) {
-  TakeSeen();
-  auto a = MakeEngine("ctx-life");
-  ASSERT_TRUE(a);
-  std::vector<Seen> seen = TakeSeen();
-  ASSERT_EQ(seen.size(), 2u);
+  std::shared_ptr<EngineCore> a;
+  std::vector<Seen> seen;
+  ASSERT_NO_FATAL_FAILURE(MakeOne("ctx-life", &a, &seen));
   std::weak_ptr<cuda::CopyEngines> engines = seen[0].copy_engines;
   seen.clear();
   EXPECT_FALSE(engines.expired()) << "the engine holds its set while it lives";
@@ -121,11 +128,9 @@ TEST(TransportContext, TheCopyEnginesLiveAsLongAsTheEngine) {
 }
 
 TEST(TransportContext, ADeviceBeyondTheSetIsRefused) {
-  TakeSeen();
-  auto a = MakeEngine("ctx-devices");
-  ASSERT_TRUE(a);
-  std::vector<Seen> seen = TakeSeen();
-  ASSERT_EQ(seen.size(), 2u);
+  std::shared_ptr<EngineCore> a;
+  std::vector<Seen> seen;
+  ASSERT_NO_FATAL_FAILURE(MakeOne("ctx-devices", &a, &seen));
   cuda::CopyEngines& set = *seen[0].copy_engines;
   // A build without CUDA has no copy engines at all; a CUDA build has none past its devices.
   const Code expected = cuda::Built() ? Code::kInvalidArgument : Code::kUnsupported;
