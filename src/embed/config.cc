@@ -1,7 +1,10 @@
 #include "embed/config.h"
 
 #include <algorithm>
+#include <optional>
 
+#include "embed/checks.h"
+#include "embed/names.h"
 #include "embed/primes.h"
 
 namespace ferry::embed {
@@ -33,28 +36,22 @@ std::string Config::ToString() const {
          " L=" + std::to_string(layer);
 }
 
-std::string_view DtypeName(Dtype dtype) {
-  switch (dtype) {
-    case Dtype::kBf16:
-      return "bf16";
-    case Dtype::kF16:
-      return "f16";
-    case Dtype::kF32:
-      return "f32";
-    case Dtype::kF8E4M3:
-      return "f8_e4m3";
-    case Dtype::kNvfp4:
-      return "nvfp4";
-  }
-  return "?";
-}
+namespace {
+
+constexpr NameTable<Dtype, 5> kDtypeNames = {{{Dtype::kBf16, "bf16"},
+                                              {Dtype::kF16, "f16"},
+                                              {Dtype::kF32, "f32"},
+                                              {Dtype::kF8E4M3, "f8_e4m3"},
+                                              {Dtype::kNvfp4, "nvfp4"}}};
+
+}  // namespace
+
+std::string_view DtypeName(Dtype dtype) { return NameOf(kDtypeNames, dtype); }
 
 Result<Dtype> ParseDtype(std::string_view name) {
-  for (Dtype d : {Dtype::kBf16, Dtype::kF16, Dtype::kF32, Dtype::kF8E4M3, Dtype::kNvfp4}) {
-    if (DtypeName(d) == name) return d;
-  }
-  return Invalid("unknown row dtype \"" + std::string(name) +
-                 "\" (bf16, f16, f32, f8_e4m3 or nvfp4)");
+  if (std::optional<Dtype> d = ValueNamed(kDtypeNames, name)) return *d;
+  return Invalid("unknown row dtype \"" + std::string(name) + "\" (" + NameList(kDtypeNames) +
+                 ")");
 }
 
 Result<uint64_t> RowBytes(Dtype dtype, int64_t head_dim) {
@@ -77,18 +74,13 @@ Result<uint64_t> RowBytes(Dtype dtype, int64_t head_dim) {
 }
 
 Result<Layout> Layout::Create(const Config& c) {
-  if (c.vocab_size < 1 || c.vocab_size > (int64_t{1} << 31))
-    return Invalid("vocab_size must be in [1, 2^31] (token ids are int32), not " +
-                   std::to_string(c.vocab_size));
+  // Token ids are int32: V <= 2^31.
+  FERRY_RETURN_IF_ERROR(CheckInRange("vocab_size", c.vocab_size, 1, int64_t{1} << 31));
   if (c.eos_id < 0 || c.eos_id >= c.vocab_size)
     return Invalid("eos_id " + std::to_string(c.eos_id) + " is outside the vocabulary [0, " +
                    std::to_string(c.vocab_size) + ")");
-  if (c.ngram_size < 2 || c.ngram_size > kMaxNgram)
-    return Invalid("ngram_size must be in [2, " + std::to_string(kMaxNgram) + "], not " +
-                   std::to_string(c.ngram_size));
-  if (c.heads_per_ngram < 1 || c.heads_per_ngram > kMaxHeads)
-    return Invalid("heads_per_ngram must be in [1, " + std::to_string(kMaxHeads) + "], not " +
-                   std::to_string(c.heads_per_ngram));
+  FERRY_RETURN_IF_ERROR(CheckInRange("ngram_size", c.ngram_size, 2, kMaxNgram));
+  FERRY_RETURN_IF_ERROR(CheckInRange("heads_per_ngram", c.heads_per_ngram, 1, kMaxHeads));
   const int64_t g = int64_t{c.ngram_size - 1} * c.heads_per_ngram;
   if (g > kMaxHeads)
     return Invalid("(ngram_size - 1) * heads_per_ngram = " + std::to_string(g) +
@@ -97,8 +89,7 @@ Result<Layout> Layout::Create(const Config& c) {
     return Invalid("embed_dim " + std::to_string(c.embed_dim) +
                    " must be positive and divisible by the " + std::to_string(g) + " heads");
   if (c.base_vocab < 1) return Invalid("base_vocab must be at least 1");
-  if (c.row_padding < 1 || c.row_padding > (uint64_t{1} << 32))
-    return Invalid("row_padding must be in [1, 2^32], not " + std::to_string(c.row_padding));
+  FERRY_RETURN_IF_ERROR(CheckInRange("row_padding", c.row_padding, 1, uint64_t{1} << 32));
   if (c.layer < 0 ||
       (static_cast<uint64_t>(c.layer) + 1) * static_cast<uint64_t>(g) > kMaxPrimesPerBase)
     return Invalid("layer " + std::to_string(c.layer) + " must be in [0, " +

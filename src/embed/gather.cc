@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "embed/checks.h"
 #include "embed/parallel.h"
 #include "embed/row_ids.h"
 
@@ -133,19 +134,9 @@ int64_t GatherRows(const Table& table, const uint64_t* ids, int64_t count, uint8
 }
 
 Status ValidateGatherOptions(const GatherOptions& options) {
-  if (options.threads < 1 || options.threads > kMaxGatherThreads)
-    return Status(Code::kInvalidArgument, "threads must be in [1, " +
-                                              std::to_string(kMaxGatherThreads) + "], not " +
-                                              std::to_string(options.threads));
-  if (options.chunk_tokens < 1 || options.chunk_tokens > kMaxChunkTokens)
-    return Status(Code::kInvalidArgument, "chunk_tokens must be in [1, " +
-                                              std::to_string(kMaxChunkTokens) + "], not " +
-                                              std::to_string(options.chunk_tokens));
-  if (options.prefetch_rows < 0 || options.prefetch_rows > kMaxPrefetchRows)
-    return Status(Code::kInvalidArgument, "prefetch_rows must be in [0, " +
-                                              std::to_string(kMaxPrefetchRows) + "], not " +
-                                              std::to_string(options.prefetch_rows));
-  return Status::Ok();
+  FERRY_RETURN_IF_ERROR(CheckInRange("threads", options.threads, 1, kMaxGatherThreads));
+  FERRY_RETURN_IF_ERROR(CheckInRange("chunk_tokens", options.chunk_tokens, 1, kMaxChunkTokens));
+  return CheckInRange("prefetch_rows", options.prefetch_rows, 0, kMaxPrefetchRows);
 }
 
 Result<std::unique_ptr<Gatherer>> Gatherer::Create(const GatherOptions& options) {
@@ -165,10 +156,7 @@ static_assert(kMaxGatherThreads == ThreadPool::kMaxThreads);
 void WorkersDeleter::operator()(ThreadPool* pool) const { delete pool; }
 
 Result<Workers> MakeWorkers(int threads, const std::string& name) {
-  if (threads < 1 || threads > kMaxGatherThreads)
-    return Status(Code::kInvalidArgument, "threads must be in [1, " +
-                                              std::to_string(kMaxGatherThreads) + "], not " +
-                                              std::to_string(threads));
+  FERRY_RETURN_IF_ERROR(CheckInRange("threads", threads, 1, kMaxGatherThreads));
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<ThreadPool> pool, ThreadPool::Create(threads, name));
   return Workers(pool.release());
 }

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "base/log.h"
+#include "embed/checks.h"
 #include "embed/service/cuda_sink.h"
 #include "embed/service/server_internal.h"
 #include "embed/start_thread.h"
@@ -27,15 +28,11 @@ Status ValidateServerOptions(const ServerOptions& o) {
     return Status(Code::kInvalidArgument,
                   "wait timeout " + std::to_string(o.wait_timeout.count()) +
                       " ns outside (0, " + std::to_string(kMaxWaitTimeout.count()) + " s]");
-  if (o.max_queued_steps < 1 || o.max_queued_steps > kMaxQueuedSteps)
-    return Status(Code::kInvalidArgument, "max queued steps must be in [1, " +
-                                              std::to_string(kMaxQueuedSteps) + "], not " +
-                                              std::to_string(o.max_queued_steps));
+  FERRY_RETURN_IF_ERROR(
+      CheckInRange("max queued steps", o.max_queued_steps, size_t{1}, kMaxQueuedSteps));
   if (o.min_copy_bytes < 1) return Status(Code::kInvalidArgument, "min copy bytes must be >= 1");
-  if (o.max_connections < 1 || o.max_connections > kMaxConnections)
-    return Status(Code::kInvalidArgument, "max connections must be in [1, " +
-                                              std::to_string(kMaxConnections) + "], not " +
-                                              std::to_string(o.max_connections));
+  FERRY_RETURN_IF_ERROR(
+      CheckInRange("max connections", o.max_connections, size_t{1}, kMaxConnections));
   FERRY_RETURN_IF_ERROR(ValidateGatherOptions(o.gather));
   return ValidateStepPolicyOptions(o.policy);
 }

@@ -1,41 +1,33 @@
 #include "embed/service/step_policy.h"
 
 #include <algorithm>
+#include <optional>
 #include <vector>
+
+#include "embed/checks.h"
+#include "embed/names.h"
 
 namespace ferry::embed::service {
 
+namespace {
+
+constexpr NameTable<UvaMode, 3> kUvaModeNames = {
+    {{UvaMode::kOff, "off"}, {UvaMode::kAlways, "always"}, {UvaMode::kAuto, "auto"}}};
+
+}  // namespace
+
 Result<UvaMode> ParseUvaMode(std::string_view s) {
-  if (s == "off") return UvaMode::kOff;
-  if (s == "always") return UvaMode::kAlways;
-  if (s == "auto") return UvaMode::kAuto;
-  return Status(Code::kInvalidArgument,
-                "UVA mode must be off, always or auto, not '" + std::string(s) + "'");
+  if (std::optional<UvaMode> m = ValueNamed(kUvaModeNames, s)) return *m;
+  return Status(Code::kInvalidArgument, "UVA mode must be " + NameList(kUvaModeNames) +
+                                            ", not '" + std::string(s) + "'");
 }
 
-std::string_view UvaModeName(UvaMode m) {
-  switch (m) {
-    case UvaMode::kOff:
-      return "off";
-    case UvaMode::kAlways:
-      return "always";
-    case UvaMode::kAuto:
-      return "auto";
-  }
-  return "?";
-}
+std::string_view UvaModeName(UvaMode m) { return NameOf(kUvaModeNames, m); }
 
 Status ValidateStepPolicyOptions(const StepPolicyOptions& options) {
-  auto check = [](const char* what, int v, int lo) {
-    if (v >= lo && v <= kMaxPolicyCount) return Status::Ok();
-    return Status(Code::kInvalidArgument, std::string(what) + " must be in [" +
-                                              std::to_string(lo) + ", " +
-                                              std::to_string(kMaxPolicyCount) + "], not " +
-                                              std::to_string(v));
-  };
-  FERRY_RETURN_IF_ERROR(check("UVA probes", options.probes, 1));
-  FERRY_RETURN_IF_ERROR(check("UVA window", options.window, 1));
-  return check("UVA reprobe_every", options.reprobe_every, 0);
+  FERRY_RETURN_IF_ERROR(CheckInRange("UVA probes", options.probes, 1, kMaxPolicyCount));
+  FERRY_RETURN_IF_ERROR(CheckInRange("UVA window", options.window, 1, kMaxPolicyCount));
+  return CheckInRange("UVA reprobe_every", options.reprobe_every, 0, kMaxPolicyCount);
 }
 
 StepPolicy::StepPolicy(const StepPolicyOptions& options) : options_(options) {

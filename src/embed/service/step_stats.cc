@@ -4,35 +4,28 @@
 #include <bit>
 #include <cstdio>
 
+#include "embed/names.h"
+
 namespace ferry::embed::service {
 
-std::string_view PhaseName(Phase p) {
-  switch (p) {
-    case Phase::kQueue:
-      return "queue";
-    case Phase::kInputs:
-      return "inputs";
-    case Phase::kReleased:
-      return "released";
-    case Phase::kDrain:
-      return "drain";
-    case Phase::kGather:
-      return "gather";
-    case Phase::kCopyTail:
-      return "copy_tail";
-    case Phase::kFinish:
-      return "finish";
-    case Phase::kDone:
-      return "done";
-    case Phase::kLayer:
-      return "layer";
-    case Phase::kStep:
-      return "step";
-    case Phase::kCount:
-      break;
-  }
-  return "?";
-}
+namespace {
+
+constexpr NameTable<Phase, kPhaseCount> kPhaseNames = {{{Phase::kQueue, "queue"},
+                                                        {Phase::kInputs, "inputs"},
+                                                        {Phase::kReleased, "released"},
+                                                        {Phase::kDrain, "drain"},
+                                                        {Phase::kGather, "gather"},
+                                                        {Phase::kCopyTail, "copy_tail"},
+                                                        {Phase::kFinish, "finish"},
+                                                        {Phase::kDone, "done"},
+                                                        {Phase::kLayer, "layer"},
+                                                        {Phase::kStep, "step"}}};
+static_assert(std::ranges::all_of(kPhaseNames, [](const auto& e) { return !e.second.empty(); }),
+              "a phase without a name");
+
+}  // namespace
+
+std::string_view PhaseName(Phase p) { return NameOf(kPhaseNames, p); }
 
 uint64_t TokenBucket(uint64_t tokens) { return tokens == 0 ? 0 : std::bit_floor(tokens); }
 
