@@ -4,42 +4,21 @@
 
 #include <algorithm>
 #include <cstring>
-#include <random>
 #include <set>
 #include <vector>
 
 #include "base/mutex.h"
+#include "testing/embed_core.h"
 
 namespace ferry::embed {
 namespace {
 
+using testing::RandomStep;
+using testing::Step;
+
 Layout SmallLayout(int n = 3) {
-  Config c;
-  c.vocab_size = 5000;
-  c.eos_id = 3;
-  c.ngram_size = n;
-  c.heads_per_ngram = 2;
-  c.embed_dim = 32 * (n - 1) * 2;  // d = 32
-  c.base_vocab = 1000;
-  c.row_padding = 64;
-  return Layout::Create(c).value();
-}
-
-struct Step {
-  std::vector<int32_t> tokens, qsl, ctx;
-  StepInput input() const { return StepInput{tokens, qsl, ctx}; }
-};
-
-Step RandomStep(const Layout& l, int reqs, int max_len, int padding, uint32_t seed) {
-  std::mt19937 rng(seed);
-  Step s;
-  s.qsl.push_back(0);
-  for (int r = 0; r < reqs; ++r) s.qsl.push_back(s.qsl.back() + rng() % (max_len + 1));
-  s.tokens.resize(s.qsl.back() + padding);
-  for (auto& t : s.tokens) t = static_cast<int32_t>(rng() % 5000) - (rng() % 10 == 0 ? 5000 : 0);
-  s.ctx.resize(reqs * (l.ngram_size() - 1));
-  for (auto& t : s.ctx) t = static_cast<int32_t>(rng() % 5000);
-  return s;
+  // V 5000, EOS 3, N n, H 2, d 32, B 1000, P 64.
+  return Layout::Create(testing::ConfigOf({5000, 3, n, 2, 32, 1000, 64})).value();
 }
 
 // The expected output: each row copied from the table, zeros for padding.

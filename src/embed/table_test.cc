@@ -13,6 +13,7 @@
 #include "base/thread_pool.h"
 #include "cuda/runtime.h"
 #include "embed/config.h"
+#include "testing/embed_core.h"
 #include "testing/embed_files.h"
 
 namespace ferry::embed {
@@ -22,17 +23,10 @@ using testing::OneTensorHeader;
 using testing::Safetensors;
 using testing::TempFile;
 
-// A layout of 4 heads of d = 8 over primes >= 5: sizes 5, 7, 11, 13 (36 rows, padded to 40).
+// V 100, EOS 1, N 3, H 2: a layout of 4 heads of d = 8 over primes >= 5: sizes 5, 7, 11, 13
+// (36 rows, padded to P 8: 40).
 Layout TinyLayout() {
-  Config c;
-  c.vocab_size = 100;
-  c.eos_id = 1;
-  c.ngram_size = 3;
-  c.heads_per_ngram = 2;
-  c.embed_dim = 32;
-  c.base_vocab = 5;
-  c.row_padding = 8;
-  return Layout::Create(c).value();
+  return Layout::Create(testing::ConfigOf({100, 1, 3, 2, 8, 5, 8})).value();
 }
 
 std::string RowData(uint64_t rows, uint64_t row_bytes, uint64_t first_row) {

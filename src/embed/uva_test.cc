@@ -4,49 +4,23 @@
 
 #include <gtest/gtest.h>
 
-#include <random>
 #include <vector>
 
 #include "cuda/runtime.h"
 #include "embed/gather.h"
+#include "testing/embed_core.h"
 #include "testing/embed_files.h"
 
 namespace ferry::embed {
 namespace {
 
+using testing::RandomStep;
+using testing::Step;
+
 Layout MakeLayout(int n, int h, int64_t d, uint64_t base, int64_t vocab = 3000) {
-  Config c;
-  c.vocab_size = vocab;
-  c.eos_id = 7;
-  c.ngram_size = n;
-  c.heads_per_ngram = h;
-  c.embed_dim = d * (n - 1) * h;
-  c.base_vocab = base;
-  c.row_padding = 128;
+  Config c = testing::ConfigOf({vocab, /*eos=*/7, n, h, d, base, /*padding=*/128});
   c.seed = 99 + n;
   return Layout::Create(c).value();
-}
-
-struct Step {
-  std::vector<int32_t> tokens, qsl, ctx;
-  StepInput input() const { return StepInput{tokens, qsl, ctx}; }
-};
-
-// Requests of 0..max_len tokens (EOS and negative ids inside), then `padding` tokens.
-Step RandomStep(const Layout& l, int reqs, int max_len, int padding, uint32_t seed) {
-  std::mt19937 rng(seed);
-  const int64_t v = l.config().vocab_size;
-  auto id = [&] {
-    uint32_t k = rng() % 10;
-    return k == 0 ? 7 : k == 1 ? -1 : static_cast<int32_t>(rng() % v);
-  };
-  Step s;
-  s.qsl.push_back(0);
-  for (int r = 0; r < reqs; ++r) s.qsl.push_back(s.qsl.back() + rng() % (max_len + 1));
-  for (int t = 0; t < s.qsl.back(); ++t) s.tokens.push_back(id());
-  for (int t = 0; t < padding; ++t) s.tokens.push_back(static_cast<int32_t>(rng()));
-  for (int i = 0; i < reqs * (l.ngram_size() - 1); ++i) s.ctx.push_back(id());
-  return s;
 }
 
 // Device memory freed at scope exit.

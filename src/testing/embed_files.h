@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "base/endian.h"
+
 namespace ferry::embed::testing {
 
 // A file in the test's temporary directory, removed when the object dies.
@@ -37,8 +39,7 @@ class TempFile {
 // A safetensors file: 8-byte little-endian header length, the header, the data.
 inline std::string Safetensors(const std::string& header, const std::string& data) {
   std::string out(8, '\0');
-  uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  StoreLe64(out.data(), uint64_t{header.size()});
   return out + header + data;
 }
 

@@ -21,22 +21,16 @@
 #include "embed/service/protocol.h"
 #include "embed/service/shared_memory.h"
 #include "embed/service/unix_socket.h"
+#include "testing/embed_core.h"
 #include "ferry/embed.h"
 #include "ferry/embed_server.h"
 #include "ferry/embed_service.h"
 
 namespace ferry::embed::service::testing {
 
-// V 1000, N 3, H 2 (G 4), E 64 (d 16, bf16: 32-byte rows, 128-byte tokens), B 97, P 8.
+// V 1000, EOS 2, N 3, H 2 (G 4), E 64 (d 16, bf16: 32-byte rows, 128-byte tokens), B 97, P 8.
 inline Config SmallConfig(int layer) {
-  Config c;
-  c.vocab_size = 1000;
-  c.eos_id = 2;
-  c.ngram_size = 3;
-  c.heads_per_ngram = 2;
-  c.embed_dim = 64;
-  c.base_vocab = 97;
-  c.row_padding = 8;
+  Config c = embed::testing::ConfigOf({1000, 2, 3, 2, 16, 97, 8});
   c.layer = layer;
   return c;
 }
