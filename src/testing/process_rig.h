@@ -1,6 +1,7 @@
-// The cross-process conformance suite's rig (src/engine/process_conformance_test.cc): which
-// transport a case runs over, how this process's engine and the ferry_test_peer child are set up
-// for it, and what that transport answers where transports differ (each difference is a field
+// The cross-process conformance suite's rig (src/engine/process_conformance_test.cc, and its
+// hostile-initiator cases in process_hostile_test.cc): the transports it runs over
+// (ProcessCases()), how this process's engine and the ferry_test_peer child are set up for
+// each, and what each transport answers where transports differ (each difference is a field
 // below, with the reason). This process's side holds host memory (heap) or GPU memory.
 //
 // Thread safety: a test fixture, used by the test's thread.
@@ -74,6 +75,32 @@ struct ProcessCase {
   std::chrono::seconds dead_notify_bound{15};
   // ucx advertises a new port when a peer restarts; shm and cuda_ipc a new pid only.
   bool restart_changes_addresses = false;
+
+  // Hostile initiators (process_hostile_test.cc). Where a descriptor is checked against the
+  // region it names: shm and ucx ask the target as a session opens, and shm's target counts
+  // each open it refuses in stats().rejected_messages (ucx's answers the region check without
+  // counting it); cuda_ipc's initiator checks the descriptor against the cuda_ipc entry it
+  // carries, and nothing reaches the target.
+  bool counts_refused_opens = false;
+  // cuda_ipc reaches a region through its allocation's IPC handle and the region's offset in
+  // the entry, and bounds it by that allocation (so the hostile cases give each region an
+  // allocation of its own): the descriptor's address is not used, and a descriptor with a
+  // moved address reaches the region where it is.
+  bool checks_address = true;
+  // A descriptor with another region's id (or another region's access entry): shm and ucx
+  // know no region by that id and key; cuda_ipc sees the id differ from its entry's.
+  Code foreign_region_code = Code::kFailedPrecondition;
+  // A descriptor whose memory kind is changed: shm carries host memory only and cuda_ipc GPU
+  // memory only, so the initiator's engine finds no transport for it (kUnavailable); ucx
+  // carries either (GPU memory staged through host buffers) and its target bounds a transfer
+  // by the region it registered, whatever kind the descriptor says: the session opens and
+  // the bytes land in the region (kOk).
+  Code changed_kind_code = Code::kUnavailable;
+  // A notification over the receiver's max_notification_bytes by more than the allowance for
+  // a topic's frame: shm's sender sees the limit in the receiver's ring and refuses it
+  // (kInvalidArgument), nothing reaches the receiver; ucx sends it one-way and the receiver
+  // drops it (stats().dropped_notifications). Within the allowance both drop it there.
+  bool oversize_refused_by_sender = false;
 };
 
 // This process's engine, its registered buffer (host or GPU), and the child it talks to.
@@ -111,6 +138,80 @@ struct Rig {
     return "hash " + std::to_string(off) + " " + std::to_string(size);
   }
 };
+
+inline ProcessCase ShmCase() {
+  ProcessCase c;
+  c.name = "shm";
+  c.transport = "shm";
+  c.local_transports = {"shm", "ucx"};
+  // Only the target's memory must be shareable; this side's is on the heap.
+  c.peer_args = {"--transports", "shm,ucx", "--alloc", "shared"};
+  c.only_alloc = testing::HostAlloc::kShared;
+  c.options.copy_threads = 2;
+  c.options.parallel_copy_bytes = 1 << 20;
+  c.kill_batches = 64;
+  c.kill_mixes_reads = false;
+  c.kill_waits_for_first = true;
+  c.kill_own_slices_under_tsan = true;
+  c.kill_deadline = std::chrono::seconds(20);
+  c.kill_bound = std::chrono::seconds(10);
+  c.dead_notify_bound = std::chrono::seconds(2);
+  c.counts_refused_opens = true;
+  c.oversize_refused_by_sender = true;
+  return c;
+}
+
+inline ProcessCase UcxCase(UcxOptions::Rma rma, int workers) {
+  const bool always = rma == UcxOptions::Rma::kAlways;
+  ProcessCase c;
+  c.name = std::string("ucx_") + (always ? "always" : "never") + "_w" + std::to_string(workers);
+  c.transport = "ucx";
+  c.local_transports = {"ucx"};
+  c.peer_args = {"--rma", always ? "always" : "never", "--workers", std::to_string(workers)};
+  c.options.ucx.rma = rma;
+  c.options.ucx.workers = workers;
+  // With more than one worker, three lanes dealt over them: batches split over two threads.
+  if (workers > 1) c.options.ucx.lanes = 3;
+  c.kill_skipped = workers > 1;
+  // Active messages need the peer's CPU; one-sided RMA does not, but may wait on it to connect.
+  c.stopped_write = always ? ProcessCase::StoppedWrite::kEither : ProcessCase::StoppedWrite::kHitsDeadline;
+  c.restart_changes_addresses = true;
+  c.changed_kind_code = Code::kOk;
+  return c;
+}
+
+inline ProcessCase CudaIpcCase() {
+  ProcessCase c;
+  c.name = "cuda_ipc";
+  c.transport = "cuda_ipc";
+  c.local_transports = {"cuda_ipc", "ucx"};
+  c.peer_args = {"--kind", "cuda", "--device", "0", "--transports", "cuda_ipc,ucx"};
+  c.options.default_deadline = std::chrono::seconds(60);
+  c.gpu = true;
+  c.stopped_deadline = std::chrono::milliseconds(2000);
+  c.stopped_bound = std::chrono::milliseconds(4000);
+  c.killed_may_hit_deadline = true;
+  c.kill_batches = 1;
+  c.kill_region = 256 << 20;
+  c.kill_scattered = true;
+  c.kill_mixes_reads = false;
+  c.kill_notification = "never seen";
+  c.kill_bound = std::chrono::seconds(12);
+  c.carries_notifications = false;
+  c.checks_address = false;
+  c.foreign_region_code = Code::kInvalidArgument;
+  return c;
+}
+
+// Every transport that reaches other processes, as the suites instantiate them.
+inline std::vector<ProcessCase> ProcessCases() {
+  return {ShmCase(),
+          UcxCase(UcxOptions::Rma::kAlways, 1),
+          UcxCase(UcxOptions::Rma::kAlways, 2),
+          UcxCase(UcxOptions::Rma::kNever, 1),
+          UcxCase(UcxOptions::Rma::kNever, 2),
+          CudaIpcCase()};
+}
 
 inline void PrintTo(const ProcessCase& c, std::ostream* os) { *os << c.name; }
 
@@ -159,6 +260,17 @@ inline std::unique_ptr<Rig> MakeRig(const ProcessCase& c, uint64_t bytes, bool w
   r->session = *s;
   EXPECT_EQ(r->session.path().transport, c.transport);
   return r;
+}
+
+// `bytes` in hex, as ferry_test_peer's "peer" and "open" commands take descriptors.
+inline std::string Hex(const std::string& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out.push_back(digits[c >> 4]);
+    out.push_back(digits[c & 15]);
+  }
+  return out;
 }
 
 // The child's "notes" once they read `want` (one-way notifications land a moment after Notify

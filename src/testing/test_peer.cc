@@ -9,7 +9,9 @@
 // As an initiator: "peer HEX" (packed EngineDesc) -> "OK" | "ERR <code>", "open HEX" (packed
 // MemoryDesc) -> "SESSION <transport>" | "ERR <code>", "write|read LOCAL REMOTE SIZE" on that
 // session -> "DONE <code>", "writes COUNT SIZE" (COUNT writes of SIZE at offset 0) ->
-// "DONE <code of the first failure, or OK>".
+// "DONE <code of the first failure, or OK>", "notify COUNT SIZE" (COUNT notifications to the
+// last peer added, the i-th "n<i>" padded with '.' to SIZE bytes) -> "NOTIFIED <count taken>
+// <code of the first failure, or OK>" (it stops at the first failure).
 // With --kind cuda the buffer is GPU memory of --device (default 0), registered as such.
 // Usage: ferry_test_peer BYTES [--key KEY] [--rma auto|always|never] [--listen HOST] [--kind host|cuda]
 //                              [--device N] [--transports a,b,...] (default ucx)
@@ -162,6 +164,7 @@ int main(int argc, char** argv) {
   std::string last;
   std::string cmd;
   ferry::Session session;
+  std::string peer_key;  // of the last "peer"
   auto code = [](const ferry::Status& s) { return std::string(ferry::CodeName(s.code())); };
   while (std::cin >> cmd) {
     FERRY_TSAN_WIRE_ACQUIRE();  // commands follow transfers that landed through UCX
@@ -203,6 +206,7 @@ int main(int argc, char** argv) {
       std::cin >> hex;
       auto d = ferry::EngineDesc::Unpack(Unhex(hex));
       ferry::Status s = d.ok() ? (*engine)->AddPeer(*d) : d.status();
+      if (s.ok()) peer_key = d->key;
       std::cout << (s.ok() ? "OK" : "ERR " + code(s)) << std::endl;
     } else if (cmd == "open") {
       std::string hex;
@@ -222,6 +226,18 @@ int main(int argc, char** argv) {
       ferry::Status first;
       for (uint64_t i = 0; i < count && first.ok(); ++i) first = session.Write(0, 0, n).Wait();
       std::cout << "DONE " << code(first) << std::endl;
+    } else if (cmd == "notify") {
+      uint64_t count = 0, size = 0;
+      std::cin >> count >> size;
+      ferry::Status first;
+      uint64_t taken = 0;
+      for (; taken < count; ++taken) {
+        std::string m = "n" + std::to_string(taken);
+        if (m.size() < size) m.resize(size, '.');
+        first = (*engine)->Notify(peer_key, m);
+        if (!first.ok()) break;
+      }
+      std::cout << "NOTIFIED " << taken << " " << code(first) << std::endl;
     } else if (cmd == "exit") {
       break;
     }
