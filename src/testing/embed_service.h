@@ -204,21 +204,15 @@ inline Result<AnyMessage> NextMessage(int fd,
   return Decode(m->bytes);
 }
 
-// The registration of host-mode rank `tp` of `tp_size` in data-parallel group `dp`, as a client
-// of SmallClientOptions sends it: the three layers' outputs one after the other in the outputs
-// memfd, then their flags 64 bytes apart; rank 0 brings the inputs.
+// The registration of host-mode rank `tp` of `tp_size` in data-parallel group `dp` that a
+// client of SmallClientOptions sends: the three layers' outputs one after the other in the
+// outputs memfd, then their flags 64 bytes apart; rank 0 brings the inputs.
 inline Register SmallRegister(uint32_t dp, uint32_t tp, uint32_t tp_size) {
-  Register reg;
-  reg.dp_rank = dp;
-  reg.tp_rank = tp;
-  reg.tp_size = tp_size;
-  reg.max_tokens = 512;
-  reg.max_reqs = 64;
-  reg.context_len = 2;
-  reg.token_bytes = kTokenBytes;
-  for (size_t i = 0; i < kLayers.size(); ++i)
-    reg.layers.push_back(
-        {kLayers[i], i * 512 * kTokenBytes, kLayers.size() * 512 * kTokenBytes + 64 * i, "", ""});
+  Register reg = RegisterOf(SmallClientOptions("", dp, tp, tp_size));
+  for (size_t i = 0; i < reg.layers.size(); ++i) {
+    reg.layers[i].output_offset = i * 512 * kTokenBytes;
+    reg.layers[i].flag_offset = reg.layers.size() * 512 * kTokenBytes + 64 * i;
+  }
   reg.has_inputs = tp == 0;
   if (reg.has_inputs) reg.inputs = {0, 2048, 2560};
   return reg;

@@ -94,15 +94,7 @@ Result<std::unique_ptr<Client>> Client::Create(const ClientOptions& o) {
   c.cuda = o.mode == OutputMode::kCuda;
   std::string tag =
       "ferry-embed-dp" + std::to_string(o.dp_rank) + "-tp" + std::to_string(o.tp_rank);
-  Register reg;
-  reg.dp_rank = o.dp_rank;
-  reg.tp_rank = o.tp_rank;
-  reg.tp_size = o.tp_size;
-  reg.max_tokens = o.max_tokens;
-  reg.max_reqs = o.max_reqs;
-  reg.context_len = o.context_len;
-  reg.token_bytes = o.token_bytes;
-  for (uint32_t layer : o.layers) reg.layers.push_back(LayerOutput{layer, 0, 0, "", ""});
+  Register reg = RegisterOf(o);
   std::vector<int> fds;
   if (c.cuda) {
     FERRY_RETURN_IF_ERROR(c.SetUpCuda(&reg));

@@ -202,6 +202,19 @@ std::optional<uint64_t> RequestSeqOf(std::string_view bytes) {
   return PrefixUInt(bytes, &pos);
 }
 
+Register RegisterOf(const ClientOptions& o) {
+  Register reg;
+  reg.dp_rank = o.dp_rank;
+  reg.tp_rank = o.tp_rank;
+  reg.tp_size = o.tp_size;
+  reg.max_tokens = o.max_tokens;
+  reg.max_reqs = o.max_reqs;
+  reg.context_len = o.context_len;
+  reg.token_bytes = o.token_bytes;
+  for (uint32_t layer : o.layers) reg.layers.push_back(LayerOutput{layer, 0, 0, "", ""});
+  return reg;
+}
+
 std::string Encode(const Register& m) {
   return EncodeMessage(MessageType::kRegister, 14, [&](codec::Writer& w) {
     w.UInt(m.dp_rank);

@@ -111,6 +111,10 @@ struct Stats {
 
 using AnyMessage = std::variant<Register, Registered, Request, Reply, StatsRequest, Stats>;
 
+// The part of a client's registration its options give: its ranks, its capacity and its layers
+// (offsets 0, no IPC handles). The client adds the mode, the offsets, handles and inputs.
+Register RegisterOf(const ClientOptions& o);
+
 std::string Encode(const Register& m);
 std::string Encode(const Registered& m);
 std::string Encode(const Request& m);
