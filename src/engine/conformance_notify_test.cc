@@ -7,9 +7,8 @@ namespace ferry::conformance {
 namespace {
 
 TEST_P(Conformance, NotificationFollowsItsData) {
-  auto p = Pair(1 << 20);
+  auto p = FilledPair(9, 1 << 20);
   ASSERT_TRUE(p);
-  testing::Fill(p->a_buf, 9);
   auto ops = ScatteredOps(1 << 20, 256, 2048, 10);
   TransferOptions options;
   options.notification = "layer-31-done";
@@ -54,9 +53,8 @@ TEST_P(Conformance, DirectNotificationsArriveInOrder) {
 // data and in the order they were sent.
 TEST_P(Conformance, NotificationsKeepTheirOrderAfterTheData) {
   const size_t kBytes = 1 << 20, kRounds = 32;
-  auto p = Pair(kBytes);
+  auto p = FilledPair(21, kBytes);
   ASSERT_TRUE(p);
-  testing::Fill(p->a_buf, 21);
   const uint64_t slice = kBytes / kRounds;
   for (size_t r = 0; r < kRounds; ++r) {
     std::vector<TransferOp> ops;
@@ -110,9 +108,8 @@ TEST_P(Conformance, ManyThreadsManySessions) {
   EngineOptions options;
   options.copy_threads = 2;
   options.parallel_copy_bytes = 64 << 10;
-  auto p = Pair(kThreads * kSlice, options);
+  auto p = FilledPair(11, kThreads * kSlice, options);
   ASSERT_TRUE(p);
-  testing::Fill(p->a_buf, 11);
   std::atomic<int> failures{0};
   std::vector<std::thread> threads;
   for (size_t t = 0; t < kThreads; ++t) {

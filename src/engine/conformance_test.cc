@@ -8,9 +8,8 @@
 namespace ferry::conformance {
 namespace {
 TEST_P(Conformance, SingleWriteAndRead) {
-  auto p = Pair(1 << 16);
+  auto p = FilledPair(1, 1 << 16);
   ASSERT_TRUE(p);
-  testing::Fill(p->a_buf, 1);
   auto data = p->a_buf;
   Transfer t = p->session.Write(100, 200, 5000);
   ASSERT_TRUE(t.Wait().ok()) << t.status().ToString();
@@ -29,9 +28,8 @@ TEST_P(Conformance, SingleWriteAndRead) {
 
 TEST_P(Conformance, BatchedWritesAndReadsKeepEveryByte) {
   const size_t kBytes = 8 << 20;
-  auto p = Pair(kBytes);
+  auto p = FilledPair(2, kBytes);
   ASSERT_TRUE(p);
-  testing::Fill(p->a_buf, 2);
   auto ops = ScatteredOps(kBytes, 4096, 2000, 3);
   ASSERT_TRUE(p->session.WriteBatch(ops).Wait().ok());
   ExpectApplied(p->a_buf, p->b_buf, ops, true);
@@ -48,9 +46,8 @@ TEST_P(Conformance, LargeBatchesSplitAcrossThreadsStayExact) {
   EngineOptions options;
   options.copy_threads = 4;
   options.parallel_copy_bytes = 1 << 20;
-  auto p = Pair(kBytes, options);
+  auto p = FilledPair(6, kBytes, options);
   ASSERT_TRUE(p);
-  testing::Fill(p->a_buf, 6);
   // Pieces of uneven sizes so that part boundaries fall inside pieces.
   auto ops = ScatteredOps(kBytes, 97, 600000, 7);
   Transfer t = p->session.WriteBatch(ops);
@@ -97,9 +94,8 @@ TEST_P(Conformance, RunsOfAdjacentOpsTravelMergedAndExact) {
     SCOPED_TRACE(merge ? "merging" : "not merging");
     EngineOptions options;
     options.merge_adjacent_ops = merge;
-    auto p = Pair(kBytes, options);
+    auto p = FilledPair(21, kBytes, options);
     ASSERT_TRUE(p);
-    testing::Fill(p->a_buf, 21);
     Transfer t = p->session.WriteBatch(ops);
     ASSERT_TRUE(t.Wait().ok()) << t.status().ToString();
     EXPECT_EQ(t.bytes(), ops.size() > 0 ? (ops.size() - 1) * kBlock : 0);
@@ -122,9 +118,8 @@ TEST_P(Conformance, RunsOfAdjacentOpsTravelMergedAndExact) {
 }
 
 TEST_P(Conformance, OutOfRangeMovesNothing) {
-  auto p = Pair(4096);
+  auto p = FilledPair(8, 4096);
   ASSERT_TRUE(p);
-  testing::Fill(p->a_buf, 8);
   struct Case {
     TransferOp op;
   } cases[] = {{{0, 4000, 100}}, {{4000, 0, 100}}, {{4097, 0, 0}}, {{0, 0, 4097}},
@@ -206,9 +201,8 @@ TEST_P(Conformance, DeadlinesEndSlowTransfers) {
 }
 
 TEST_P(Conformance, NonPositiveDeadlinesAreRefusedBeforeAnyByteMoves) {
-  auto p = Pair(4096);
+  auto p = FilledPair(9, 4096);
   ASSERT_TRUE(p);
-  testing::Fill(p->a_buf, 9);
   for (Duration d : {Duration::zero(), Duration(-1), Duration(std::chrono::seconds(-5))}) {
     TransferOptions o;
     o.deadline = d;

@@ -18,7 +18,9 @@
 #include "base/codec.h"
 #include "ferry/engine.h"
 #include "testing/bytes.h"
+#include "testing/loopback.h"
 #include "testing/peer_process.h"
+#include "testing/ucx_local.h"
 #include "transport/ucx/am_wire.h"
 #include "transport/ucx/core.h"
 #include "transport/ucx/door.h"
@@ -30,40 +32,30 @@ using testing::PeerProcess;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
-struct Local {
-  std::vector<uint8_t> buf;  // first: destroyed after the engine, which may still send from it
-  std::unique_ptr<Engine> engine;
-  MemoryDesc desc;
-};
+using Local = testing::UcxLocal;
 
 Local MakeLocal(size_t bytes, std::string key = "target", UcxOptions ucx = {}) {
-  Local l;
   EngineOptions options;
   options.key = std::move(key);
-  options.transports = {"ucx"};
   options.ucx = ucx;
-  auto e = Engine::Create(options);
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  l.engine = std::move(e).value();
-  l.buf.assign(bytes, 0);
-  testing::Fill(l.buf, 42);
-  l.desc = *l.engine->RegisterMemory(l.buf.data(), bytes);
-  return l;
+  return testing::MakeUcxLocal(bytes, options);
 }
 
 uint16_t PortOf(const std::string& address) { return static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))); }
 
 int ConnectTcp(uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+  auto [fd, rc] = testing::DialLoopback(port);
+  if (rc != 0) {
     close(fd);
     return -1;
   }
   return fd;
+}
+
+// A session from l's region to `region` as the region of the engine named `key`.
+Result<Session> OpenAs(Local& l, MemoryDesc region, const std::string& key) {
+  region.engine_key = key;
+  return l.engine->OpenSession(l.desc, region);
 }
 
 // Whether the other side closed `fd` within `d`.
@@ -114,15 +106,10 @@ TEST(UcxDoor, AListenerThatIsNotFerryFailsTheSessionCleanly) {
   UcxOptions ucx;
   ucx.connect_timeout = 500ms;
   Local l = MakeLocal(4096, "initiator", ucx);
-  int server = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  ASSERT_EQ(bind(server, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  ASSERT_EQ(listen(server, 8), 0);
-  socklen_t len = sizeof(a);
-  getsockname(server, reinterpret_cast<sockaddr*>(&a), &len);
-  const std::string address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  testing::LoopbackListener listener(8);
+  const int server = listener.fd;
+  ASSERT_NE(listener.port, 0);
+  const std::string address = "127.0.0.1:" + std::to_string(listener.port);
   std::atomic<int> mode{0};  // 0: junk, 1: silent
   std::atomic<bool> stop{false};
   std::thread t([&] {
@@ -151,14 +138,12 @@ TEST(UcxDoor, AListenerThatIsNotFerryFailsTheSessionCleanly) {
   fake.addresses = {address};
   fake.host_id = "elsewhere";
   ASSERT_TRUE(l.engine->AddPeer(fake).ok());
-  MemoryDesc remote = l.desc;
-  remote.engine_key = "fake";
-  auto s = l.engine->OpenSession(l.desc, remote);
+  auto s = OpenAs(l, l.desc, "fake");
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), Code::kInvalidArgument) << s.status().ToString();
   mode = 1;
   auto start = Clock::now();
-  s = l.engine->OpenSession(l.desc, remote);
+  s = OpenAs(l, l.desc, "fake");
   auto took = Clock::now() - start;
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), Code::kUnavailable) << s.status().ToString();
@@ -166,7 +151,6 @@ TEST(UcxDoor, AListenerThatIsNotFerryFailsTheSessionCleanly) {
   EXPECT_LT(took, 3s);
   stop = true;
   t.join();
-  close(server);
 }
 
 // Connections that never finish the handshake are bounded in number and in time: with far more
@@ -218,9 +202,7 @@ TEST(UcxDoor, TheKeyOfADescriptorIsTiedToItsAddress) {
   EngineDesc impostor = target.engine->Describe();
   impostor.key = "somebody-else";
   ASSERT_TRUE(initiator.engine->AddPeer(impostor).ok());
-  MemoryDesc remote = target.desc;
-  remote.engine_key = "somebody-else";
-  auto s = initiator.engine->OpenSession(initiator.desc, remote);
+  auto s = OpenAs(initiator, target.desc, "somebody-else");
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), Code::kFailedPrecondition) << s.status().ToString();
   EXPECT_NE(s.status().message().find("not 'somebody-else'"), std::string_view::npos) << s.status().ToString();

@@ -18,7 +18,9 @@
 
 #include "ferry/engine.h"
 #include "testing/bytes.h"
+#include "testing/loopback.h"
 #include "testing/peer_process.h"
+#include "testing/ucx_local.h"
 #include "transport/ucx/am_wire.h"
 #include "transport/ucx/listen_socket.h"
 
@@ -30,29 +32,15 @@ using testing::PeerProcess;
 
 using Clock = std::chrono::steady_clock;
 
-// The buffer is declared first: it is freed after the engine, which may still be sending
-// from it (a transfer that hit its deadline) until it shuts down.
-struct Local {
-  std::vector<uint8_t> buf;  // first: destroyed after the engine, which may still send from it
-  std::unique_ptr<Engine> engine;
-  MemoryDesc desc;
-};
+using Local = testing::UcxLocal;
 
 Local MakeLocal(size_t bytes, UcxOptions::Rma rma = UcxOptions::Rma::kAuto, int workers = 1) {
-  Local l;
   EngineOptions options;
-  options.transports = {"ucx"};
   options.ucx.rma = rma;
   options.ucx.workers = workers;
   // With more than one worker, three lanes dealt over them: batches split over two threads.
   if (workers > 1) options.ucx.lanes = 3;
-  auto e = Engine::Create(options);
-  EXPECT_TRUE(e.ok()) << e.status().ToString();
-  l.engine = std::move(e).value();
-  l.buf.assign(bytes, 0);
-  testing::Fill(l.buf, 42);
-  l.desc = *l.engine->RegisterMemory(l.buf.data(), bytes);
-  return l;
+  return testing::MakeUcxLocal(bytes, options);
 }
 
 // UCX's own variables still reach UCX beside ferry's options: one that names no transport
@@ -94,16 +82,13 @@ TEST(UcxEnvironment, UcxVariablesStillApply) {
 // nothing; the first session to a peer opens one connection and every later session to that
 // peer reuses it (counted at the listener: its accepted TCP connections).
 TEST(UcxConnections, LazyAndSharedBySessionsOnTheListenPortAskedFor) {
-  int probe = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(probe, 0);
-  sockaddr_in any = {};
-  any.sin_family = AF_INET;
-  any.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(probe, reinterpret_cast<sockaddr*>(&any), sizeof(any)), 0);
-  socklen_t len = sizeof(any);
-  ASSERT_EQ(getsockname(probe, reinterpret_cast<sockaddr*>(&any), &len), 0);
-  const uint16_t port = ntohs(any.sin_port);
-  close(probe);  // free again: the target listens there
+  uint16_t port = 0;
+  {
+    testing::LoopbackListener probe;
+    ASSERT_GE(probe.fd, 0);
+    port = probe.port;
+  }
+  ASSERT_NE(port, 0);  // closed, the port is free again: the target listens there
 
   std::vector<uint8_t> tbuf(1 << 16, 0);  // outlives the target engine
   EngineOptions options;

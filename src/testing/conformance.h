@@ -85,6 +85,12 @@ class Conformance : public ::testing::TestWithParam<Param> {
     }
     return p;
   }
+  // Pair() with a's buffer filled from `seed` (testing::Fill); null when Pair() is.
+  std::unique_ptr<EnginePair> FilledPair(uint64_t seed, size_t bytes, EngineOptions options = {}) {
+    auto p = Pair(bytes, std::move(options));
+    if (p) testing::Fill(p->a_buf, seed);
+    return p;
+  }
   // Notifications sent with Engine::Notify may be one-way (ucx): wait until `n` arrived.
   static std::vector<Notification> WaitNotifications(Engine& e, size_t n) {
     std::vector<Notification> got;

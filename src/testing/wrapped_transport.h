@@ -44,6 +44,7 @@ class Interposer {
   }
 };
 
+// A `local` channel whose batches go through the interposer.
 class InterposedChannel final : public Channel {
  public:
   InterposedChannel(std::unique_ptr<Channel> inner, std::shared_ptr<Region> local, std::shared_ptr<Interposer> via)
@@ -60,6 +61,7 @@ class InterposedChannel final : public Channel {
   std::shared_ptr<Interposer> via_;
 };
 
+// A `local` endpoint whose channels and notifications go through the interposer.
 class InterposedEndpoint final : public Endpoint {
  public:
   InterposedEndpoint(std::shared_ptr<Endpoint> inner, std::shared_ptr<Interposer> via)
@@ -79,6 +81,8 @@ class InterposedEndpoint final : public Endpoint {
   std::shared_ptr<Interposer> via_;
 };
 
+// The `local` transport, with its capabilities, deregistrations and endpoints through the
+// interposer.
 class InterposedTransport final : public Transport {
  public:
   InterposedTransport(std::unique_ptr<Transport> inner, std::shared_ptr<Interposer> via)

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "testing/cuda_buffer.h"
+#include "testing/transport_link.h"
 #include "transport/cuda_ipc/transport.h"
 
 namespace ferry::internal::cuda_ipc {
@@ -67,37 +68,12 @@ TEST(CudaIpcGpu, RealHandlesAndTheCopyEngine) {
   auto a = make("gpu-a", "1:a");
   auto b = make("gpu-b", "2:b");
   ASSERT_TRUE(a.ok() && b.ok());
-  auto region = [](void* base, uint64_t size, uint64_t id) {
-    auto r = std::make_shared<Region>();
-    r->id = RegionId{id};
-    r->base = static_cast<std::byte*>(base);
-    r->size = size;
-    r->kind = MemoryKind::kCuda;
-    r->device = 0;
-    return r;
-  };
-  auto local = region(local_buf->ptr(), kBytes, 1);
-  auto remote = region(static_cast<std::byte*>(remote_buf->ptr()) + kBytes, kBytes, 2);  // second half
-  ASSERT_TRUE((*a)->Register(local).ok());
-  auto access = (*b)->Register(remote);
-  ASSERT_TRUE(access.ok()) << access.status().ToString();
-  MemoryDesc rd;
-  rd.engine_key = "gpu-b";
-  rd.region = remote->id;
-  rd.address = reinterpret_cast<uint64_t>(remote->base);
-  rd.size = kBytes;
-  rd.kind = MemoryKind::kCuda;
-  rd.device = 0;
-  rd.host_id = LocalHostId();
-  rd.access = {*access};
-  EngineDesc bd;
-  bd.key = "gpu-b";
-  bd.host_id = LocalHostId();
-  bd.transports = {(*b)->Describe()};
-  auto ep = (*a)->Connect(bd);
-  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
-  auto ch = (*ep)->OpenChannel(local, rd);
-  ASSERT_TRUE(ch.ok()) << ch.status().ToString();
+  auto local = TestRegion(local_buf->ptr(), kBytes, 1, MemoryKind::kCuda);
+  auto remote = TestRegion(static_cast<std::byte*>(remote_buf->ptr()) + kBytes, kBytes, 2,
+                           MemoryKind::kCuda);  // second half
+  auto link = OpenLink(**a, **b, "gpu-b", local, remote);
+  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  Channel& ch = *link->channel;
 
   auto data = RandomBytes(kBytes, 3);
   local_buf->Upload(data);
@@ -106,12 +82,7 @@ TEST(CudaIpcGpu, RealHandlesAndTheCopyEngine) {
   ops.push_back({0, 0, 0});  // empty pieces are skipped
   for (Op op : {Op::kWrite, Op::kRead}) {
     if (op == Op::kRead) local_buf->Upload(std::vector<uint8_t>(kBytes, 0));
-    uint64_t total = 0;
-    for (auto& o : ops) total += o.size;
-    auto state = std::make_shared<TransferState>(TransferId{1}, total, (*ch)->path(), Deadline::After(30s));
-    Status posted = (*ch)->Post(op, ops, total, state);
-    ASSERT_TRUE(posted.ok()) << posted.ToString();
-    state->PartDone(Status::Ok());
+    auto state = PostBatch(ch, op, ops, 30s);
     ASSERT_TRUE(state->Wait(Deadline::After(30s)).ok()) << state->status().ToString();
     auto whole = remote_buf->Download();
     std::vector<uint8_t> second(whole.begin() + kBytes, whole.end());
@@ -126,8 +97,8 @@ TEST(CudaIpcGpu, RealHandlesAndTheCopyEngine) {
   EXPECT_GE(st.kernel_launches, 2u);
   EXPECT_EQ(st.dma_calls, 0u);
   (*b)->Deregister(*remote);
-  auto state = std::make_shared<TransferState>(TransferId{2}, 64, (*ch)->path(), Deadline::After(5s));
-  EXPECT_EQ((*ch)->Post(Op::kWrite, std::vector<TransferOp>{{0, 0, 64}}, 64, state).code(), Code::kFailedPrecondition);
+  auto state = std::make_shared<TransferState>(TransferId{2}, 64, ch.path(), Deadline::After(5s));
+  EXPECT_EQ(ch.Post(Op::kWrite, std::vector<TransferOp>{{0, 0, 64}}, 64, state).code(), Code::kFailedPrecondition);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "testing/bytes.h"
+#include "testing/transport_link.h"
 
 namespace ferry::internal::cuda_ipc {
 namespace {
@@ -150,44 +151,29 @@ class CudaIpcProtocolTest : public ::testing::Test {
 
   // Registers [offset, offset + size) of the side's buffer as a GPU region.
   MemoryDesc Register(Side& s, uint64_t offset, uint64_t size) {
-    auto r = std::make_shared<Region>();
-    r->id = static_cast<RegionId>(next_region_++);
-    r->base = reinterpret_cast<std::byte*>(s.buf.data()) + offset;
-    r->size = size;
-    r->kind = MemoryKind::kCuda;
-    r->device = 0;
-    MemoryDesc d;
-    d.engine_key = s.key;
-    d.region = r->id;
-    d.address = reinterpret_cast<uint64_t>(r->base);
-    d.size = size;
-    d.kind = MemoryKind::kCuda;
-    d.device = 0;
-    d.host_id = LocalHostId();
+    auto r = TestRegion(s.buf.data() + offset, size, next_region_++, MemoryKind::kCuda);
     auto access = s.transport->Register(r);
     EXPECT_TRUE(access.ok()) << access.status().ToString();
-    if (access.ok()) d.access.push_back(*access);
+    MemoryDesc d = DescOf(*r, s.key, access);
     s.regions.push_back(r);
     s.descs.push_back(d);
     return d;
   }
 
-  EngineDesc Describe(const Side& s) {
-    EngineDesc e;
-    e.key = s.key;
-    e.host_id = LocalHostId();
-    e.transports.push_back(s.transport->Describe());
-    return e;
+  EngineDesc Describe(const Side& s) { return EngineOf(s.key, *s.transport); }
+
+  // a's and b's whole buffers registered (b's is `*remote`), and a's endpoint to b; null when
+  // the connection failed.
+  std::shared_ptr<Endpoint> ConnectWhole(MemoryDesc* remote) {
+    Register(a_, 0, kBytes);
+    *remote = Register(b_, 0, kBytes);
+    auto ep = a_.transport->Connect(Describe(b_));
+    EXPECT_TRUE(ep.ok()) << ep.status().ToString();
+    return ep.ok() ? *ep : nullptr;
   }
 
   std::shared_ptr<TransferState> Post(Channel& ch, Op op, const std::vector<TransferOp>& ops) {
-    uint64_t total = 0;
-    for (auto& o : ops) total += o.size;
-    auto state = std::make_shared<TransferState>(TransferId{1}, total, ch.path(), Deadline::After(5s));
-    Status s = ch.Post(op, ops, total, state);
-    if (!s.ok()) state->Finish(s);
-    state->PartDone(Status::Ok());
-    return state;
+    return PostBatch(ch, op, ops, 5s);
   }
 
   EngineOptions options_;
@@ -253,28 +239,26 @@ TEST_F(CudaIpcProtocolTest, EachAllocationIsOpenedOnceAndClosedWhenAllItsRegions
 }
 
 TEST_F(CudaIpcProtocolTest, AFailedOpenIsReportedAndNotCached) {
-  Register(a_, 0, kBytes);
-  MemoryDesc remote = Register(b_, 0, kBytes);
-  auto ep = a_.transport->Connect(Describe(b_));
-  ASSERT_TRUE(ep.ok());
+  MemoryDesc remote;
+  auto ep = ConnectWhole(&remote);
+  ASSERT_TRUE(ep);
   // As cudaIpcOpenMemHandle reports a handle it cannot map (e.g. cudaErrorInvalidResourceHandle).
   api_.open_failure = Status(Code::kInternal, "cudaIpcOpenMemHandle: cudaErrorInvalidResourceHandle");
-  auto ch = (*ep)->OpenChannel(a_.regions[0], remote);
+  auto ch = ep->OpenChannel(a_.regions[0], remote);
   EXPECT_EQ(ch.status().code(), Code::kInternal);
   EXPECT_EQ(api_.opens.load(), 0);
   api_.open_failure = Status(Code::kResourceExhausted, "cudaIpcOpenMemHandle: cudaErrorMemoryAllocation");
-  EXPECT_EQ((*ep)->OpenChannel(a_.regions[0], remote).status().code(), Code::kResourceExhausted);
+  EXPECT_EQ(ep->OpenChannel(a_.regions[0], remote).status().code(), Code::kResourceExhausted);
   api_.open_failure = Status::Ok();
-  EXPECT_TRUE((*ep)->OpenChannel(a_.regions[0], remote).ok());
+  EXPECT_TRUE(ep->OpenChannel(a_.regions[0], remote).ok());
   EXPECT_EQ(api_.opens.load(), 1);
 }
 
 TEST_F(CudaIpcProtocolTest, DeregistrationWaitsForAPeersBatchInFlight) {
-  Register(a_, 0, kBytes);
-  MemoryDesc remote = Register(b_, 0, kBytes);
-  auto ep = a_.transport->Connect(Describe(b_));
-  ASSERT_TRUE(ep.ok());
-  auto ch = (*ep)->OpenChannel(a_.regions[0], remote);
+  MemoryDesc remote;
+  auto ep = ConnectWhole(&remote);
+  ASSERT_TRUE(ep);
+  auto ch = ep->OpenChannel(a_.regions[0], remote);
   ASSERT_TRUE(ch.ok());
   std::memset(a_.buf.data(), 0x5a, kBytes);
   gate_->closed = true;
@@ -313,15 +297,7 @@ TEST_F(CudaIpcProtocolTest, ReachOnlyOtherProcessesOfThisHost) {
 }
 
 TEST_F(CudaIpcProtocolTest, RegistrationChecksTheMemory) {
-  auto make = [&](std::byte* base, MemoryKind kind) {
-    auto r = std::make_shared<Region>();
-    r->id = static_cast<RegionId>(next_region_++);
-    r->base = base;
-    r->size = 16;
-    r->kind = kind;
-    r->device = kind == MemoryKind::kCuda ? 0 : -1;
-    return r;
-  };
+  auto make = [&](std::byte* base, MemoryKind kind) { return TestRegion(base, 16, next_region_++, kind); };
   auto* buf = reinterpret_cast<std::byte*>(a_.buf.data());
   EXPECT_EQ(a_.transport->Register(make(buf, MemoryKind::kHost)).status().code(), Code::kUnsupported);
   // Runs past the end of its allocation.
@@ -333,23 +309,22 @@ TEST_F(CudaIpcProtocolTest, RegistrationChecksTheMemory) {
 }
 
 TEST_F(CudaIpcProtocolTest, ChannelsCheckTheRemoteDescriptor) {
-  Register(a_, 0, kBytes);
-  MemoryDesc remote = Register(b_, 0, kBytes);
-  auto ep = a_.transport->Connect(Describe(b_));
-  ASSERT_TRUE(ep.ok());
+  MemoryDesc remote;
+  auto ep = ConnectWhole(&remote);
+  ASSERT_TRUE(ep);
   MemoryDesc wrong = remote;
   wrong.region = RegionId{777};
-  EXPECT_EQ((*ep)->OpenChannel(a_.regions[0], wrong).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ep->OpenChannel(a_.regions[0], wrong).status().code(), Code::kInvalidArgument);
   wrong = remote;
   wrong.size = kBytes + 1;  // larger than its allocation
-  EXPECT_EQ((*ep)->OpenChannel(a_.regions[0], wrong).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ep->OpenChannel(a_.regions[0], wrong).status().code(), Code::kInvalidArgument);
   wrong = remote;
   wrong.engine_key = "someone-else";
-  EXPECT_EQ((*ep)->OpenChannel(a_.regions[0], wrong).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ep->OpenChannel(a_.regions[0], wrong).status().code(), Code::kInvalidArgument);
   wrong = remote;
   wrong.access.clear();
-  EXPECT_EQ((*ep)->OpenChannel(a_.regions[0], wrong).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ((*ep)->Notify("hi").code(), Code::kUnsupported);
+  EXPECT_EQ(ep->OpenChannel(a_.regions[0], wrong).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ep->Notify("hi").code(), Code::kUnsupported);
   EXPECT_EQ(api_.opens.load(), 0);
 }
 

@@ -25,6 +25,7 @@
 #include <poll.h>
 #include <fcntl.h>
 
+#include "testing/loopback.h"
 #include "transport/inbox.h"
 #include "transport/transport.h"
 #include "transport/ucx/listen_socket.h"
@@ -40,34 +41,11 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// A listening TCP socket on loopback, port picked by the kernel.
-struct Listening {
-  int fd = -1;
-  uint16_t port = 0;
-  Listening() {
-    fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a = {};
-    a.sin_family = AF_INET;
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    EXPECT_EQ(listen(fd, 16), 0);
-    socklen_t len = sizeof(a);
-    EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-    port = ntohs(a.sin_port);
-  }
-  ~Listening() {
-    if (fd >= 0) close(fd);
-  }
-};
+using Listening = ::ferry::testing::LoopbackListener;
 
 // Whether a TCP connection to `port` on loopback completes within `wait`.
 bool Connects(uint16_t port, std::chrono::milliseconds wait) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-  sockaddr_in a = {};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  int rc = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  auto [fd, rc] = ::ferry::testing::DialLoopback(port, SOCK_NONBLOCK);
   bool ok = rc == 0;
   if (rc != 0 && errno == EINPROGRESS) {
     pollfd p{fd, POLLOUT, 0};

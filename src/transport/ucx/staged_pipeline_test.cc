@@ -12,6 +12,7 @@
 
 #include "testing/bytes.h"
 #include "testing/cuda_buffer.h"
+#include "testing/transport_link.h"
 #include "transport/ucx/staged.h"
 
 namespace ferry::internal::ucx {
@@ -114,43 +115,21 @@ class StagedPipelineTest : public ::testing::Test {
     if (!t.ok()) return nullptr;
     s->transport = std::move(t).value();
     s->buf.assign(kBytes, 0);
-    s->region = std::make_shared<Region>();
-    s->region->id = RegionId{1};
-    s->region->base = reinterpret_cast<std::byte*>(s->buf.data());
-    s->region->size = kBytes;
-    s->region->kind = kind;
-    s->region->device = kind == MemoryKind::kCuda ? 0 : -1;
+    s->region = TestRegion(s->buf.data(), kBytes, 1, kind);
     auto access = s->transport->Register(s->region);
     EXPECT_TRUE(access.ok()) << access.status().ToString();
-    s->desc.engine_key = s->key;
-    s->desc.region = s->region->id;
-    s->desc.address = reinterpret_cast<uint64_t>(s->region->base);
-    s->desc.size = kBytes;
-    s->desc.kind = kind;
-    s->desc.device = s->region->device;
-    s->desc.host_id = LocalHostId();
-    if (access.ok()) s->desc.access.push_back(*access);
+    s->desc = DescOf(*s->region, s->key, access);
     return s;
   }
 
-  static EngineDesc Describe(const Side& s) {
-    EngineDesc e;
-    e.key = s.key;
-    e.host_id = LocalHostId();
-    e.transports.push_back(s.transport->Describe());
-    e.addresses = s.transport->Addresses();
-    return e;
+  // A channel from a's region to `remote` (b's region, or a descriptor made of it).
+  static Result<Link> Connect(Side& a, const Side& b, const MemoryDesc& remote) {
+    return DialLink(*a.transport, EngineOf(b.key, *b.transport), a.region, remote);
   }
 
   static std::shared_ptr<TransferState> Post(Channel& ch, Op op, const std::vector<TransferOp>& ops,
                                              Duration deadline = 20s) {
-    uint64_t total = 0;
-    for (auto& o : ops) total += o.size;
-    auto state = std::make_shared<TransferState>(TransferId{1}, total, ch.path(), Deadline::After(deadline));
-    Status s = ch.Post(op, ops, total, state);
-    if (!s.ok()) state->Finish(s);
-    state->PartDone(Status::Ok());
-    return state;
+    return PostBatch(ch, op, ops, deadline);
   }
 
   // Scattered pieces of 32 KiB (KV-block sized), shuffled on the remote side.
@@ -164,21 +143,20 @@ class StagedPipelineTest : public ::testing::Test {
     auto a = Make("sa", a_kind);
     auto b = Make("sb", b_kind);
     ASSERT_TRUE(a && b);
-    auto ep = a->transport->Connect(Describe(*b));
-    ASSERT_TRUE(ep.ok()) << ep.status().ToString();
-    auto ch = (*ep)->OpenChannel(a->region, b->desc);
-    ASSERT_TRUE(ch.ok()) << ch.status().ToString();
-    EXPECT_EQ((*ch)->path().transport, "ucx");
-    EXPECT_TRUE((*ch)->path().staged);
+    auto link = Connect(*a, *b, b->desc);
+    ASSERT_TRUE(link.ok()) << link.status().ToString();
+    Channel& ch = *link->channel;
+    EXPECT_EQ(ch.path().transport, "ucx");
+    EXPECT_TRUE(ch.path().staged);
     auto data = RandomBytes(kBytes, 11);
     std::memcpy(a->buf.data(), data.data(), kBytes);
     auto ops = KvOps(kBytes / 32768, 32768);
-    auto w = Post(**ch, Op::kWrite, ops);
+    auto w = Post(ch, Op::kWrite, ops);
     ASSERT_TRUE(w->Wait(Deadline::After(20s)).ok()) << w->status().ToString();
     for (const auto& o : ops)
       ASSERT_EQ(std::memcmp(b->buf.data() + o.remote_offset, data.data() + o.local_offset, o.size), 0);
     std::memset(a->buf.data(), 0, kBytes);
-    auto r = Post(**ch, Op::kRead, ops);
+    auto r = Post(ch, Op::kRead, ops);
     ASSERT_TRUE(r->Wait(Deadline::After(20s)).ok()) << r->status().ToString();
     for (const auto& o : ops)
       ASSERT_EQ(std::memcmp(a->buf.data() + o.local_offset, data.data() + o.local_offset, o.size), 0);
@@ -212,29 +190,28 @@ TEST_F(StagedPipelineTest, PlainAccessToGpuMemoryIsRejected) {
   ASSERT_TRUE(a && b);
   MemoryDesc forged = b->desc;
   forged.kind = MemoryKind::kHost;
-  auto ep = a->transport->Connect(Describe(*b));
-  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
-  auto ch = (*ep)->OpenChannel(a->region, forged);
-  ASSERT_TRUE(ch.ok()) << ch.status().ToString();
-  EXPECT_FALSE((*ch)->path().staged);
+  auto link = Connect(*a, *b, forged);
+  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  Channel& ch = *link->channel;
+  EXPECT_FALSE(ch.path().staged);
   std::memset(a->buf.data(), 0x5A, kBytes);
   const std::vector<TransferOp> small{{0, 0, 4096}};
   const std::vector<TransferOp> large{{0, 4096, 1 << 20}};  // rendezvous
   for (const auto* ops : {&small, &large}) {
-    auto w = Post(**ch, Op::kWrite, *ops);
+    auto w = Post(ch, Op::kWrite, *ops);
     Status st = w->Wait(Deadline::After(20s));
     EXPECT_EQ(st.code(), Code::kUnsupported) << st.ToString();
   }
   std::vector<uint8_t> zeros(kBytes, 0);
   EXPECT_EQ(b->buf, zeros) << "a plain write reached GPU memory";
   std::memset(b->buf.data(), 0x33, kBytes);
-  auto r = Post(**ch, Op::kRead, small);
+  auto r = Post(ch, Op::kRead, small);
   EXPECT_EQ(r->Wait(Deadline::After(20s)).code(), Code::kUnsupported);
   EXPECT_EQ(a->buf[0], 0x5A) << "a plain read took GPU memory";
   EXPECT_EQ(b->transport->rejected_messages(), 3u);
   EXPECT_EQ(b->copier->posted(), 0);
   // The honest descriptor still works on the same connection.
-  auto honest = (*ep)->OpenChannel(a->region, b->desc);
+  auto honest = link->endpoint->OpenChannel(a->region, b->desc);
   ASSERT_TRUE(honest.ok()) << honest.status().ToString();
   auto w = Post(**honest, Op::kWrite, small);
   ASSERT_TRUE(w->Wait(Deadline::After(20s)).ok()) << w->status().ToString();
@@ -245,12 +222,11 @@ TEST_F(StagedPipelineTest, ChunksArePipelined) {
   auto a = Make("pa", MemoryKind::kCuda);
   auto b = Make("pb", MemoryKind::kHost);
   ASSERT_TRUE(a && b);
-  auto ep = a->transport->Connect(Describe(*b));
-  ASSERT_TRUE(ep.ok());
-  auto ch = (*ep)->OpenChannel(a->region, b->desc);
-  ASSERT_TRUE(ch.ok());
+  auto link = Connect(*a, *b, b->desc);
+  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  Channel& ch = *link->channel;
   a->copier->Close();
-  auto w = Post(**ch, Op::kWrite, KvOps(kBytes / 32768, 32768));
+  auto w = Post(ch, Op::kWrite, KvOps(kBytes / 32768, 32768));
   // Six chunks: all gathered at once into bounce buffers, none waiting for the previous send.
   for (int i = 0; i < 2000 && a->copier->held() < 6; ++i) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(a->copier->held(), 6);
@@ -262,10 +238,9 @@ TEST_F(StagedPipelineTest, ConcurrentTransfersShareTheBounceBuffers) {
   auto a = Make("ca", MemoryKind::kCuda);
   auto b = Make("cb", MemoryKind::kCuda);
   ASSERT_TRUE(a && b);
-  auto ep = a->transport->Connect(Describe(*b));
-  ASSERT_TRUE(ep.ok());
-  auto ch = (*ep)->OpenChannel(a->region, b->desc);
-  ASSERT_TRUE(ch.ok());
+  auto link = Connect(*a, *b, b->desc);
+  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  Channel& ch = *link->channel;
   auto data = RandomBytes(kBytes, 21);
   std::memcpy(a->buf.data(), data.data(), kBytes);
   // Four writes of a quarter each (six chunks apiece) and then four reads: more chunks at once
@@ -275,13 +250,13 @@ TEST_F(StagedPipelineTest, ConcurrentTransfersShareTheBounceBuffers) {
   for (uint64_t q = 0; q < 4; ++q)
     for (uint64_t off = 0; off < quarter; off += 16384) parts[q].push_back({q * quarter + off, (3 - q) * quarter + off, 16384});
   std::vector<std::shared_ptr<TransferState>> writes;
-  for (auto& p : parts) writes.push_back(Post(**ch, Op::kWrite, p));
+  for (auto& p : parts) writes.push_back(Post(ch, Op::kWrite, p));
   for (auto& w : writes) ASSERT_TRUE(w->Wait(Deadline::After(20s)).ok()) << w->status().ToString();
   for (uint64_t q = 0; q < 4; ++q)
     ASSERT_EQ(std::memcmp(b->buf.data() + (3 - q) * quarter, data.data() + q * quarter, quarter), 0) << q;
   std::memset(a->buf.data(), 0, kBytes);
   std::vector<std::shared_ptr<TransferState>> reads;
-  for (auto& p : parts) reads.push_back(Post(**ch, Op::kRead, p));
+  for (auto& p : parts) reads.push_back(Post(ch, Op::kRead, p));
   for (auto& r : reads) ASSERT_TRUE(r->Wait(Deadline::After(20s)).ok()) << r->status().ToString();
   EXPECT_EQ(std::memcmp(a->buf.data(), data.data(), kBytes), 0);
   EXPECT_LE(a->stager->allocated_buffers(), 2 * kStageBuffers);
@@ -291,13 +266,12 @@ TEST_F(StagedPipelineTest, APeerThatDiesMidPipelineFailsTheTransferAndReleasesEv
   auto a = Make("da", MemoryKind::kCuda);
   auto b = Make("db", MemoryKind::kCuda);
   ASSERT_TRUE(a && b);
-  auto ep = a->transport->Connect(Describe(*b));
-  ASSERT_TRUE(ep.ok());
-  auto ch = (*ep)->OpenChannel(a->region, b->desc);
-  ASSERT_TRUE(ch.ok());
+  auto link = Connect(*a, *b, b->desc);
+  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  Channel& ch = *link->channel;
   // The target holds its scatters: chunks are sent but never acknowledged.
   b->copier->Close();
-  auto w = Post(**ch, Op::kWrite, KvOps(kBytes / 32768, 32768), 10s);
+  auto w = Post(ch, Op::kWrite, KvOps(kBytes / 32768, 32768), 10s);
   for (int i = 0; i < 5000 && b->copier->held() == 0; ++i) std::this_thread::sleep_for(1ms);
   ASSERT_GT(b->copier->held(), 0);
   const auto start = std::chrono::steady_clock::now();
@@ -310,19 +284,9 @@ TEST_F(StagedPipelineTest, APeerThatDiesMidPipelineFailsTheTransferAndReleasesEv
   EXPECT_GT(a->stager->allocated_buffers(), 0u);
   EXPECT_EQ(a->stager->free_buffers(), a->stager->allocated_buffers());
   // Later batches fail at once.
-  EXPECT_EQ(Post(**ch, Op::kWrite, {{0, 0, 64}})->Wait(Deadline::After(10s)).code(), Code::kUnavailable);
+  EXPECT_EQ(Post(ch, Op::kWrite, {{0, 0, 64}})->Wait(Deadline::After(10s)).code(), Code::kUnavailable);
 }
 
-
-std::shared_ptr<TransferState> StagedPipelineTest_Post(Channel& ch, Op op, const std::vector<TransferOp>& ops) {
-  uint64_t total = 0;
-  for (auto& o : ops) total += o.size;
-  auto state = std::make_shared<TransferState>(TransferId{1}, total, ch.path(), Deadline::After(30s));
-  Status s = ch.Post(op, ops, total, state);
-  if (!s.ok()) state->Finish(s);
-  state->PartDone(Status::Ok());
-  return state;
-}
 
 // The same protocol with the CUDA copier and real GPU memory on both sides, in one process
 // (skips without a GPU): isolates the staged GPU path from the two-process tests.
@@ -341,39 +305,12 @@ TEST(StagedGpu, GpuToGpuThroughTheCopyEngine) {
   auto a = make("gpu-stage-a", &a_stager);
   auto b = make("gpu-stage-b", nullptr);
   ASSERT_TRUE(a.ok() && b.ok());
-  auto region = [](void* base, uint64_t id) {
-    auto r = std::make_shared<Region>();
-    r->id = RegionId{id};
-    r->base = static_cast<std::byte*>(base);
-    r->size = kBytes;
-    r->kind = MemoryKind::kCuda;
-    r->device = 0;
-    return r;
-  };
-  auto local = region(a_buf->ptr(), 1);
-  auto remote = region(b_buf->ptr(), 2);
-  ASSERT_TRUE((*a)->Register(local).ok());
-  auto access = (*b)->Register(remote);
-  ASSERT_TRUE(access.ok()) << access.status().ToString();
-  MemoryDesc rd;
-  rd.engine_key = "gpu-stage-b";
-  rd.region = remote->id;
-  rd.address = reinterpret_cast<uint64_t>(remote->base);
-  rd.size = kBytes;
-  rd.kind = MemoryKind::kCuda;
-  rd.device = 0;
-  rd.host_id = LocalHostId();
-  rd.access = {*access};
-  EngineDesc bd;
-  bd.key = "gpu-stage-b";
-  bd.host_id = LocalHostId();
-  bd.transports = {(*b)->Describe()};
-  bd.addresses = (*b)->Addresses();
-  auto ep = (*a)->Connect(bd);
-  ASSERT_TRUE(ep.ok()) << ep.status().ToString();
-  auto ch = (*ep)->OpenChannel(local, rd);
-  ASSERT_TRUE(ch.ok()) << ch.status().ToString();
-  EXPECT_TRUE((*ch)->path().staged);
+  auto local = TestRegion(a_buf->ptr(), kBytes, 1, MemoryKind::kCuda);
+  auto remote = TestRegion(b_buf->ptr(), kBytes, 2, MemoryKind::kCuda);
+  auto link = OpenLink(**a, **b, "gpu-stage-b", local, remote);
+  ASSERT_TRUE(link.ok()) << link.status().ToString();
+  Channel& ch = *link->channel;
+  EXPECT_TRUE(ch.path().staged);
   auto data = RandomBytes(kBytes, 5);
   a_buf->Upload(data);
   auto ops = cuda_testing::Scattered(kBytes, 4000, 32 << 10, 6);
@@ -382,12 +319,12 @@ TEST(StagedGpu, GpuToGpuThroughTheCopyEngine) {
               return o.remote_offset < (9u << 20) || o.local_offset + o.size > kBytes - (9u << 20);
             }),
             ops.end() - 1);
-  auto w = StagedPipelineTest_Post(**ch, Op::kWrite, ops);
+  auto w = PostBatch(ch, Op::kWrite, ops, 30s);
   ASSERT_TRUE(w->Wait(Deadline::After(30s)).ok()) << w->status().ToString();
   auto at_b = b_buf->Download();
   cuda_testing::ExpectApplied(data, at_b, ops, true);
   a_buf->Upload(std::vector<uint8_t>(kBytes, 0));
-  auto r = StagedPipelineTest_Post(**ch, Op::kRead, ops);
+  auto r = PostBatch(ch, Op::kRead, ops, 30s);
   ASSERT_TRUE(r->Wait(Deadline::After(30s)).ok()) << r->status().ToString();
   cuda_testing::ExpectApplied(at_b, a_buf->Download(), ops, false);
   for (int i = 0; i < 2000 && a_stager->free_buffers() != a_stager->allocated_buffers(); ++i)
