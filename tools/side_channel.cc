@@ -30,6 +30,20 @@ int Remaining(Clock::time_point until) {
   return PollMillis(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()));
 }
 
+// A frame's length prefix: kLengthBytes, little-endian whatever the host's byte order. (Tools
+// see only ferry's public headers, so not base/endian.h.)
+constexpr size_t kLengthBytes = 4;
+
+void StoreLength(uint32_t n, char* out) {
+  for (size_t i = 0; i < kLengthBytes; ++i) out[i] = static_cast<char>(n >> (8 * i));
+}
+
+uint32_t LoadLength(const char* in) {
+  uint32_t n = 0;
+  for (size_t i = 0; i < kLengthBytes; ++i) n |= static_cast<uint32_t>(static_cast<uint8_t>(in[i])) << (8 * i);
+  return n;
+}
+
 }  // namespace
 
 Status ParseHostPort(const std::string& address, std::string* host, uint16_t* port) {
@@ -80,9 +94,8 @@ Result<std::unique_ptr<SideChannel>> SideChannel::Dial(const std::string& addres
 
 Status SideChannel::Send(std::string_view frame) {
   if (frame.size() > kMaxFrameBytes) return Status(Code::kInvalidArgument, "frame too large");
-  std::string out(4, '\0');
-  uint32_t n = static_cast<uint32_t>(frame.size());
-  for (int i = 0; i < 4; ++i) out[i] = static_cast<char>(n >> (8 * i));
+  std::string out(kLengthBytes, '\0');
+  StoreLength(static_cast<uint32_t>(frame.size()), out.data());
   out.append(frame);
   size_t sent = 0;
   while (sent < out.size()) {
@@ -113,10 +126,9 @@ Status SideChannel::ReadExactly(char* out, size_t n, Clock::time_point until) {
 
 Result<std::string> SideChannel::Receive(std::chrono::milliseconds timeout) {
   const auto until = Clock::now() + timeout;
-  char len[4];
-  FERRY_RETURN_IF_ERROR(ReadExactly(len, 4, until));
-  uint32_t n = 0;
-  for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(static_cast<uint8_t>(len[i])) << (8 * i);
+  char len[kLengthBytes];
+  FERRY_RETURN_IF_ERROR(ReadExactly(len, kLengthBytes, until));
+  const uint32_t n = LoadLength(len);
   if (n > kMaxFrameBytes)
     return Status(Code::kInvalidArgument, "side channel frame of " + std::to_string(n) + " bytes");
   std::string frame(n, '\0');
