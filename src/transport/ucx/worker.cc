@@ -119,11 +119,12 @@ bool Worker::Submit(std::function<void()> fn) {
 }
 
 void Worker::Stop(std::function<void()> last) {
-  const bool started = thread_.joinable();
+  bool started = false;
   {
     MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
+    started = thread_.joinable();  // only by the one Stop() that closes
     // The progress thread runs `last` as it drains; without one, this thread does, below.
     if (started) last_ = std::move(last);
     stop_.store(true, std::memory_order_release);  // under mu_: the stepped-back thread's predicate
