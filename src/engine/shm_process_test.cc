@@ -67,9 +67,8 @@ TEST(ShmProcess, StoppedReceiverFillsItsRingAndTheSenderHearsOfIt) {
 }
 
 TEST(ShmProcess, DeregistrationRevokesThePeersMapping) {
-  auto l = MakeLocal(1 << 20, true);
+  auto [l, peer] = LocalWithInitiator(1 << 20);
   ASSERT_TRUE(l);
-  auto peer = StartInitiator(*l, 1 << 20);
   ASSERT_TRUE(peer);
   EXPECT_EQ(peer->Command("write 0 0 65536"), "DONE OK");
   EXPECT_EQ(peer->Command(HashCmd(0, 65536)), HashOf(l->data(), 65536));
@@ -92,9 +91,8 @@ TEST(ShmProcess, DeregistrationRevokesThePeersMapping) {
 TEST(ShmProcess, StoppedInitiatorDoesNotHoldDeregistrationPastItsDeadline) {
   EngineOptions options;
   options.shm.revoke_timeout = std::chrono::milliseconds(500);
-  auto l = MakeLocal(1 << 20, true, options);
+  auto [l, peer] = LocalWithInitiator(1 << 20, options);
   ASSERT_TRUE(l);
-  auto peer = StartInitiator(*l, 1 << 20);
   ASSERT_TRUE(peer);
   EXPECT_EQ(peer->Command("write 0 0 4096"), "DONE OK");
   peer->Signal(SIGSTOP);
@@ -111,9 +109,8 @@ TEST(ShmProcess, StoppedInitiatorDoesNotHoldDeregistrationPastItsDeadline) {
 }
 
 TEST(ShmProcess, KilledInitiatorIsDropped) {
-  auto l = MakeLocal(1 << 20, true);
+  auto [l, peer] = LocalWithInitiator(1 << 20);
   ASSERT_TRUE(l);
-  auto peer = StartInitiator(*l, 1 << 20);
   ASSERT_TRUE(peer);
   ASSERT_EQ(peer->Command("write 0 0 1048576"), "DONE OK");
   // Writes in a loop, killed while they run.

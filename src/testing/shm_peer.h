@@ -81,6 +81,19 @@ inline std::unique_ptr<PeerProcess> StartInitiator(Local& l, uint64_t bytes) {
   return peer;
 }
 
+// This process's shared buffer of `bytes` and a child that maps it and writes into it; either
+// null (with the test failed) when it could not be made.
+struct Initiated {
+  std::unique_ptr<Local> local;
+  std::unique_ptr<PeerProcess> peer;
+};
+inline Initiated LocalWithInitiator(uint64_t bytes, EngineOptions options = {}) {
+  Initiated r;
+  r.local = MakeLocal(bytes, true, std::move(options));
+  if (r.local) r.peer = StartInitiator(*r.local, bytes);
+  return r;
+}
+
 // The child's "notes" once they read `want` (one-way notifications land a moment after Notify
 // returns), or what they read after 5 s.
 inline std::string WaitNotes(PeerProcess& peer, const std::string& want) {

@@ -61,20 +61,25 @@ bool ShmNameExists(const std::string& name) { return access(("/dev/shm" + name).
 
 class LeaseTableFault : public ::testing::Test {
  protected:
+  // Create() with `call` failing with `err`: kUnavailable after `mmaps` calls of mmap, and
+  // nothing left behind: no descriptor, and the one shared memory object it made unlinked.
+  void ExpectCreateFailsLeavingNothing(FaultEnv::Call call, int err, int mmaps) {
+    const int fds_before = OpenFdCount();
+    env_.Fail(call, err);
+    EXPECT_EQ(LeaseTable::Create().status().code(), Code::kUnavailable);
+    EXPECT_EQ(env_.calls(FaultEnv::kMmap), mmaps);
+    EXPECT_EQ(OpenFdCount(), fds_before) << "the shared memory object's descriptor was closed";
+    ASSERT_EQ(env_.opened().size(), 1u);
+    EXPECT_EQ(env_.unlinked(), env_.opened());
+    EXPECT_FALSE(ShmNameExists(env_.opened()[0]));
+  }
+
   ShmEnv env_;
   os::ScopedEnv scoped_{&env_};
 };
 
 TEST_F(LeaseTableFault, CreateWhoseMappingFailsLeavesNothing) {
-  const int fds_before = OpenFdCount();
-  env_.Fail(FaultEnv::kMmap, ENOMEM);
-  auto table = LeaseTable::Create();
-  EXPECT_EQ(table.status().code(), Code::kUnavailable);
-  EXPECT_EQ(env_.calls(FaultEnv::kMmap), 1);
-  EXPECT_EQ(OpenFdCount(), fds_before) << "the shared memory object's descriptor was closed";
-  ASSERT_EQ(env_.opened().size(), 1u);
-  EXPECT_EQ(env_.unlinked(), env_.opened());
-  EXPECT_FALSE(ShmNameExists(env_.opened()[0]));
+  ASSERT_NO_FATAL_FAILURE(ExpectCreateFailsLeavingNothing(FaultEnv::kMmap, ENOMEM, 1));
   // Nothing is broken for good: once mmap works, a table is made.
   env_.Heal(FaultEnv::kMmap);
   auto again = LeaseTable::Create();
@@ -83,15 +88,7 @@ TEST_F(LeaseTableFault, CreateWhoseMappingFailsLeavesNothing) {
 }
 
 TEST_F(LeaseTableFault, CreateWhoseSizingFailsLeavesNothing) {
-  const int fds_before = OpenFdCount();
-  env_.Fail(FaultEnv::kFtruncate, ENOSPC);
-  auto table = LeaseTable::Create();
-  EXPECT_EQ(table.status().code(), Code::kUnavailable);
-  EXPECT_EQ(env_.calls(FaultEnv::kMmap), 0);
-  EXPECT_EQ(OpenFdCount(), fds_before);
-  ASSERT_EQ(env_.opened().size(), 1u);
-  EXPECT_EQ(env_.unlinked(), env_.opened());
-  EXPECT_FALSE(ShmNameExists(env_.opened()[0]));
+  ExpectCreateFailsLeavingNothing(FaultEnv::kFtruncate, ENOSPC, 0);
 }
 
 TEST_F(LeaseTableFault, CreateWhoseShmOpenFailsIsUnavailable) {

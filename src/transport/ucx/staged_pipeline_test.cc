@@ -127,6 +127,16 @@ class StagedPipelineTest : public ::testing::Test {
     return DialLink(*a.transport, EngineOf(b.key, *b.transport), a.region, remote);
   }
 
+  // Sides a_ and b_ of the given kinds, and link_ from a_'s region to b_'s.
+  void MakePair(MemoryKind a_kind, MemoryKind b_kind) {
+    a_ = Make("a", a_kind);
+    b_ = Make("b", b_kind);
+    ASSERT_TRUE(a_ && b_);
+    auto link = Connect(*a_, *b_, b_->desc);
+    ASSERT_TRUE(link.ok()) << link.status().ToString();
+    link_ = std::move(link).value();
+  }
+
   static std::shared_ptr<TransferState> Post(Channel& ch, Op op, const std::vector<TransferOp>& ops,
                                              Duration deadline = 20s) {
     return PostBatch(ch, op, ops, deadline);
@@ -140,12 +150,10 @@ class StagedPipelineTest : public ::testing::Test {
   }
 
   void RoundTrip(MemoryKind a_kind, MemoryKind b_kind) {
-    auto a = Make("sa", a_kind);
-    auto b = Make("sb", b_kind);
-    ASSERT_TRUE(a && b);
-    auto link = Connect(*a, *b, b->desc);
-    ASSERT_TRUE(link.ok()) << link.status().ToString();
-    Channel& ch = *link->channel;
+    ASSERT_NO_FATAL_FAILURE(MakePair(a_kind, b_kind));
+    Side* a = a_.get();
+    Side* b = b_.get();
+    Channel& ch = *link_.channel;
     EXPECT_EQ(ch.path().transport, "ucx");
     EXPECT_TRUE(ch.path().staged);
     auto data = RandomBytes(kBytes, 11);
@@ -175,6 +183,8 @@ class StagedPipelineTest : public ::testing::Test {
 
   EngineOptions options_;
   int counter_ = 0;
+  std::unique_ptr<Side> a_, b_;
+  Link link_;  // destroyed before the sides
 };
 
 TEST_F(StagedPipelineTest, GpuToHost) { RoundTrip(MemoryKind::kCuda, MemoryKind::kHost); }
@@ -219,12 +229,10 @@ TEST_F(StagedPipelineTest, PlainAccessToGpuMemoryIsRejected) {
 }
 
 TEST_F(StagedPipelineTest, ChunksArePipelined) {
-  auto a = Make("pa", MemoryKind::kCuda);
-  auto b = Make("pb", MemoryKind::kHost);
-  ASSERT_TRUE(a && b);
-  auto link = Connect(*a, *b, b->desc);
-  ASSERT_TRUE(link.ok()) << link.status().ToString();
-  Channel& ch = *link->channel;
+  ASSERT_NO_FATAL_FAILURE(MakePair(MemoryKind::kCuda, MemoryKind::kHost));
+  Side* a = a_.get();
+  Side* b = b_.get();
+  Channel& ch = *link_.channel;
   a->copier->Close();
   auto w = Post(ch, Op::kWrite, KvOps(kBytes / 32768, 32768));
   // Six chunks: all gathered at once into bounce buffers, none waiting for the previous send.
@@ -235,12 +243,10 @@ TEST_F(StagedPipelineTest, ChunksArePipelined) {
 }
 
 TEST_F(StagedPipelineTest, ConcurrentTransfersShareTheBounceBuffers) {
-  auto a = Make("ca", MemoryKind::kCuda);
-  auto b = Make("cb", MemoryKind::kCuda);
-  ASSERT_TRUE(a && b);
-  auto link = Connect(*a, *b, b->desc);
-  ASSERT_TRUE(link.ok()) << link.status().ToString();
-  Channel& ch = *link->channel;
+  ASSERT_NO_FATAL_FAILURE(MakePair(MemoryKind::kCuda, MemoryKind::kCuda));
+  Side* a = a_.get();
+  Side* b = b_.get();
+  Channel& ch = *link_.channel;
   auto data = RandomBytes(kBytes, 21);
   std::memcpy(a->buf.data(), data.data(), kBytes);
   // Four writes of a quarter each (six chunks apiece) and then four reads: more chunks at once
@@ -263,12 +269,10 @@ TEST_F(StagedPipelineTest, ConcurrentTransfersShareTheBounceBuffers) {
 }
 
 TEST_F(StagedPipelineTest, APeerThatDiesMidPipelineFailsTheTransferAndReleasesEveryBuffer) {
-  auto a = Make("da", MemoryKind::kCuda);
-  auto b = Make("db", MemoryKind::kCuda);
-  ASSERT_TRUE(a && b);
-  auto link = Connect(*a, *b, b->desc);
-  ASSERT_TRUE(link.ok()) << link.status().ToString();
-  Channel& ch = *link->channel;
+  ASSERT_NO_FATAL_FAILURE(MakePair(MemoryKind::kCuda, MemoryKind::kCuda));
+  Side* a = a_.get();
+  Side* b = b_.get();
+  Channel& ch = *link_.channel;
   // The target holds its scatters: chunks are sent but never acknowledged.
   b->copier->Close();
   auto w = Post(ch, Op::kWrite, KvOps(kBytes / 32768, 32768), 10s);
