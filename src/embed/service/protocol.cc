@@ -1,20 +1,31 @@
 #include "embed/service/protocol.h"
 
 #include <algorithm>
-#include <iterator>
+#include <array>
+#include <type_traits>
+#include <utility>
 
 #include "base/codec.h"
 
 namespace ferry::embed::service {
 namespace {
 
-// One message, [version, type, fields...]: `put` writes its `fields` fields.
-template <typename Fields>
-std::string EncodeMessage(MessageType type, uint32_t fields, Fields&& put) {
+// The wire type of message M: its 1-based index in AnyMessage.
+template <typename M, size_t I = 0>
+constexpr uint64_t TypeOf() {
+  if constexpr (std::is_same_v<M, std::variant_alternative_t<I, AnyMessage>>)
+    return I + 1;
+  else
+    return TypeOf<M, I + 1>();
+}
+
+// Message m, [version, type, fields...]: `put` writes its `fields` fields.
+template <typename M, typename Fields>
+std::string EncodeMessage(const M&, uint32_t fields, Fields&& put) {
   codec::Writer w;
   w.Array(2 + fields);
   w.UInt(kEmbedProtocolVersion);
-  w.UInt(static_cast<uint64_t>(type));
+  w.UInt(TypeOf<M>());
   put(w);
   return w.Take();
 }
@@ -156,12 +167,13 @@ Result<AnyMessage> DecodeAs(codec::ArrayReader& r) {
   return AnyMessage(std::move(m));
 }
 
-// The decoder of each MessageType, at its value - 1.
+// The decoder of each message, at its type - 1.
 using Decoder = Result<AnyMessage> (*)(codec::ArrayReader&);
-constexpr Decoder kDecoders[] = {DecodeAs<Register>, DecodeAs<Registered>,   DecodeAs<Request>,
-                                 DecodeAs<Reply>,    DecodeAs<StatsRequest>, DecodeAs<Stats>};
-static_assert(static_cast<size_t>(MessageType::kRegister) == 1 &&
-              static_cast<size_t>(MessageType::kStats) == std::size(kDecoders));
+template <size_t... I>
+constexpr std::array<Decoder, sizeof...(I)> Decoders(std::index_sequence<I...>) {
+  return {DecodeAs<std::variant_alternative_t<I, AnyMessage>>...};
+}
+constexpr auto kDecoders = Decoders(std::make_index_sequence<std::variant_size_v<AnyMessage>>());
 
 // One msgpack non-negative integer at bytes[*pos] (any width, unsigned or signed, as the
 // decoder accepts), advancing *pos; nullopt for anything else.
@@ -198,7 +210,7 @@ std::optional<uint64_t> RequestSeqOf(std::string_view bytes) {
   std::optional<uint64_t> version = PrefixUInt(bytes, &pos);
   if (version != kEmbedProtocolVersion) return std::nullopt;
   std::optional<uint64_t> type = PrefixUInt(bytes, &pos);
-  if (type != static_cast<uint64_t>(MessageType::kRequest)) return std::nullopt;
+  if (type != TypeOf<Request>()) return std::nullopt;
   return PrefixUInt(bytes, &pos);
 }
 
@@ -216,7 +228,7 @@ Register RegisterOf(const ClientOptions& o) {
 }
 
 std::string Encode(const Register& m) {
-  return EncodeMessage(MessageType::kRegister, 14, [&](codec::Writer& w) {
+  return EncodeMessage(m, 14, [&](codec::Writer& w) {
     w.UInt(m.dp_rank);
     w.UInt(m.tp_size);
     w.UInt(m.tp_rank);
@@ -243,12 +255,12 @@ std::string Encode(const Register& m) {
 }
 
 std::string Encode(const Registered& m) {
-  return EncodeMessage(MessageType::kRegistered, 2,
+  return EncodeMessage(m, 2,
                        [&](codec::Writer& w) { PutStatus(w, m.status); });
 }
 
 std::string Encode(const Request& m) {
-  return EncodeMessage(MessageType::kRequest, 4, [&](codec::Writer& w) {
+  return EncodeMessage(m, 4, [&](codec::Writer& w) {
     w.UInt(m.seq);
     w.UInt(m.dp_rank);
     w.UInt(m.num_tokens);
@@ -257,19 +269,19 @@ std::string Encode(const Request& m) {
 }
 
 std::string Encode(const Reply& m) {
-  return EncodeMessage(MessageType::kReply, 3, [&](codec::Writer& w) {
+  return EncodeMessage(m, 3, [&](codec::Writer& w) {
     w.UInt(m.seq);
     PutStatus(w, m.status);
   });
 }
 
 std::string Encode(const StatsRequest& m) {
-  return EncodeMessage(MessageType::kStatsRequest, 1, [&](codec::Writer& w) { w.Bool(m.reset); });
+  return EncodeMessage(m, 1, [&](codec::Writer& w) { w.Bool(m.reset); });
 }
 
 std::string Encode(const Stats& m) {
   const ServerStats& s = m.stats;
-  return EncodeMessage(MessageType::kStats, 5, [&](codec::Writer& w) {
+  return EncodeMessage(m, 5, [&](codec::Writer& w) {
     w.UInt(s.registrations);
     w.UInt(s.live_clients);
     w.UInt(s.steps_ok);
@@ -306,7 +318,7 @@ Result<AnyMessage> Decode(std::string_view bytes) {
                                           ", this build speaks " +
                                           std::to_string(kEmbedProtocolVersion));
   FERRY_ASSIGN_OR_RETURN(uint64_t type, r.UInt("type"));
-  if (type < 1 || type > std::size(kDecoders))
+  if (type < 1 || type > kDecoders.size())
     return Bad("unknown message type " + std::to_string(type));
   Result<AnyMessage> out = kDecoders[type - 1](r);
   if (out.ok() && !r.done()) return Bad("trailing fields");

@@ -1,7 +1,8 @@
 // The embedding-offload wire protocol between GPU workers (clients) and `ferry embed-serve`.
 //
 // Each message is one SOCK_SEQPACKET datagram holding a msgpack array
-//   [kEmbedProtocolVersion, MessageType, fields...]
+//   [kEmbedProtocolVersion, type, fields...]
+// where type is the message's 1-based index in AnyMessage below.
 // decoded with ferry's bounded codec (base/codec.h): every count, size and rank is checked
 // against the limits below before anything is allocated, and anything malformed, truncated or
 // of another version is kInvalidArgument (kUnsupported for another version).
@@ -42,15 +43,6 @@ inline constexpr uint64_t kEmbedProtocolVersion = 1;
 // Further limits every decoder enforces.
 inline constexpr size_t kMaxStatusMessage = 4096;
 inline constexpr size_t kCudaIpcHandleBytes = 64;
-
-enum class MessageType : uint8_t {
-  kRegister = 1,
-  kRegistered = 2,
-  kRequest = 3,
-  kReply = 4,
-  kStatsRequest = 5,
-  kStats = 6,
-};
 
 // One layer's output buffer (max_tokens x token_bytes) and flag word of one client.
 struct LayerOutput {
@@ -109,6 +101,8 @@ struct Stats {
   ServerStats stats;
 };
 
+// Every message. A message's type on the wire is its 1-based index here (Register 1, Registered
+// 2, Request 3, Reply 4, StatsRequest 5, Stats 6), so a new message goes at the end.
 using AnyMessage = std::variant<Register, Registered, Request, Reply, StatsRequest, Stats>;
 
 // The part of a client's registration its options give: its ranks, its capacity and its layers
@@ -126,7 +120,7 @@ std::string Encode(const Stats& m);
 // (tp_rank < tp_size, limits, has_inputs == (tp_rank == 0), alignment, IPC handle sizes).
 Result<AnyMessage> Decode(std::string_view bytes);
 
-// The seq of a message that begins as a Request of this version ([version, kRequest, seq, ...])
+// The seq of a message that begins as a Request of this version ([version, 3, seq, ...])
 // whether or not the rest decodes (a truncated or out-of-range request), so that its failure
 // can be answered under its own seq; nullopt when the bytes do not begin so.
 std::optional<uint64_t> RequestSeqOf(std::string_view bytes);

@@ -46,6 +46,24 @@ TEST(EmbedProtocol, RoundTripsEveryMessage) {
   EXPECT_TRUE(std::get<Registered>(*ok).status.ok());
 }
 
+// The wire's type numbers (each message's 1-based index in AnyMessage) never change.
+TEST(EmbedProtocol, TypeNumbersAreStable) {
+  auto type_of = [](const std::string& bytes) -> uint64_t {
+    Result<codec::Reader> reader = codec::Reader::Parse(bytes, codec::Limits{});
+    EXPECT_TRUE(reader.ok()) << reader.status().ToString();
+    if (!reader.ok()) return 0;
+    codec::ArrayReader r = reader->root();
+    EXPECT_EQ(r.UInt("version").value(), kEmbedProtocolVersion);
+    return r.UInt("type").value();
+  };
+  EXPECT_EQ(type_of(Encode(SampleRegister())), 1u);
+  EXPECT_EQ(type_of(Encode(Registered{Status::Ok()})), 2u);
+  EXPECT_EQ(type_of(Encode(Request{1, 2, 3})), 3u);
+  EXPECT_EQ(type_of(Encode(Reply{1, Status::Ok()})), 4u);
+  EXPECT_EQ(type_of(Encode(StatsRequest{true})), 5u);
+  EXPECT_EQ(type_of(Encode(Stats{})), 6u);
+}
+
 TEST(EmbedProtocol, RejectsEveryTruncation) {
   std::string bytes = Encode(SampleRegister());
   for (size_t n = 0; n < bytes.size(); ++n) {
