@@ -276,7 +276,7 @@ TEST(ShmHostile, AScribbledRingIsRejectedAndTheEngineKeepsServing) {
       case Bad::kBehind:
         // Taken first; then the producer index moves back behind the consumer's.
         ring->Publish(head);
-        (void)WaitNotes(*peer, "NOTES " + std::to_string(notes + 1) + " " + good);
+        (void)peer->WaitNotes("NOTES " + std::to_string(notes + 1) + " " + good);
         head = 8;
         break;
     }

@@ -48,7 +48,7 @@ TEST(ShmProcess, StoppedReceiverFillsItsRingAndTheSenderHearsOfIt) {
   auto l = ShmOnlyTo(*peer);
   ASSERT_TRUE(l);
   ASSERT_TRUE(l->engine->Notify(peer->engine.key, "first").ok());
-  EXPECT_EQ(WaitNotes(*peer, "NOTES 1 first"), "NOTES 1 first");
+  EXPECT_EQ(peer->WaitNotes("NOTES 1 first"), "NOTES 1 first");
   peer->Signal(SIGSTOP);
   ASSERT_TRUE(peer->WaitStopped());
   const std::string big(60000, 'b');
@@ -60,7 +60,7 @@ TEST(ShmProcess, StoppedReceiverFillsItsRingAndTheSenderHearsOfIt) {
   EXPECT_LT(sent, 1000);
   peer->Signal(SIGCONT);
   const std::string all = "NOTES " + std::to_string(1 + sent) + " " + big;
-  EXPECT_EQ(WaitNotes(*peer, all), all);
+  EXPECT_EQ(peer->WaitNotes(all), all);
   // Room again.
   EXPECT_TRUE(l->engine->Notify(peer->engine.key, "after").ok());
   EXPECT_EQ(peer->Command("stats"), "STATS 0 0");

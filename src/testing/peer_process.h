@@ -1,4 +1,5 @@
-// PeerProcess: a ferry_test_peer child process for multi-process tests (see test_peer.cc).
+// PeerProcess: a ferry_test_peer child process for multi-process tests (see test_peer.cc), and
+// helpers of its command protocol (descriptors in hex, waiting for its notifications).
 #pragma once
 
 #include <poll.h>
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ferry/descriptors.h"
@@ -81,6 +83,15 @@ class PeerProcess {
     (void)!write(to_, l.data(), l.size());
   }
 
+  // The child's "notes" once they read `want` (one-way notifications land a moment after
+  // Notify returns), or what they read after 5 s.
+  std::string WaitNotes(const std::string& want) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    std::string notes;
+    while ((notes = Command("notes")) != want && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return notes;
+  }
   void Signal(int sig) {
     if (pid_ > 0) kill(pid_, sig);
   }
@@ -142,6 +153,17 @@ class PeerProcess {
   int to_ = -1, from_ = -1;
   std::string buffer_;
 };
+
+// `bytes` in hex, as ferry_test_peer's "peer" and "open" commands take descriptors.
+inline std::string Hex(const std::string& bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out.push_back(digits[c >> 4]);
+    out.push_back(digits[c & 15]);
+  }
+  return out;
+}
 
 inline uint64_t Fnv(const uint8_t* p, size_t n) {
   uint64_t h = 1469598103934665603ull;

@@ -19,18 +19,9 @@
 namespace ferry::shm_testing {
 
 using testing::Fnv;
+using testing::Hex;
 using testing::PeerProcess;
 using Clock = std::chrono::steady_clock;
-
-inline std::string Hex(const std::string& bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out.push_back(digits[c >> 4]);
-    out.push_back(digits[c & 15]);
-  }
-  return out;
-}
 
 // This process's side: an engine with shm and ucx and one registered buffer.
 struct Local {
@@ -92,16 +83,6 @@ inline Initiated LocalWithInitiator(uint64_t bytes, EngineOptions options = {}) 
   r.local = MakeLocal(bytes, true, std::move(options));
   if (r.local) r.peer = StartInitiator(*r.local, bytes);
   return r;
-}
-
-// The child's "notes" once they read `want` (one-way notifications land a moment after Notify
-// returns), or what they read after 5 s.
-inline std::string WaitNotes(PeerProcess& peer, const std::string& want) {
-  auto until = Clock::now() + std::chrono::seconds(5);
-  std::string notes;
-  while ((notes = peer.Command("notes")) != want && Clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  return notes;
 }
 
 // This process's engine with only the shm transport, the child `peer` added as its peer.

@@ -151,34 +151,32 @@ class StagedPipelineTest : public ::testing::Test {
 
   void RoundTrip(MemoryKind a_kind, MemoryKind b_kind) {
     ASSERT_NO_FATAL_FAILURE(MakePair(a_kind, b_kind));
-    Side* a = a_.get();
-    Side* b = b_.get();
     Channel& ch = *link_.channel;
     EXPECT_EQ(ch.path().transport, "ucx");
     EXPECT_TRUE(ch.path().staged);
     auto data = RandomBytes(kBytes, 11);
-    std::memcpy(a->buf.data(), data.data(), kBytes);
+    std::memcpy(a_->buf.data(), data.data(), kBytes);
     auto ops = KvOps(kBytes / 32768, 32768);
     auto w = Post(ch, Op::kWrite, ops);
     ASSERT_TRUE(w->Wait(Deadline::After(20s)).ok()) << w->status().ToString();
     for (const auto& o : ops)
-      ASSERT_EQ(std::memcmp(b->buf.data() + o.remote_offset, data.data() + o.local_offset, o.size), 0);
-    std::memset(a->buf.data(), 0, kBytes);
+      ASSERT_EQ(std::memcmp(b_->buf.data() + o.remote_offset, data.data() + o.local_offset, o.size), 0);
+    std::memset(a_->buf.data(), 0, kBytes);
     auto r = Post(ch, Op::kRead, ops);
     ASSERT_TRUE(r->Wait(Deadline::After(20s)).ok()) << r->status().ToString();
     for (const auto& o : ops)
-      ASSERT_EQ(std::memcmp(a->buf.data() + o.local_offset, data.data() + o.local_offset, o.size), 0);
+      ASSERT_EQ(std::memcmp(a_->buf.data() + o.local_offset, data.data() + o.local_offset, o.size), 0);
     // One copier batch per 4 MiB chunk on the GPU sides, none on host sides.
     const int chunks = static_cast<int>(PlanChunks(ops, kStageChunkBytes, kStageMaxPieces).size());
-    EXPECT_EQ(a->copier->posted(), a_kind == MemoryKind::kCuda ? 2 * chunks : 0);
-    EXPECT_EQ(b->copier->posted(), b_kind == MemoryKind::kCuda ? 2 * chunks : 0);
+    EXPECT_EQ(a_->copier->posted(), a_kind == MemoryKind::kCuda ? 2 * chunks : 0);
+    EXPECT_EQ(b_->copier->posted(), b_kind == MemoryKind::kCuda ? 2 * chunks : 0);
     // Every bounce buffer comes back (a send's completion may trail its ack a little).
-    for (int i = 0; i < 2000 && a->stager->free_buffers() != a->stager->allocated_buffers(); ++i)
+    for (int i = 0; i < 2000 && a_->stager->free_buffers() != a_->stager->allocated_buffers(); ++i)
       std::this_thread::sleep_for(1ms);
-    EXPECT_EQ(a->stager->free_buffers(), a->stager->allocated_buffers());
-    for (int i = 0; i < 2000 && b->stager->free_buffers() != b->stager->allocated_buffers(); ++i)
+    EXPECT_EQ(a_->stager->free_buffers(), a_->stager->allocated_buffers());
+    for (int i = 0; i < 2000 && b_->stager->free_buffers() != b_->stager->allocated_buffers(); ++i)
       std::this_thread::sleep_for(1ms);
-    EXPECT_EQ(b->stager->free_buffers(), b->stager->allocated_buffers());
+    EXPECT_EQ(b_->stager->free_buffers(), b_->stager->allocated_buffers());
   }
 
   EngineOptions options_;
@@ -230,25 +228,21 @@ TEST_F(StagedPipelineTest, PlainAccessToGpuMemoryIsRejected) {
 
 TEST_F(StagedPipelineTest, ChunksArePipelined) {
   ASSERT_NO_FATAL_FAILURE(MakePair(MemoryKind::kCuda, MemoryKind::kHost));
-  Side* a = a_.get();
-  Side* b = b_.get();
   Channel& ch = *link_.channel;
-  a->copier->Close();
+  a_->copier->Close();
   auto w = Post(ch, Op::kWrite, KvOps(kBytes / 32768, 32768));
   // Six chunks: all gathered at once into bounce buffers, none waiting for the previous send.
-  for (int i = 0; i < 2000 && a->copier->held() < 6; ++i) std::this_thread::sleep_for(1ms);
-  EXPECT_EQ(a->copier->held(), 6);
-  a->copier->Open();
+  for (int i = 0; i < 2000 && a_->copier->held() < 6; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(a_->copier->held(), 6);
+  a_->copier->Open();
   ASSERT_TRUE(w->Wait(Deadline::After(20s)).ok()) << w->status().ToString();
 }
 
 TEST_F(StagedPipelineTest, ConcurrentTransfersShareTheBounceBuffers) {
   ASSERT_NO_FATAL_FAILURE(MakePair(MemoryKind::kCuda, MemoryKind::kCuda));
-  Side* a = a_.get();
-  Side* b = b_.get();
   Channel& ch = *link_.channel;
   auto data = RandomBytes(kBytes, 21);
-  std::memcpy(a->buf.data(), data.data(), kBytes);
+  std::memcpy(a_->buf.data(), data.data(), kBytes);
   // Four writes of a quarter each (six chunks apiece) and then four reads: more chunks at once
   // than bounce buffers, so jobs wait for buffers that other jobs' completions give back.
   const uint64_t quarter = kBytes / 4;
@@ -259,34 +253,32 @@ TEST_F(StagedPipelineTest, ConcurrentTransfersShareTheBounceBuffers) {
   for (auto& p : parts) writes.push_back(Post(ch, Op::kWrite, p));
   for (auto& w : writes) ASSERT_TRUE(w->Wait(Deadline::After(20s)).ok()) << w->status().ToString();
   for (uint64_t q = 0; q < 4; ++q)
-    ASSERT_EQ(std::memcmp(b->buf.data() + (3 - q) * quarter, data.data() + q * quarter, quarter), 0) << q;
-  std::memset(a->buf.data(), 0, kBytes);
+    ASSERT_EQ(std::memcmp(b_->buf.data() + (3 - q) * quarter, data.data() + q * quarter, quarter), 0) << q;
+  std::memset(a_->buf.data(), 0, kBytes);
   std::vector<std::shared_ptr<TransferState>> reads;
   for (auto& p : parts) reads.push_back(Post(ch, Op::kRead, p));
   for (auto& r : reads) ASSERT_TRUE(r->Wait(Deadline::After(20s)).ok()) << r->status().ToString();
-  EXPECT_EQ(std::memcmp(a->buf.data(), data.data(), kBytes), 0);
-  EXPECT_LE(a->stager->allocated_buffers(), 2 * kStageBuffers);
+  EXPECT_EQ(std::memcmp(a_->buf.data(), data.data(), kBytes), 0);
+  EXPECT_LE(a_->stager->allocated_buffers(), 2 * kStageBuffers);
 }
 
 TEST_F(StagedPipelineTest, APeerThatDiesMidPipelineFailsTheTransferAndReleasesEveryBuffer) {
   ASSERT_NO_FATAL_FAILURE(MakePair(MemoryKind::kCuda, MemoryKind::kCuda));
-  Side* a = a_.get();
-  Side* b = b_.get();
   Channel& ch = *link_.channel;
   // The target holds its scatters: chunks are sent but never acknowledged.
-  b->copier->Close();
+  b_->copier->Close();
   auto w = Post(ch, Op::kWrite, KvOps(kBytes / 32768, 32768), 10s);
-  for (int i = 0; i < 5000 && b->copier->held() == 0; ++i) std::this_thread::sleep_for(1ms);
-  ASSERT_GT(b->copier->held(), 0);
+  for (int i = 0; i < 5000 && b_->copier->held() == 0; ++i) std::this_thread::sleep_for(1ms);
+  ASSERT_GT(b_->copier->held(), 0);
   const auto start = std::chrono::steady_clock::now();
-  b->transport.reset();  // the peer goes away with chunks in flight
+  b_->transport.reset();  // the peer goes away with chunks in flight
   Status s = w->Wait(Deadline::After(10s));
   EXPECT_EQ(s.code(), Code::kUnavailable) << s.ToString();
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
-  for (int i = 0; i < 2000 && a->stager->free_buffers() != a->stager->allocated_buffers(); ++i)
+  for (int i = 0; i < 2000 && a_->stager->free_buffers() != a_->stager->allocated_buffers(); ++i)
     std::this_thread::sleep_for(1ms);
-  EXPECT_GT(a->stager->allocated_buffers(), 0u);
-  EXPECT_EQ(a->stager->free_buffers(), a->stager->allocated_buffers());
+  EXPECT_GT(a_->stager->allocated_buffers(), 0u);
+  EXPECT_EQ(a_->stager->free_buffers(), a_->stager->allocated_buffers());
   // Later batches fail at once.
   EXPECT_EQ(Post(ch, Op::kWrite, {{0, 0, 64}})->Wait(Deadline::After(10s)).code(), Code::kUnavailable);
 }
