@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -37,7 +38,9 @@ inline Config SmallConfig(int layer) {
 inline constexpr uint64_t kTokenBytes = 64 * 2;
 inline const std::vector<uint32_t> kLayers = {0, 1, 2};
 
-inline std::string TempSocketPath(const std::string& name) {
+// A socket path in /tmp named after `name` (a parametrised test's name, '/' and all).
+inline std::string TempSocketPath(std::string name) {
+  std::replace(name.begin(), name.end(), '/', '-');
   return "/tmp/ferry-embed-" + std::to_string(::getpid()) + "-" + name + ".sock";
 }
 
