@@ -13,6 +13,7 @@
 #include <map>
 #include <thread>
 
+#include "base/mutex.h"
 #include "testing/bytes.h"
 #include "testing/transport_link.h"
 
@@ -26,11 +27,11 @@ using ::ferry::testing::RandomBytes;
 class FakeIpcApi final : public cuda::IpcApi {
  public:
   void AddAllocation(void* base, uint64_t size) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     allocations_[reinterpret_cast<uint64_t>(base)] = size;
   }
   Result<cuda::AllocationRange> GetAllocationRange(const void* ptr) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const auto p = reinterpret_cast<uint64_t>(ptr);
     for (auto& [base, size] : allocations_)
       if (p >= base && p < base + size) return cuda::AllocationRange{reinterpret_cast<void*>(base), size};
@@ -44,7 +45,7 @@ class FakeIpcApi final : public cuda::IpcApi {
     return h;
   }
   Result<void*> OpenHandle(const cuda::IpcHandle& h, int device) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!open_failure.ok()) return open_failure;
     ++opens;
     uint64_t p = 0;
@@ -60,15 +61,15 @@ class FakeIpcApi final : public cuda::IpcApi {
   std::atomic<int> opens{0}, closes{0}, handles{0};
 
  private:
-  std::mutex mu_;
-  std::map<uint64_t, uint64_t> allocations_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::map<uint64_t, uint64_t> allocations_ GUARDED_BY(mu_);
 };
 
 // Copies with memcpy: at once, or when the test opens the gate.
 class FakeCopier final : public Copier {
  public:
   struct Gate {
-    std::mutex mu;
+    Mutex mu;  // held while a batch is counted and held; the test reads the fields between batches
     bool closed = false;
     std::deque<std::function<void()>> held;
     int batches = 0;
@@ -85,7 +86,7 @@ class FakeCopier final : public Copier {
       on_done(Status::Ok());
     };
     {
-      std::lock_guard<std::mutex> lock(gate_->mu);
+      MutexLock lock(&gate_->mu);
       ++gate_->batches;
       gate_->last_device = device;
       if (gate_->closed) {
@@ -106,7 +107,7 @@ class FakeCopier final : public Copier {
 void OpenGate(FakeCopier::Gate& gate) {
   std::deque<std::function<void()>> held;
   {
-    std::lock_guard<std::mutex> lock(gate.mu);
+    MutexLock lock(&gate.mu);
     gate.closed = false;
     held.swap(gate.held);
   }
@@ -224,13 +225,13 @@ TEST_F(CudaIpcProtocolTest, EachAllocationIsOpenedOnceAndClosedWhenAllItsRegions
   EXPECT_EQ(api_.opens.load(), 1);
   EXPECT_EQ(api_.handles.load(), 2);  // a's allocation and b's, each exported once
 
-  b_.transport->Deregister(*b_.regions[0]);
+  EXPECT_TRUE(b_.transport->Deregister(*b_.regions[0]).ok());
   auto t = Post(**c1, Op::kWrite, {{0, 0, 100}});
   EXPECT_EQ(t->Wait(Deadline::After(1s)).code(), Code::kFailedPrecondition);
   EXPECT_EQ(api_.closes.load(), 0);  // r2 still reaches the allocation
   ASSERT_TRUE(Post(**c2, Op::kWrite, {{0, 0, 100}})->Wait(Deadline::After(1s)).ok());
 
-  b_.transport->Deregister(*b_.regions[1]);
+  EXPECT_TRUE(b_.transport->Deregister(*b_.regions[1]).ok());
   EXPECT_EQ(Post(**c2, Op::kWrite, {{0, 0, 100}})->Wait(Deadline::After(1s)).code(), Code::kFailedPrecondition);
   EXPECT_EQ(api_.closes.load(), 1);
   // A new channel to a revoked region is refused before anything is mapped.
@@ -266,7 +267,7 @@ TEST_F(CudaIpcProtocolTest, DeregistrationWaitsForAPeersBatchInFlight) {
   EXPECT_FALSE(t->Test());
   std::atomic<bool> returned{false};
   std::thread owner([&] {
-    b_.transport->Deregister(*b_.regions[0]);
+    EXPECT_TRUE(b_.transport->Deregister(*b_.regions[0]).ok());
     returned = true;
   });
   std::this_thread::sleep_for(200ms);

@@ -5,11 +5,11 @@
 // dies mid-pipeline: kUnavailable within the deadline, every bounce buffer back in its pool.
 #include <gtest/gtest.h>
 
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <thread>
 
+#include "base/mutex.h"
 #include "testing/bytes.h"
 #include "testing/cuda_buffer.h"
 #include "testing/transport_link.h"
@@ -27,38 +27,38 @@ class ThreadCopier final : public StageCopier {
   ThreadCopier() : thread_([this] { Loop(); }) {}
   ~ThreadCopier() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
       closed_ = false;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     thread_.join();
   }
   bool gpu() const override { return true; }
   Status Copy(int, std::span<const StageCopy> copies, bool, std::function<void(const Status&)> done) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     queue_.push_back({std::vector<StageCopy>(copies.begin(), copies.end()), std::move(done)});
     ++posted_;
-    cv_.notify_all();
+    cv_.NotifyAll();
     return Status::Ok();
   }
-  void Close() {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Close() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     closed_ = true;
   }
-  void Open() {
+  void Open() EXCLUDES(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       closed_ = false;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
-  int posted() {
-    std::lock_guard<std::mutex> lock(mu_);
+  int posted() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return posted_;
   }
-  int held() {
-    std::lock_guard<std::mutex> lock(mu_);
+  int held() EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
     return static_cast<int>(queue_.size());
   }
 
@@ -67,24 +67,26 @@ class ThreadCopier final : public StageCopier {
     std::vector<StageCopy> copies;
     std::function<void(const Status&)> done;
   };
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
+  void Loop() EXCLUDES(mu_) {
+    mu_.Lock();
     for (;;) {
-      cv_.wait(lock, [this] { return stop_ || (!closed_ && !queue_.empty()); });
-      if (queue_.empty()) return;
+      cv_.Wait(&mu_, [this]() REQUIRES(mu_) { return stop_ || (!closed_ && !queue_.empty()); });
+      if (queue_.empty()) break;
       Job job = std::move(queue_.front());
       queue_.pop_front();
-      lock.unlock();
+      mu_.Unlock();
       for (const auto& c : job.copies) std::memcpy(c.dst, c.src, c.size);
       job.done(Status::Ok());
-      lock.lock();
+      mu_.Lock();
     }
+    mu_.Unlock();
   }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> queue_;  // GUARDED_BY(mu_)
-  bool closed_ = false, stop_ = false;
-  int posted_ = 0;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Job> queue_ GUARDED_BY(mu_);
+  bool closed_ GUARDED_BY(mu_) = false;
+  bool stop_ GUARDED_BY(mu_) = false;
+  int posted_ GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 
