@@ -26,6 +26,7 @@
 namespace ferry::process_testing {
 
 using testing::Fnv;
+using testing::Hex;
 using testing::PeerProcess;
 using Clock = std::chrono::steady_clock;
 
@@ -260,17 +261,6 @@ inline std::unique_ptr<Rig> MakeRig(const ProcessCase& c, uint64_t bytes, bool w
   r->session = *s;
   EXPECT_EQ(r->session.path().transport, c.transport);
   return r;
-}
-
-// `bytes` in hex, as ferry_test_peer's "peer" and "open" commands take descriptors.
-inline std::string Hex(const std::string& bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out.push_back(digits[c >> 4]);
-    out.push_back(digits[c & 15]);
-  }
-  return out;
 }
 
 // The child's "notes" once they read `want` (one-way notifications land a moment after Notify
