@@ -9,13 +9,13 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "base/mutex.h"
 #include "ferry/shared_memory.h"
 
 namespace ferry::testing {
@@ -55,29 +55,32 @@ struct TestAllocator {
     auto b = AllocateSharedHost(n * sizeof(T));
     if (!b.ok()) throw std::bad_alloc();
     T* p = reinterpret_cast<T*>(b->data());
-    std::lock_guard<std::mutex> lock(SharedMu());
-    Shared().emplace(p, std::move(b).value());
+    Directory& d = Shared();
+    MutexLock lock(&d.mu);
+    d.buffers.emplace(p, std::move(b).value());
     return p;
   }
   void deallocate(T* p, size_t n) {
     if (alloc == HostAlloc::kHeap || n == 0) return std::allocator<T>().deallocate(p, n);
-    HostBuffer gone;
-    std::lock_guard<std::mutex> lock(SharedMu());
-    auto it = Shared().find(p);
-    if (it == Shared().end()) return;
+    HostBuffer gone;  // freed after the lock is let go
+    Directory& d = Shared();
+    MutexLock lock(&d.mu);
+    auto it = d.buffers.find(p);
+    if (it == d.buffers.end()) return;
     gone = std::move(it->second);
-    Shared().erase(it);
+    d.buffers.erase(it);
   }
   friend bool operator==(const TestAllocator& a, const TestAllocator& b) { return a.alloc == b.alloc; }
 
  private:
-  static std::mutex& SharedMu() {
-    static std::mutex mu;
-    return mu;
-  }
-  static std::map<const void*, HostBuffer>& Shared() {
-    static auto* m = new std::map<const void*, HostBuffer>();
-    return *m;
+  // The shareable buffers handed out, by address (one directory for every allocator type).
+  struct Directory {
+    Mutex mu;
+    std::map<const void*, HostBuffer> buffers GUARDED_BY(mu);
+  };
+  static Directory& Shared() {
+    static auto* d = new Directory();  // never destroyed: buffers may be freed at exit
+    return *d;
   }
 };
 
