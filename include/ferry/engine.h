@@ -189,8 +189,10 @@ class Engine {
   // (kUnavailable). Between processes of one host (`shm`) it is one-way too: OK means it is in
   // the receiver's notification ring in shared memory (the first on a new connection waits for
   // the ring, up to ShmOptions::call_timeout); a full ring (a receiver that does not keep up)
-  // is reported here with kResourceExhausted, and a message larger than the receiver takes
-  // with kInvalidArgument, neither counted at the receiver. Within
+  // is reported here with kResourceExhausted, and a message more than 68 bytes (the room the
+  // topic frame may take) over the receiver's max_notification_bytes with kInvalidArgument,
+  // neither counted at the receiver; one over the receiver's limit by 68 bytes or less reaches
+  // it and is dropped and counted there. Within
   // a process (`local`) the receiver holds it on return, and a full backlog is reported here
   // (kResourceExhausted) as well as counted. To know that the receiver holds a notification,
   // send it with a write batch (TransferOptions::notification): the batch completes only then.
