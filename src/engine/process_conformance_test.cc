@@ -159,7 +159,16 @@ TEST_P(ProcessConformance, RestartedPeerUnderTheSameKeyIsReachedAgain) {
   r->peer->Kill(SIGKILL);
   TransferOptions short_deadline;
   short_deadline.deadline = 3s;
-  Status dead = r->session.Write(0, 0, 4096, short_deadline).Wait();
+  // A one-sided write into memory still mapped here (shm) succeeds until the transport has seen
+  // the connection close, which its I/O thread does a moment after the kill: within 5 s a write
+  // must find the peer dead.
+  Status dead;
+  const auto give_up = std::chrono::steady_clock::now() + 5s;
+  do {
+    dead = r->session.Write(0, 0, 4096, short_deadline).Wait();
+    if (!dead.ok()) break;
+    std::this_thread::sleep_for(10ms);
+  } while (std::chrono::steady_clock::now() < give_up);
   EXPECT_EQ(dead.code(), Code::kUnavailable) << dead.ToString();
 
   auto reborn = StartPeer(c(), 1 << 20, {"--key", old.key});
