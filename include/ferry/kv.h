@@ -261,14 +261,17 @@ class Connector {
   Status AddPeerFrom(const std::string& handshake_address);
 
   // ---- consumer ----
-  // Write mode: blocks `blocks` (scheduler ids, for the tokens after any prefix hit) wait for
-  // request R's KV from instance `producer` at DP rank `producer_dp`. Every TP rank of the
-  // producer's must be known (AddPeer). An empty list (a full prefix hit) moves nothing but
-  // still tells the producer, which then frees its blocks.
+  // Write mode: blocks `blocks` (scheduler ids) wait for request R's KV from instance
+  // `producer` at DP rank `producer_dp`. After a prefix hit, `first_token` is the first token
+  // that moves (on a block boundary of both sides) and `blocks` hold the tokens from it on.
+  // `num_tokens` tokens move (0: as many as the blocks hold). Every TP rank of the producer's
+  // must be known (AddPeer). An empty list (a full prefix hit) moves nothing but still tells
+  // the producer, which then frees its blocks.
   Status ExpectWrite(std::string_view request, std::string_view producer, uint32_t producer_dp,
-                     std::span<const uint64_t> blocks, uint64_t num_tokens = 0);
-  // Read mode: reads every layer of R into `blocks`, as laid out in `params`.
-  Status StartRead(const ReadParams& params, std::span<const uint64_t> blocks);
+                     std::span<const uint64_t> blocks, uint64_t num_tokens = 0, uint64_t first_token = 0);
+  // Read mode: reads every layer of R into `blocks`, as laid out in `params` (the producer's
+  // blocks from `first_token` on, as above).
+  Status StartRead(const ReadParams& params, std::span<const uint64_t> blocks, uint64_t first_token = 0);
   // Read mode: blocks until layer `layer` of R has landed (OK), R failed (its error), or
   // `timeout` passed (kDeadlineExceeded).
   Status WaitLayer(std::string_view request, uint32_t layer, Duration timeout);

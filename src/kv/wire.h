@@ -41,6 +41,9 @@ struct Message {
   // and the sender's handshake address for a producer that does not know it yet.
   std::vector<uint64_t> blocks;
   uint64_t num_tokens = 0;
+  // kAllocation: the request's token that the first block holds (after the consumer's prefix
+  // hit; the producer skips its blocks before it).
+  uint64_t first_token = 0;
   std::string handshake;
   // kCompletion: layers written and, with checksums on, one per layer.
   uint32_t layers = 0;
