@@ -16,7 +16,7 @@
 namespace ferry::kv {
 namespace {
 
-constexpr uint32_t kMessageFields = 14;
+constexpr uint32_t kMessageFields = 15;
 constexpr uint32_t kReadParamsFields = 9;
 // A varint is at most 10 bytes, a run two of them.
 constexpr size_t kMaxRunBytes = 20 * kMaxMessageBlocks;
@@ -160,7 +160,7 @@ std::string_view MsgTypeName(MsgType type) {
 }
 
 // [version, type, request, instance, dp_rank, tp_rank, tp_size, block runs, num_tokens,
-//  handshake, layers, [checksums], code, error]; every field is always present.
+//  first_token, handshake, layers, [checksums], code, error]; every field is always present.
 std::string Encode(const Message& m) {
   codec::Writer w;
   w.Array(kMessageFields);
@@ -170,6 +170,7 @@ std::string Encode(const Message& m) {
   PutWorker(w, m.from, m.from_tp_size);
   w.Bin(EncodeRuns(m.blocks));
   w.UInt(m.num_tokens);
+  w.UInt(m.first_token);
   w.Str(m.handshake);
   w.UInt(m.layers);
   w.Array(static_cast<uint32_t>(m.checksums.size()));
@@ -197,6 +198,7 @@ Result<Message> Decode(std::string_view bytes) {
   FERRY_ASSIGN_OR_RETURN(std::string_view runs, r.Bytes("blocks", kMaxRunBytes));
   FERRY_ASSIGN_OR_RETURN(m.blocks, DecodeRuns(runs, "blocks"));
   FERRY_ASSIGN_OR_RETURN(m.num_tokens, r.UInt("num_tokens"));
+  FERRY_ASSIGN_OR_RETURN(m.first_token, r.UInt("first_token"));
   FERRY_ASSIGN_OR_RETURN(m.handshake, Str(r, "handshake", 0, kMaxAddressBytes));
   FERRY_ASSIGN_OR_RETURN(m.layers, UInt32(r, "layers", kMaxMessageLayers));
   FERRY_ASSIGN_OR_RETURN(codec::ArrayReader sums, r.Array("checksums", kMaxMessageLayers));

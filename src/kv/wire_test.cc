@@ -23,6 +23,7 @@ void ExpectSame(const Message& a, const Message& b) {
   EXPECT_EQ(a.from_tp_size, b.from_tp_size);
   EXPECT_EQ(a.blocks, b.blocks);
   EXPECT_EQ(a.num_tokens, b.num_tokens);
+  EXPECT_EQ(a.first_token, b.first_token);
   EXPECT_EQ(a.handshake, b.handshake);
   EXPECT_EQ(a.layers, b.layers);
   EXPECT_EQ(a.checksums, b.checksums);
@@ -38,6 +39,7 @@ Message Full(MsgType type) {
   m.from_tp_size = 4;
   m.blocks = {7, 8, 9, 100, 3, 4, UINT64_MAX};
   m.num_tokens = 12345;
+  m.first_token = 64;
   m.handshake = "10.0.0.1:5555";
   m.layers = 3;
   m.checksums = {1, UINT64_MAX, 0};
@@ -73,6 +75,7 @@ std::vector<Field> ValidFields() {
       [](codec::Writer& w) { w.UInt(1); },
       [](codec::Writer& w) { w.Bin(std::string("\x05\x02", 2)); },  // blocks 5, 6
       [](codec::Writer& w) { w.UInt(32); },
+      [](codec::Writer& w) { w.UInt(16); },
       [](codec::Writer& w) { w.Str(""); },
       [](codec::Writer& w) { w.UInt(0); },
       [](codec::Writer& w) { w.Array(0); },
@@ -133,6 +136,7 @@ TEST(KvWire, DefaultsAndBoundsRoundTrip) {
   big.layers = kMaxMessageLayers;
   big.checksums.assign(kMaxMessageLayers, 0xdeadbeefcafef00dull);
   big.num_tokens = UINT64_MAX;
+  big.first_token = UINT64_MAX;
   big.code = 255;
   got = Decode(Encode(big));
   ASSERT_TRUE(got.ok()) << got.status().ToString();
@@ -229,7 +233,7 @@ TEST(KvWire, ShapeIsChecked) {
   // Each field given a value of the wrong kind.
   for (size_t i = 1; i < ValidFields().size(); ++i) {
     SCOPED_TRACE(i);
-    const bool stringy = i == 2 || i == 3 || i == 7 || i == 9 || i == 13;
+    const bool stringy = i == 2 || i == 3 || i == 7 || i == 10 || i == 14;
     ExpectInvalid(WithField(i, [stringy](codec::Writer& w) {
       if (stringy) w.Array(0); else w.Str("x");
     }));
@@ -247,20 +251,20 @@ TEST(KvWire, FieldsOverTheirBoundsAreRefused) {
   ExpectInvalid(WithField(5, [](codec::Writer& w) { w.UInt(1); }), "tp_rank 1 of tp_size 1");
   ExpectInvalid(WithField(6, [](codec::Writer& w) { w.UInt(0); }), "tp_size");
   ExpectInvalid(WithField(6, [](codec::Writer& w) { w.UInt(kMaxTpSize + 1); }), "tp_size");
-  ExpectInvalid(WithField(9, [](codec::Writer& w) { w.Str(std::string(kMaxAddressBytes + 1, 'h')); }),
+  ExpectInvalid(WithField(10, [](codec::Writer& w) { w.Str(std::string(kMaxAddressBytes + 1, 'h')); }),
                 "handshake");
-  ExpectInvalid(WithField(10, [](codec::Writer& w) { w.UInt(kMaxMessageLayers + 1); }), "layers");
-  ExpectInvalid(WithField(12, [](codec::Writer& w) { w.UInt(256); }), "code");
-  ExpectInvalid(WithField(13, [](codec::Writer& w) { w.Str(std::string(kMaxErrorBytes + 1, 'e')); }),
+  ExpectInvalid(WithField(11, [](codec::Writer& w) { w.UInt(kMaxMessageLayers + 1); }), "layers");
+  ExpectInvalid(WithField(13, [](codec::Writer& w) { w.UInt(256); }), "code");
+  ExpectInvalid(WithField(14, [](codec::Writer& w) { w.Str(std::string(kMaxErrorBytes + 1, 'e')); }),
                 "error");
   // Checksums: none, or one per layer.
   auto fields = ValidFields();
-  fields[10] = [](codec::Writer& w) { w.UInt(2); };
-  fields[11] = [](codec::Writer& w) { w.Array(1); w.UInt(5); };
+  fields[11] = [](codec::Writer& w) { w.UInt(2); };
+  fields[12] = [](codec::Writer& w) { w.Array(1); w.UInt(5); };
   ExpectInvalid(Write(fields), "checksums");
-  fields[11] = [](codec::Writer& w) { w.Array(2); w.UInt(5); w.Str("x"); };
+  fields[12] = [](codec::Writer& w) { w.Array(2); w.UInt(5); w.Str("x"); };
   ExpectInvalid(Write(fields), "checksum");
-  fields[11] = [](codec::Writer& w) { w.Array(2); w.UInt(5); w.UInt(6); };
+  fields[12] = [](codec::Writer& w) { w.Array(2); w.UInt(5); w.UInt(6); };
   EXPECT_TRUE(Decode(Write(fields)).ok());
   // A ping needs no request; anything else does.
   fields = ValidFields();
