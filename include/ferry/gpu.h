@@ -55,4 +55,27 @@ class Stream {
   void* event_;
 };
 
+// A CUDA event (timing disabled), for work that other threads wait on: record it on a stream
+// after a layer's kernels, and hand the connector kv::EventReady(event.handle()).
+class Event {
+ public:
+  static Result<std::unique_ptr<Event>> Create(int device);
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  void* handle() const { return event_; }  // the cudaEvent_t
+  // Captures the work enqueued on `stream` (a cudaStream_t; null: the legacy default stream).
+  Status Record(void* stream);
+
+ private:
+  Event(int device, void* event) : device_(device), event_(event) {}
+  int device_;
+  void* event_;
+};
+
+// Waits until the work captured by `event` (a cudaEvent_t, e.g. torch.cuda.Event's cuda_event)
+// is done, spinning and yielding, or kDeadlineExceeded after `timeout`.
+Status WaitEvent(void* event, std::chrono::nanoseconds timeout);
+
 }  // namespace ferry::gpu

@@ -198,6 +198,10 @@ struct ConnectorOptions {
 // (on the connector's thread) before the layer's write is posted, with the longest it may
 // take; an error fails the request.
 using ReadyFn = std::function<Status(Duration timeout)>;
+// The ReadyFn of a CUDA event (a cudaEvent_t recorded after the layer's kernels, e.g.
+// gpu::Event::handle() or torch.cuda.Event's cuda_event): waits for it with gpu::WaitEvent. The
+// event must stay alive until the layer's save ended.
+ReadyFn EventReady(void* cuda_event);
 
 // What a producer hands back in read mode, for the router to pass to the consumer.
 struct ReadParams {

@@ -53,4 +53,25 @@ Status Stream::Sync(std::chrono::nanoseconds timeout) {
   return cuda::EventSpin(event_, Deadline::After(timeout));
 }
 
+Result<std::unique_ptr<Event>> Event::Create(int device) {
+  FERRY_RETURN_IF_ERROR(cuda::SetDevice(device));
+  FERRY_ASSIGN_OR_RETURN(void* event, cuda::EventCreate());
+  return std::unique_ptr<Event>(new Event(device, event));
+}
+
+Event::~Event() {
+  (void)cuda::SetDevice(device_);
+  (void)cuda::EventDestroy(event_);
+}
+
+Status Event::Record(void* stream) {
+  FERRY_RETURN_IF_ERROR(cuda::SetDevice(device_));
+  return cuda::EventRecord(event_, stream);
+}
+
+Status WaitEvent(void* event, std::chrono::nanoseconds timeout) {
+  if (event == nullptr) return Status(Code::kInvalidArgument, "no CUDA event");
+  return cuda::EventSpin(event, Deadline::After(timeout));
+}
+
 }  // namespace ferry::gpu

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "base/log.h"
+#include "ferry/gpu.h"
 #include "kv/connector_impl.h"
 
 namespace ferry::kv {
@@ -77,6 +78,10 @@ Status CheckBlocks(const CacheLayout& layout, std::span<const uint64_t> blocks) 
 }
 
 }  // namespace
+
+ReadyFn EventReady(void* cuda_event) {
+  return [cuda_event](Duration timeout) { return gpu::WaitEvent(cuda_event, timeout); };
+}
 
 Connector::Impl::Impl(Engine* e, const CacheLayout& l, std::vector<MemoryDesc> r, const ConnectorOptions& o)
     : engine(e), layout(l), regions(std::move(r)), options(o),
