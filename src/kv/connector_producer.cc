@@ -357,8 +357,8 @@ void Connector::Impl::ProgressProducer(ProducerRequest& r) {
     any_inflight = any_inflight || t.inflight > 0;
     all_ended = all_ended && t.state != TState::kOpen;
   }
-  // A write-mode request also needs its seal and every save ready, unless it is failing.
-  if (!r.read_mode && !failing && (!r.sealed || r.saved.size() != *r.sealed)) all_ended = false;
+  // (A partner is done only after the completion, which follows the seal and every save; one
+  // that aborted needs neither: the request ends here, and later saves of it are ignored.)
   if (failing && r.consumer_tp == 0) all_ended = true;  // no partner has heard of it
   if (!all_ended || any_inflight) return;
   // Saves still waiting on their ReadyFn: their data would be read after the blocks went back.

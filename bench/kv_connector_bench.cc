@@ -1,0 +1,205 @@
+// The KV connector against the engine it runs on, two workers of this process over one
+// transport (shm by default; FERRY_BENCH_TRANSPORT=local|shm|ucx):
+//  - layer_push/engine: a request's layers written with the engine's own batched writes (one
+//    Session::Post per layer of the planner's ops, then wait for all), the baseline;
+//  - layer_push/connector: the same request through the connector in write mode (ExpectWrite,
+//    SaveLayer per layer, Seal; until both sides report it done). Target: >= 0.95x the
+//    engine's bytes per second, same run.
+//  - control_path: small requests (one block, two layers of a tiny model) from allocation to
+//    done on both sides, 64 in flight. Target: >= 10,000 requests per second.
+// The model of the layer pushes is llama-3.1-8b on one TP rank: 32 layers, 8 KV heads, head dim
+// 128, bf16, blocks of 16 tokens, KV-first; a request of 2048 tokens in scattered blocks.
+// Run: build/<preset>/bench/ferry_bench_kv_connector (results in bench/results/kv_connector.md).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ferry/engine.h"
+#include "ferry/kv.h"
+#include "ferry/shared_memory.h"
+#include "kv/planner.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using ferry::kv::CacheLayout;
+
+std::string Transport() {
+  const char* t = std::getenv("FERRY_BENCH_TRANSPORT");
+  return t && *t ? t : "shm";
+}
+
+struct Side {
+  std::vector<ferry::HostBuffer> buffers;
+  std::unique_ptr<ferry::Engine> engine;
+  CacheLayout layout;
+  std::vector<ferry::MemoryDesc> regions;
+  std::unique_ptr<ferry::kv::Connector> conn;
+};
+
+CacheLayout Model(bool tiny, uint32_t tp_rank) {
+  CacheLayout l;
+  l.model = tiny ? "tiny" : "llama-3.1-8b";
+  l.dtype_bytes = 2;
+  l.head_dim = tiny ? 8 : 128;
+  l.total_kv_heads = tiny ? 1 : 8;
+  l.num_layers = tiny ? 2 : 32;
+  l.tp_rank = tp_rank;
+  l.tp_size = 1;
+  l.block_tokens = 16;
+  l.num_blocks = tiny ? 1024 : 160;
+  return l;
+}
+
+std::unique_ptr<Side> MakeSide(const std::string& instance, bool tiny) {
+  auto s = std::make_unique<Side>();
+  auto layout = ferry::kv::MakeLayout(Model(tiny, 0), ferry::kv::TensorOrder::kKvFirst);
+  if (!layout.ok()) return nullptr;
+  s->layout = *layout;
+  ferry::EngineOptions eo;
+  eo.transports = {Transport()};
+  eo.key = instance + "-bench";
+  auto e = ferry::Engine::Create(eo);
+  if (!e.ok()) return nullptr;
+  s->engine = std::move(*e);
+  for (uint64_t bytes : s->layout.region_bytes) {
+    auto b = ferry::AllocateSharedHost(bytes);
+    if (!b.ok()) return nullptr;
+    std::fill(b->data(), b->data() + bytes, std::byte{1});
+    auto d = s->engine->RegisterMemory(b->data(), bytes);
+    if (!d.ok()) return nullptr;
+    s->regions.push_back(*d);
+    s->buffers.push_back(std::move(*b));
+  }
+  ferry::kv::ConnectorOptions o;
+  o.instance = instance;
+  auto c = ferry::kv::Connector::Create(s->engine.get(), s->layout, s->regions, o);
+  if (!c.ok()) return nullptr;
+  s->conn = std::move(*c);
+  return s;
+}
+
+struct Pair {
+  std::unique_ptr<Side> p, d;
+  static std::unique_ptr<Pair> Make(bool tiny) {
+    auto pair = std::make_unique<Pair>();
+    pair->p = MakeSide("prefill", tiny);
+    pair->d = MakeSide("decode", tiny);
+    if (!pair->p || !pair->d) return nullptr;
+    if (!pair->p->conn->AddPeer(pair->d->conn->Metadata()).ok()) return nullptr;
+    if (!pair->d->conn->AddPeer(pair->p->conn->Metadata()).ok()) return nullptr;
+    return pair;
+  }
+};
+
+std::vector<uint64_t> Scattered(uint64_t n, uint64_t of, uint64_t seed) {
+  std::vector<uint64_t> ids(of);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937_64(seed));
+  ids.resize(n);
+  return ids;
+}
+
+constexpr uint64_t kTokens = 2048;
+
+void BM_LayerPushEngine(benchmark::State& state) {
+  auto pair = Pair::Make(false);
+  if (!pair) return state.SkipWithError("setup failed");
+  const auto pb = Scattered(kTokens / 16, 160, 1), db = Scattered(kTokens / 16, 160, 2);
+  ferry::kv::PlanInput in;
+  in.src = &pair->p->layout;
+  in.dst = &pair->d->layout;
+  in.src_blocks = pb;
+  in.dst_blocks = db;
+  ferry::kv::Plan plan;
+  if (!ferry::kv::BuildPlan(in, &plan).ok()) return state.SkipWithError("plan failed");
+  std::vector<ferry::Session> sessions;
+  for (const auto& g : plan.groups) {
+    auto s = pair->p->engine->OpenSession(pair->p->regions[g.local_region], pair->d->regions[g.remote_region]);
+    if (!s.ok()) return state.SkipWithError(s.status().ToString().c_str());
+    sessions.push_back(*s);
+  }
+  for (auto _ : state) {
+    std::vector<ferry::Transfer> ts;
+    for (size_t i = 0; i < plan.groups.size(); ++i) {
+      const auto& g = plan.groups[i];
+      ts.push_back(sessions[i].Post(ferry::Op::kWrite,
+                                    std::span<const ferry::TransferOp>(plan.ops.data() + g.begin, g.end - g.begin)));
+    }
+    if (!ferry::WaitAll(ts).ok()) return state.SkipWithError("write failed");
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(plan.bytes));
+}
+
+void BM_LayerPushConnector(benchmark::State& state) {
+  auto pair = Pair::Make(false);
+  if (!pair) return state.SkipWithError("setup failed");
+  const auto pb = Scattered(kTokens / 16, 160, 1), db = Scattered(kTokens / 16, 160, 2);
+  const uint32_t layers = pair->p->layout.num_layers;
+  uint64_t n = 0;
+  const uint64_t bytes_before = pair->p->conn->stats().bytes;
+  for (auto _ : state) {
+    const std::string id = "r" + std::to_string(n++);
+    if (!pair->d->conn->ExpectWrite(id, "prefill", 0, db).ok()) return state.SkipWithError("expect failed");
+    for (uint32_t l = 0; l < layers; ++l) (void)pair->p->conn->SaveLayer(id, l, pb);
+    (void)pair->p->conn->Seal(id, layers);
+    size_t ended = 0;
+    while (ended < 2) {
+      for (auto* side : {pair->d.get(), pair->p.get()}) {
+        for (const auto& f : side->conn->PopFinished()) {
+          if (f.outcome != ferry::kv::Outcome::kDone) return state.SkipWithError(f.status.ToString().c_str());
+          ++ended;
+        }
+      }
+    }
+  }
+  state.SetBytesProcessed(int64_t(pair->p->conn->stats().bytes - bytes_before));
+}
+
+void BM_ControlPath(benchmark::State& state) {
+  auto pair = Pair::Make(true);
+  if (!pair) return state.SkipWithError("setup failed");
+  constexpr int kInFlight = 64;
+  const uint32_t layers = pair->p->layout.num_layers;
+  uint64_t next = 0, done = 0;
+  for (auto _ : state) {
+    // One step: start kInFlight requests, then wait for all of them to end on both sides.
+    for (int i = 0; i < kInFlight; ++i) {
+      const std::string id = "c" + std::to_string(next);
+      const std::vector<uint64_t> pb{next % 1024}, db{(next * 7) % 1024};
+      ++next;
+      if (!pair->d->conn->ExpectWrite(id, "prefill", 0, db).ok()) return state.SkipWithError("expect failed");
+      for (uint32_t l = 0; l < layers; ++l) (void)pair->p->conn->SaveLayer(id, l, pb);
+      (void)pair->p->conn->Seal(id, layers);
+    }
+    size_t ended = 0;
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    while (ended < 2 * kInFlight && std::chrono::steady_clock::now() < until) {
+      for (auto* side : {pair->d.get(), pair->p.get()}) {
+        for (const auto& f : side->conn->WaitFinished(100us)) {
+          if (f.outcome != ferry::kv::Outcome::kDone) return state.SkipWithError(f.status.ToString().c_str());
+          ++ended;
+        }
+      }
+    }
+    if (ended < 2 * kInFlight) return state.SkipWithError("requests did not end in 30 s");
+    done += kInFlight;
+  }
+  state.SetItemsProcessed(int64_t(done));
+  state.counters["requests_per_s"] = benchmark::Counter(double(done), benchmark::Counter::kIsRate);
+}
+
+BENCHMARK(BM_LayerPushEngine)->Name("layer_push/engine")->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LayerPushConnector)->Name("layer_push/connector")->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ControlPath)->Name("control_path")->UseRealTime()->MinTime(2.0)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
