@@ -15,6 +15,8 @@ void AddBenchCommand(CLI::App& app, int* exit_code);
 void AddDemoCommand(CLI::App& app, int* exit_code);
 void AddEmbedServeCommand(CLI::App& app, int* exit_code);
 void AddEmbedBenchCommand(CLI::App& app, int* exit_code);
+// `ferry pd` and the hidden `ferry pd-worker` it starts.
+void AddPdCommand(CLI::App& app, int* exit_code);
 
 // Prints "ferry <command>: <status>" on stderr and returns the exit status for it.
 int Fail(std::string_view command, const Status& status);

@@ -1,4 +1,4 @@
-// `ferry`: the command-line front end (info, bench, demo). Logging follows FERRY_LOG
+// `ferry`: the command-line front end (info, bench, demo, pd). Logging follows FERRY_LOG
 // ("debug", "info", "warn", ...), read once here.
 #include <fmt/format.h>
 
@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   ferry::tools::AddDemoCommand(app, &exit_code);
   ferry::tools::AddEmbedServeCommand(app, &exit_code);
   ferry::tools::AddEmbedBenchCommand(app, &exit_code);
+  ferry::tools::AddPdCommand(app, &exit_code);
   CLI11_PARSE(app, argc, argv);
   return exit_code;
 }

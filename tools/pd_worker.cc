@@ -1,0 +1,380 @@
+#include "pd_worker.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "ferry/engine.h"
+#include "ferry/kv.h"
+#include "pd_arrivals.h"
+#include "pd_cache.h"
+#include "pd_channel.h"
+#include "pd_config.h"
+
+namespace ferry::tools::pd {
+namespace {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+struct Job {
+  std::string req;
+  uint64_t n = 0;
+  uint64_t tokens = 0;
+  std::vector<uint64_t> blocks;
+};
+
+// A request this worker was given and the connector has not ended yet: its blocks are busy.
+struct Held {
+  uint64_t n = 0;
+  uint64_t tokens = 0;
+  std::vector<uint64_t> blocks;
+  int64_t last_layer_ns = 0;  // decode, read mode: when WaitLayer saw the last layer
+};
+
+std::string_view OutcomeName(kv::Outcome o) {
+  switch (o) {
+    case kv::Outcome::kDone: return "done";
+    case kv::Outcome::kFailed: return "failed";
+    case kv::Outcome::kAborted: return "aborted";
+  }
+  return "?";
+}
+
+json StatsJson(const kv::ConnectorStats& s) {
+  return {{"requests_done", s.requests_done},     {"requests_failed", s.requests_failed},
+          {"requests_aborted", s.requests_aborted}, {"layers_written", s.layers_written},
+          {"layers_read", s.layers_read},         {"layers_deferred", s.layers_deferred},
+          {"bytes", s.bytes},                     {"ops_posted", s.ops_posted},
+          {"messages_sent", s.messages_sent},     {"messages_received", s.messages_received},
+          {"messages_rejected", s.messages_rejected}, {"blocks_expired", s.blocks_expired},
+          {"checksum_failures", s.checksum_failures}, {"peers_lost", s.peers_lost}};
+}
+
+class Worker {
+ public:
+  explicit Worker(int fd) : ch_(fd) {}
+  int Run();
+
+ private:
+  Status Setup();
+  // Handles one message from the router; false once the run is over.
+  bool Handle(const json& m);
+  Status Admit(const json& m, Job* job);
+  void Report(json m) {
+    if (Status s = ch_.Send(m); !s.ok()) Log("cannot report to the router: " + s.ToString());
+  }
+  void Log(const std::string& what) { fmt::print(stderr, "ferry pd-worker {}: {}\n", name_, what); }
+  void EndNow(const std::string& req, const std::string& why);
+  void ComputeLoop();
+  void ReadLoop();
+  void FinishLoop();
+  void Stop(milliseconds wait);
+
+  LineChannel ch_;
+  WorkerConfig cfg_;
+  Preset preset_;
+  std::string name_ = "?";
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<kv::Connector> conn_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, Held> held_;
+  std::deque<Job> compute_q_;
+  std::deque<Job> read_q_;
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+Status Worker::Setup() {
+  std::vector<json> lines;
+  for (int i = 0; i < 100 && lines.empty(); ++i) FERRY_RETURN_IF_ERROR(ch_.Receive(&lines, milliseconds(100)));
+  if (lines.empty() || TypeOf(lines[0]) != "config" || !lines[0].contains("config"))
+    return Status(Code::kInvalidArgument, "the router sent no config");
+  FERRY_ASSIGN_OR_RETURN(cfg_, WorkerConfig::FromJson(lines[0]["config"].dump()));
+  name_ = fmt::format("{}/dp0/tp{}", cfg_.instance, cfg_.tp_rank);
+  FERRY_ASSIGN_OR_RETURN(preset_, FindPreset(cfg_.model));
+  kv::CacheLayout id;
+  id.model = preset_.name;
+  id.dtype_bytes = preset_.dtype_bytes;
+  id.head_dim = preset_.head_dim;
+  id.total_kv_heads = preset_.mla ? 1 : preset_.kv_heads;
+  id.mla = preset_.mla;
+  id.num_layers = preset_.layers;
+  id.tp_rank = cfg_.tp_rank;
+  id.tp_size = cfg_.tp_size;
+  id.block_tokens = cfg_.block_tokens;
+  id.num_blocks = cfg_.blocks;
+  FERRY_ASSIGN_OR_RETURN(kv::TensorOrder order, kv::ParseTensorOrder(cfg_.layout));
+  FERRY_ASSIGN_OR_RETURN(kv::CacheLayout layout, kv::MakeLayout(id, order));
+
+  EngineOptions eo;
+  eo.key = fmt::format("pd-{}-tp{}-{}", cfg_.instance, cfg_.tp_rank, getpid());
+  eo.transports = {cfg_.transport};
+  eo.copy_threads = 1;  // many workers share the host's cores
+  FERRY_ASSIGN_OR_RETURN(engine_, Engine::Create(eo));
+  const HeadSlice heads = HeadsOf(id.total_kv_heads, id.mla, id.tp_size, id.tp_rank);
+  FERRY_ASSIGN_OR_RETURN(cache_, KvCache::Create(engine_.get(), layout, cfg_.gpu, cfg_.device, heads));
+
+  kv::ConnectorOptions co;
+  co.role = cfg_.prefill ? kv::Role::kProducer : kv::Role::kConsumer;
+  co.mode = cfg_.read_mode ? kv::Mode::kRead : kv::Mode::kWrite;
+  co.instance = cfg_.instance;
+  co.transfer_timeout = milliseconds(cfg_.transfer_timeout_ms);
+  co.deferred_write_timeout = co.transfer_timeout;
+  // Short enough that a run with a dead peer hands every block back before it ends.
+  co.abort_timeout = 2 * co.transfer_timeout;
+  co.liveness_interval = milliseconds(250);
+  co.checksums = cfg_.checksums;
+  FERRY_ASSIGN_OR_RETURN(conn_, kv::Connector::Create(engine_.get(), cache_->layout(), cache_->regions(), co));
+  FERRY_ASSIGN_OR_RETURN(std::string addr, conn_->ServeHandshake());
+  Report({{"t", "ready"}, {"addr", addr}, {"id", conn_->id().ToString()}, {"bytes", cache_->bytes()}});
+  return Status::Ok();
+}
+
+void Worker::EndNow(const std::string& req, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_.erase(req);
+  }
+  Report({{"t", "end"}, {"req", req}, {"outcome", "failed"}, {"why", why}, {"ns", MonotonicNs()}});
+}
+
+Status Worker::Admit(const json& m, Job* job) {
+  const uint64_t bt = cfg_.block_tokens;
+  if (!GetString(m, "req", &job->req, kv::kMaxRequestIdBytes) || !GetU64(m, "n", &job->n) ||
+      !GetU64(m, "tokens", &job->tokens) || job->tokens == 0 || job->tokens > kMaxPromptTokens ||
+      !GetBlocks(m, "blocks", cfg_.blocks, cfg_.blocks, &job->blocks) ||
+      job->blocks.size() != (job->tokens + bt - 1) / bt)
+    return Status(Code::kInvalidArgument, "a malformed request from the router");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!held_.emplace(job->req, Held{job->n, job->tokens, job->blocks, 0}).second)
+    return Status(Code::kAlreadyExists, "request " + job->req + " twice");
+  return Status::Ok();
+}
+
+bool Worker::Handle(const json& m) {
+  const std::string t = TypeOf(m);
+  if (t == "peers") {
+    Status s;
+    if (!m.contains("addrs") || !m["addrs"].is_array()) s = Status(Code::kInvalidArgument, "peers without addrs");
+    for (const json& a : m.value("addrs", json::array())) {
+      if (!s.ok()) break;
+      s = a.is_string() ? conn_->AddPeerFrom(a.get<std::string>()) : Status(Code::kInvalidArgument, "bad address");
+    }
+    Report(s.ok() ? json{{"t", "peered"}} : json{{"t", "error"}, {"why", s.ToString()}});
+    return true;
+  }
+  if (t == "prefill" || t == "expect" || t == "read") {
+    Job job;
+    if (Status s = Admit(m, &job); !s.ok()) {
+      Log(s.ToString());
+      Report({{"t", "error"}, {"why", s.ToString()}});
+      return true;
+    }
+    if (t == "prefill") {
+      std::lock_guard<std::mutex> lock(mu_);
+      compute_q_.push_back(std::move(job));
+      cv_.notify_all();
+      return true;
+    }
+    Status s;
+    if (t == "expect") {
+      std::string producer;
+      s = GetString(m, "producer", &producer, kv::kMaxNameBytes)
+              ? conn_->ExpectWrite(job.req, producer, 0, job.blocks, job.tokens)
+              : Status(Code::kInvalidArgument, "expect without a producer");
+    } else {
+      std::string hex, packed;
+      auto params = GetString(m, "params", &hex) && FromHex(hex, &packed)
+                        ? kv::ReadParams::Unpack(packed)
+                        : Result<kv::ReadParams>(Status(Code::kInvalidArgument, "read without params"));
+      s = params.ok() ? conn_->StartRead(*params, job.blocks) : params.status();
+      if (s.ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        read_q_.push_back(std::move(job));
+        cv_.notify_all();
+        return true;
+      }
+    }
+    if (!s.ok()) EndNow(job.req, s.ToString());
+    return true;
+  }
+  if (t == "abort") {
+    std::string req;
+    if (!GetString(m, "req", &req, kv::kMaxRequestIdBytes)) return true;
+    bool known;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      known = held_.count(req) != 0;
+    }
+    // The connector ends a request it knows (and we report it then); one it never took ends here.
+    if (known && !conn_->Abort(req).ok()) EndNow(req, "aborted by the router");
+    return true;
+  }
+  if (t == "stop") {
+    uint64_t wait_ms = 0;
+    (void)GetU64(m, "wait_ms", &wait_ms);
+    Stop(milliseconds(std::min<uint64_t>(wait_ms, 600'000)));
+    return false;
+  }
+  Log("unknown message '" + t + "' from the router");
+  return true;
+}
+
+void Worker::ComputeLoop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !compute_q_.empty(); });
+      if (compute_q_.empty()) return;
+      job = std::move(compute_q_.front());
+      compute_q_.pop_front();
+    }
+    Status s;
+    for (uint32_t layer = 0; layer < preset_.layers && s.ok(); ++layer) {
+      // The layer's compute stand-in, then its KV (what attention would have written).
+      if (cfg_.layer_us) std::this_thread::sleep_for(std::chrono::microseconds(cfg_.layer_us));
+      s = cache_->FillLayer(job.n, layer, job.blocks, job.tokens);
+      if (s.ok() && !cfg_.read_mode) s = conn_->SaveLayer(job.req, layer, job.blocks);
+    }
+    // "Exposed" time starts here: the last layer is computed.
+    const int64_t computed_ns = MonotonicNs();
+    if (s.ok() && !cfg_.read_mode) {
+      // Told before Seal(): once sealed, the request may end (and be reported) at any moment.
+      Report({{"t", "sealed"}, {"req", job.req}, {"ns", computed_ns}});
+      s = conn_->Seal(job.req, preset_.layers);
+    } else if (s.ok()) {
+      auto params = conn_->HoldForRead(job.req, job.blocks, job.tokens);
+      const int64_t ns = computed_ns;
+      s = params.status();
+      if (s.ok()) Report({{"t", "held"}, {"req", job.req}, {"ns", ns}, {"params", ToHex(params->Pack())}});
+    }
+    if (!s.ok() && !conn_->Abort(job.req).ok()) EndNow(job.req, s.ToString());
+  }
+}
+
+void Worker::ReadLoop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !read_q_.empty(); });
+      if (read_q_.empty()) return;
+      job = std::move(read_q_.front());
+      read_q_.pop_front();
+    }
+    // As attention would: each layer waits for its KV; a failure ends the request through the
+    // connector, which the finisher reports.
+    const auto timeout = milliseconds(cfg_.transfer_timeout_ms) + std::chrono::seconds(1);
+    bool all = true;
+    for (uint32_t layer = 0; layer < preset_.layers && all; ++layer)
+      all = conn_->WaitLayer(job.req, layer, timeout).ok();
+    if (all) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (auto it = held_.find(job.req); it != held_.end()) it->second.last_layer_ns = MonotonicNs();
+    }
+  }
+}
+
+void Worker::FinishLoop() {
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+    }
+    for (kv::Finished& f : conn_->WaitFinished(milliseconds(50))) {
+      const int64_t ns = MonotonicNs();
+      Held h;
+      bool known;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = held_.find(f.request);
+        known = it != held_.end();
+        if (known) h = it->second;
+      }
+      json m = {{"t", "end"}, {"req", f.request}, {"outcome", OutcomeName(f.outcome)},
+                {"why", f.status.ok() ? "" : f.status.ToString()}, {"ns", h.last_layer_ns ? h.last_layer_ns : ns}};
+      if (!known) Log("the connector ended request " + f.request + ", which this worker does not hold");
+      if (known && !cfg_.prefill && f.outcome == kv::Outcome::kDone) {
+        auto r = cache_->Check(h.n, h.blocks, h.tokens);
+        m["checked"] = r.ok() ? r->bytes_checked : 0;
+        m["bad_bytes"] = r.ok() ? r->bad_bytes : 1;
+        m["first_bad"] = r.ok() ? r->first_bad : r.status().ToString();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        held_.erase(f.request);
+      }
+      Report(std::move(m));
+    }
+  }
+}
+
+void Worker::Stop(milliseconds wait) {
+  const auto until = std::chrono::steady_clock::now() + wait;
+  for (;;) {
+    size_t held;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held = held_.size();
+    }
+    if ((held == 0 && conn_->pending() == 0) || std::chrono::steady_clock::now() >= until) break;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+  uint64_t held_blocks = 0;
+  for (const auto& [req, h] : held_) held_blocks += h.blocks.size();
+  Report({{"t", "final"},
+          {"stats", StatsJson(conn_->stats())},
+          {"pending", conn_->pending()},
+          {"held_blocks", held_blocks}});
+}
+
+int Worker::Run() {
+  if (Status s = Setup(); !s.ok()) {
+    Log(s.ToString());
+    Report({{"t", "error"}, {"why", s.ToString()}});
+    return 1;
+  }
+  threads_.emplace_back([this] { FinishLoop(); });
+  if (cfg_.prefill) threads_.emplace_back([this] { ComputeLoop(); });
+  if (!cfg_.prefill && cfg_.read_mode) threads_.emplace_back([this] { ReadLoop(); });
+  for (;;) {
+    std::vector<json> lines;
+    Status s = ch_.Receive(&lines, milliseconds(200));
+    for (const json& m : lines)
+      if (!Handle(m)) return 0;
+    if (s.code() == Code::kUnavailable) {
+      // The router is gone: nobody is left to report to. Leave at once; the kernel takes the
+      // memory back, and peers see this engine go.
+      Log("the router went away");
+      _exit(1);
+    }
+    if (!s.ok()) Log(s.ToString());
+  }
+}
+
+}  // namespace
+
+int RunWorker(int fd) {
+  if (fd < 0) return 2;
+  Worker worker(fd);
+  return worker.Run();
+}
+
+}  // namespace ferry::tools::pd
