@@ -403,9 +403,13 @@ void Router::CheckDeadlines(Clock::time_point now) {
   }
 }
 
-// --kill-prefill-after: SIGKILL a prefill worker that has requests in flight, if one has.
+// --kill-prefill-after: SIGKILL a prefill worker, one still computing a request if there is
+// one (that request then cannot be done: the fault path runs), else one with requests in flight.
 void Router::Kill() {
   size_t victim = SIZE_MAX;
+  for (const Request& r : requests_)
+    for (size_t w : r.p_left)
+      if (victim == SIZE_MAX && r.running && !r.computed.count(w)) victim = w;
   for (auto it = requests_.rbegin(); it != requests_.rend() && victim == SIZE_MAX; ++it)
     if (it->running && !it->p_left.empty()) victim = *it->p_left.begin();
   for (size_t w = 0; w < workers_.size() && victim == SIZE_MAX; ++w)

@@ -27,12 +27,15 @@ assert s["done"] + s["failed"] == s["requests"], s
 for w in s["workers"]:
     assert w["killed"] or (w["alive"] and w["pending"] == 0 and w["held_blocks"] == 0), w
 assert eval(sys.argv[2]), f"check failed: {sys.argv[2]}: {s}"
+print(s["done"], "done,", s["failed"], "failed; exposed p50", round(s["exposed_us"]["p50"]), "us, p99",
+      round(s["exposed_us"]["p99"]), "us;", s["bytes"], "bytes", end="")
 PY
+    echo
     echo "FAIL: $name: ferry pd $* -> exit $rc"
     cat "$tmp/$name.json" "$tmp/$name.err"
     failures=$((failures + 1))
   else
-    echo "ok: $name ($((SECONDS - start)) s): $(python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s["done"], "done,", s["failed"], "failed; exposed p50", round(s["exposed_us"]["p50"]), "us, p99", round(s["exposed_us"]["p99"]), "us;", s["bytes"], "bytes")' "$tmp/$name.json")"
+    echo " <- ok: $name ($((SECONDS - start)) s)"
   fi
 }
 
@@ -54,11 +57,11 @@ printf '# seconds tokens\n0 16\n0.01 17\n0.02 300\n0.05 1\n' > "$tmp/trace"
 run trace "$all_done and s['requests'] == 4" --trace "$tmp/trace" --layer-us 50 --timeout 40
 # The fault run: a prefill worker dies with requests in flight; every request still ends (done
 # or failed, none stuck) and the survivors hand every block back.
-kill_check='s["killed"] != "" and s["failed"] >= 1 and s["done"] >= 4'
-run kill-write "$kill_check" "${small[@]}" --requests 16 --layer-us 3000 --prefill 2 --mode write \
-  --transport shm --kill-prefill-after 4
-run kill-read "$kill_check" "${small[@]}" --requests 16 --layer-us 3000 --prefill 2 --mode read \
-  --transport ucx --kill-prefill-after 4
+kill_check='s["killed"] != "" and s["failed"] >= 1 and s["done"] >= 3'
+run kill-write "$kill_check" "${small[@]}" --requests 16 --layer-us 10000 --prefill 2 --mode write \
+  --transport shm --kill-prefill-after 3
+run kill-read "$kill_check" "${small[@]}" --requests 16 --layer-us 10000 --prefill 2 --mode read \
+  --transport ucx --kill-prefill-after 3
 
 # refuses EXPECTED_TEXT ARGS...: `ferry pd ARGS` exits 2 within 10 s and prints EXPECTED_TEXT.
 refuses() {
