@@ -115,9 +115,14 @@ Result<std::unique_ptr<Connector>> Connector::Create(Engine* engine, const Cache
     if (d <= Duration::zero()) return Status(Code::kInvalidArgument, "connector timeouts must be positive");
   }
   if (options.checksums) {
-    return Status(Code::kUnsupported, "per-layer checksums are not available in this build");
+    for (const auto& r : regions) {
+      if (r.kind != MemoryKind::kHost) {
+        return Status(Code::kUnsupported, "per-layer checksums need the cache in host memory");
+      }
+    }
   }
   auto impl = std::make_unique<Impl>(engine, layout, std::move(regions), options);
+  for (const auto& r : impl->regions) impl->bases.push_back(reinterpret_cast<const std::byte*>(r.address));
   WorkerMetadata meta;
   meta.id = impl->id;
   meta.engine = engine->Describe();

@@ -175,9 +175,37 @@ void Connector::Impl::OnCompletion(const Message& m, const std::string& from_key
   if (s->state == SState::kWaiting || s->state == SState::kAbortSent) {
     s->state = SState::kDone;
     s->layers = m.layers;
-    s->checksums = m.checksums;
+    if (options.checksums && r->error.ok()) {
+      if (Status c = VerifyChecksums(*r, *s, m); !c.ok()) {
+        Count(&ConnectorStats::checksum_failures);
+        FailConsumer(*r, c);
+      }
+    }
   }
   ProgressConsumer(*r);
+}
+
+Status Connector::Impl::VerifyChecksums(const ConsumerRequest& r, const Source& s, const Message& m) {
+  auto peer = PeerOf(s.producer);
+  if (peer == nullptr) return Status(Code::kFailedPrecondition, "producer " + s.producer.ToString() + " is not known");
+  if (m.checksums.empty()) return Status(Code::kDataLoss, s.producer.ToString() + " sent no checksums for " + r.id);
+  if (m.checksums.size() != layout.num_layers) {
+    return Status(Code::kDataLoss, s.producer.ToString() + " sent checksums of " + std::to_string(m.checksums.size()) +
+                                       " layers for " + r.id);
+  }
+  const uint64_t capacity = r.blocks.size() * uint64_t{layout.block_tokens};
+  if (m.num_tokens > capacity) return Status(Code::kDataLoss, "the completion of " + r.id + " names more tokens than its blocks hold");
+  const HeadRange heads = RouteHeads(TpPair{layout.total_kv_heads, layout.mla, peer->layout.tp_size, layout.tp_size},
+                                     s.rank, layout.tp_rank);
+  for (uint32_t layer = 0; layer < layout.num_layers; ++layer) {
+    if (m.checksums[layer] == 0) continue;  // not written (a hybrid model's skipped layer)
+    const uint64_t here = LayerChecksum(layout, bases, r.blocks, m.num_tokens, heads, layer);
+    if (here != m.checksums[layer]) {
+      return Status(Code::kDataLoss, "layer " + std::to_string(layer) + " of " + r.id + " from " + s.producer.ToString() +
+                                         " does not match its checksum");
+    }
+  }
+  return {};
 }
 
 void Connector::Impl::OnWriteFailed(const Message& m, const std::string& from_key) {

@@ -24,6 +24,7 @@
 
 #include "base/mutex.h"
 #include "ferry/kv.h"
+#include "kv/checksum.h"
 #include "kv/handshake.h"
 #include "kv/planner.h"
 #include "kv/wire.h"
@@ -42,6 +43,8 @@ struct Target {
   std::vector<uint64_t> blocks;
   uint64_t num_tokens = 0;
   uint64_t first_token = 0;  // after the consumer's prefix hit
+  std::vector<uint64_t> src_blocks;  // the producer's blocks that move (after the prefix hit)
+  std::vector<uint64_t> checksums;   // per layer, with options.checksums (0: not written)
   Plan plan;                // write mode: every layer's ops to this consumer
   bool planned = false;
   std::vector<size_t> layer_group;  // write mode: the first group of each layer in `plan`
@@ -197,6 +200,7 @@ struct Connector::Impl {
   bool EndedHere(const std::string& request) EXCLUDES(mu);
   TimePoint next_liveness{};
   std::thread thread;
+  std::vector<const std::byte*> bases;  // the regions' addresses here (host memory)
 
   // connector.cc
   void Run();
@@ -254,6 +258,8 @@ struct Connector::Impl {
   void ProgressConsumer(ConsumerRequest& r);
   void ConsumerTimers(TimePoint now);
   void ConsumerPeerLost(const std::string& engine_key, const Status& why);
+  // With options.checksums: OK when every layer the source wrote hashes here as it did there.
+  Status VerifyChecksums(const ConsumerRequest& r, const internal::Source& s, const Message& completion);
 };
 
 }  // namespace ferry::kv

@@ -147,7 +147,8 @@ void Connector::Impl::PlanTarget(ProducerRequest& r, Target& t) {
     PlanInput in;
     in.src = &layout;
     in.dst = &peer->layout;
-    in.src_blocks = src;
+    t.src_blocks.assign(src.begin(), src.end());
+    in.src_blocks = t.src_blocks;
     in.dst_blocks = t.blocks;
     in.num_tokens = t.num_tokens;
     in.poster_is_src = true;
@@ -185,6 +186,10 @@ void Connector::Impl::PostLayers(ProducerRequest& r, Target& t) {
   };
   while (t.posted < r.saved.size()) {
     const uint32_t layer = r.saved[t.posted++];
+    if (options.checksums) {
+      t.checksums.resize(layout.num_layers, 0);
+      t.checksums[layer] = LayerChecksum(layout, bases, t.src_blocks, t.plan.tokens, t.plan.heads, layer);
+    }
     for (size_t g = t.layer_group[layer]; g < t.layer_group[layer + 1]; ++g) {
       const OpGroup& grp = t.plan.groups[g];
       auto session = SessionFor(*peer, grp.local_region, grp.remote_region);
@@ -208,6 +213,8 @@ void Connector::Impl::PostLayers(ProducerRequest& r, Target& t) {
   if (r.sealed && r.saves == *r.sealed && r.saved.size() == *r.sealed && !t.completion_posted) {
     Message m = Base(MsgType::kCompletion, r.id);
     m.layers = *r.sealed;
+    m.num_tokens = t.plan.tokens;
+    m.checksums = t.checksums;
     TransferOptions o;
     o.deadline = options.transfer_timeout;
     o.notification_topic = std::string(kTopic);

@@ -322,3 +322,47 @@ INSTANTIATE_TEST_SUITE_P(Transports, ConnectorTest, ::testing::Values("local", "
 
 }  // namespace
 }  // namespace ferry::kv::testing
+
+namespace ferry::kv::testing {
+namespace {
+
+TEST(ConnectorChecksumTest, EveryLayerIsCheckedAndACorruptedBlockFailsTheRequest) {
+  ConnectorOptions o;
+  o.checksums = true;
+  auto p = MakeWorker("local", "prefill", Identity(0, 1), TensorOrder::kBlocksFirst, o);
+  auto d = MakeWorker("local", "decode", Identity(0, 1), TensorOrder::kKvFirstHnd, o);
+  ASSERT_TRUE(p && d);
+  Introduce({p.get(), d.get()});
+  const auto pb = Blocks({1, 2}), db = Blocks({6, 3});
+  auto run = [&](const std::string& id, uint64_t req, bool corrupt) {
+    ASSERT_TRUE(d->conn->ExpectWrite(id, "prefill", 0, db, 30).ok());
+    for (uint32_t l = 0; l < 3; ++l) {
+      Fill(*p, req, l, pb, 30);
+      ASSERT_TRUE(p->conn->SaveLayer(id, l, pb).ok());
+    }
+    if (corrupt) {
+      // Wait until the last layer landed, then change one byte of it behind the connector's
+      // back (a stale writer), before the completion is sent.
+      const auto until = std::chrono::steady_clock::now() + 5s;
+      while (Check(*d, req, 2, db, 30) != 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+      ASSERT_EQ(Check(*d, req, 2, db, 30), 0u);
+      *Locate(*d, db, 17, 2, 1, 2) ^= std::byte{1};
+    }
+    ASSERT_TRUE(p->conn->Seal(id, 3).ok());
+  };
+  run("good", 1, false);
+  auto ok = Collect(*d, 1);
+  ASSERT_EQ(ok.size(), 1u);
+  EXPECT_EQ(ok[0].outcome, Outcome::kDone) << ok[0].status.ToString();
+  run("bad", 2, true);
+  auto bad = Collect(*d, 1);
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_EQ(bad[0].outcome, Outcome::kFailed);
+  EXPECT_EQ(bad[0].status.code(), Code::kDataLoss) << bad[0].status.ToString();
+  EXPECT_NE(bad[0].status.ToString().find("layer 2"), std::string::npos) << bad[0].status.ToString();
+  EXPECT_EQ(d->conn->stats().checksum_failures, 1u);
+  EXPECT_EQ(Collect(*p, 2).size(), 2u);
+}
+
+}  // namespace
+}  // namespace ferry::kv::testing
