@@ -6,6 +6,7 @@
 
 #include <exception>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -76,5 +77,11 @@ void BindEngine(py::module_& m);
 void BindEmbed(py::module_& m);  // the submodule ferry.embed
 void BindEmbedService(py::module_& m);  // the submodule ferry.embed_service
 void BindShared(py::module_& m);
+void BindKv(py::module_& m);  // the submodule ferry.kv
+
+// The C++ engine of a ferry.Engine (engine_py.cc), for bindings that hold it (ferry.kv's
+// Connector): the pointer keeps it alive past Engine.close(). Raises TypeError for another
+// object, ferry.Error (ABORTED) for a closed engine. REQUIRES: the GIL.
+std::shared_ptr<Engine> EngineOf(const py::handle& engine);
 
 }  // namespace ferry::python

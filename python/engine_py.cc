@@ -196,6 +196,11 @@ double Ms(Duration d) { return std::chrono::duration<double, std::milli>(d).coun
 
 }  // namespace
 
+std::shared_ptr<Engine> EngineOf(const py::handle& obj) {
+  if (!py::isinstance<PyEngine>(obj)) throw py::type_error("expected a ferry.Engine");
+  return obj.cast<const PyEngine&>().engine();
+}
+
 void BindEngine(py::module_& m) {
   m.def(
       "_set_invalid_argument_class", [](py::object cls) { InvalidArgumentClass() = std::move(cls); },

@@ -86,6 +86,7 @@ PYBIND11_MODULE(_ferry, m) {
   // which as "ferry.embed" would shadow the package's own python/ferry/embed*.py.
   BindEmbed(m);
   BindEmbedService(m);
+  BindKv(m);
 
   m.def(
       "version", [] { return std::string(Version()); }, "ferry's version, \"MAJOR.MINOR.PATCH\".");
