@@ -27,7 +27,8 @@ Status CheckLayouts(const pd::PdConfig& c) {
   for (const auto* side : {&c.prefill, &c.decode}) {
     const std::string_view flag = side == &c.prefill ? "--layout" : "--decode-layout";
     auto order = kv::ParseTensorOrder(side->layout);
-    if (!order.ok()) return Status(Code::kInvalidArgument, fmt::format("{}: {}", flag, order.status().message()));
+    if (!order.ok())
+      return Status(Code::kInvalidArgument, fmt::format("{}: {}", flag, order.status().message()));
     if ((*order == kv::TensorOrder::kMla) != c.preset.mla)
       return Status(Code::kInvalidArgument,
                     fmt::format("{} {}: {} {} an MLA model", flag, side->layout, c.preset.name,
@@ -50,8 +51,9 @@ int Run(const pd::PdFlags& f) {
 }  // namespace
 
 void AddPdCommand(CLI::App& app, int* exit_code) {
-  CLI::App* cmd = app.add_subcommand(
-      "pd", "Simulate prefill/decode disaggregation: workers hand KV over the connector, every byte verified");
+  CLI::App* cmd = app.add_subcommand("pd",
+                                     "Simulate prefill/decode disaggregation: workers hand KV over "
+                                     "the connector, every byte verified");
   // A flag given twice takes its last value, so scripts can append to a common set.
   cmd->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   auto f = std::make_shared<pd::PdFlags>();
@@ -62,30 +64,43 @@ void AddPdCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--decode", f->decode, "Decode instances")->capture_default_str();
   cmd->add_option("--prefill-tp", f->prefill_tp, "TP ranks (processes) of each prefill instance")
       ->capture_default_str();
-  cmd->add_option("--decode-tp", f->decode_tp, "TP ranks (processes) of each decode instance")->capture_default_str();
-  cmd->add_option("--block-tokens", f->block_tokens, "Tokens a block (0: the preset's)")->capture_default_str();
-  cmd->add_option("--decode-block-tokens", f->decode_block_tokens, "Decode side's tokens a block (0: --block-tokens)")
+  cmd->add_option("--decode-tp", f->decode_tp, "TP ranks (processes) of each decode instance")
+      ->capture_default_str();
+  cmd->add_option("--block-tokens", f->block_tokens, "Tokens a block (0: the preset's)")
+      ->capture_default_str();
+  cmd->add_option("--decode-block-tokens", f->decode_block_tokens,
+                  "Decode side's tokens a block (0: --block-tokens)")
       ->capture_default_str();
   cmd->add_option("--layout", f->layout,
-                  "KV tensor order: kv_first, kv_first_hnd, blocks_first, blocks_first_hnd, separate, separate_hnd "
+                  "KV tensor order: kv_first, kv_first_hnd, blocks_first, blocks_first_hnd, "
+                  "separate, separate_hnd "
                   "(MLA models: mla)")
       ->capture_default_str();
-  cmd->add_option("--decode-layout", f->decode_layout, "Decode side's tensor order (default: --layout)");
+  cmd->add_option("--decode-layout", f->decode_layout,
+                  "Decode side's tensor order (default: --layout)");
   cmd->add_option("--memory", f->memory, "KV caches in host or gpu memory")->capture_default_str();
   cmd->add_option("--device", f->device, "GPU for --memory gpu")->capture_default_str();
-  cmd->add_option("--transport", f->transport, "Engine transport: shm or ucx")->capture_default_str();
-  cmd->add_option("--mode", f->mode, "write (prefill pushes each layer) or read (decode pulls)")->capture_default_str();
+  cmd->add_option("--transport", f->transport, "Engine transport: shm or ucx")
+      ->capture_default_str();
+  cmd->add_option("--mode", f->mode, "write (prefill pushes each layer) or read (decode pulls)")
+      ->capture_default_str();
   cmd->add_option("--requests", f->requests, "Requests (without --trace)")->capture_default_str();
-  cmd->add_option("--rate", f->rate, "Poisson arrivals per second (0: all at once)")->capture_default_str();
-  cmd->add_option("--prompt-tokens", f->prompt_tokens, "Prompt length N or MIN..MAX (uniform)")->capture_default_str();
-  cmd->add_option("--trace", f->trace, "File of prompt lengths, one a line: TOKENS or SECONDS TOKENS");
+  cmd->add_option("--rate", f->rate, "Poisson arrivals per second (0: all at once)")
+      ->capture_default_str();
+  cmd->add_option("--prompt-tokens", f->prompt_tokens, "Prompt length N or MIN..MAX (uniform)")
+      ->capture_default_str();
+  cmd->add_option("--trace", f->trace,
+                  "File of prompt lengths, one a line: TOKENS or SECONDS TOKENS");
   cmd->add_option("--layer-us", f->layer_us, "Compute stand-in per layer, microseconds (a sleep)")
       ->capture_default_str();
-  cmd->add_option("--blocks", f->blocks, "KV blocks of each worker (0: 8 longest prompts, at least 64)")
+  cmd->add_option("--blocks", f->blocks,
+                  "KV blocks of each worker (0: 8 longest prompts, at least 64)")
       ->capture_default_str();
   cmd->add_option("--seed", f->seed, "Seed of arrivals and prompt lengths")->capture_default_str();
-  cmd->add_option("--timeout", f->timeout_s, "Seconds the whole run may take")->capture_default_str();
-  cmd->add_option("--transfer-timeout", f->transfer_timeout_s, "Seconds a request's KV may take to arrive")
+  cmd->add_option("--timeout", f->timeout_s, "Seconds the whole run may take")
+      ->capture_default_str();
+  cmd->add_option("--transfer-timeout", f->transfer_timeout_s,
+                  "Seconds a request's KV may take to arrive")
       ->capture_default_str();
   cmd->add_option("--kill-prefill-after", f->kill_prefill_after,
                   "Fault run: SIGKILL a prefill worker after N requests ended (0: never)")

@@ -12,8 +12,10 @@ namespace ferry::tools::pd {
 namespace {
 
 std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r'))
+    s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
+    s.remove_suffix(1);
   return s;
 }
 
@@ -49,17 +51,19 @@ std::vector<double> Times(uint64_t count, double rate, std::mt19937_64& rng) {
 Result<TokenRange> ParseTokenRange(std::string_view text) {
   TokenRange r;
   const size_t dots = text.find("..");
-  bool ok = dots == std::string_view::npos
-                ? ParseUint(text, &r.min) && (r.max = r.min, true)
-                : ParseUint(text.substr(0, dots), &r.min) && ParseUint(text.substr(dots + 2), &r.max);
+  bool ok = dots == std::string_view::npos ? ParseUint(text, &r.min) && (r.max = r.min, true)
+                                           : ParseUint(text.substr(0, dots), &r.min) &&
+                                                 ParseUint(text.substr(dots + 2), &r.max);
   if (!ok || r.min == 0 || r.max > kMaxPromptTokens || r.min > r.max)
-    return Status(Code::kInvalidArgument,
-                  fmt::format("--prompt-tokens must be N or MIN..MAX with 1 <= MIN <= MAX <= {}, not '{}'",
-                              kMaxPromptTokens, text));
+    return Status(
+        Code::kInvalidArgument,
+        fmt::format("--prompt-tokens must be N or MIN..MAX with 1 <= MIN <= MAX <= {}, not '{}'",
+                    kMaxPromptTokens, text));
   return r;
 }
 
-std::vector<Arrival> PoissonArrivals(uint64_t count, double rate, TokenRange tokens, uint64_t seed) {
+std::vector<Arrival> PoissonArrivals(uint64_t count, double rate, TokenRange tokens,
+                                     uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<double> at = Times(count, rate, rng);
   std::uniform_int_distribution<uint64_t> length(tokens.min, tokens.max);
@@ -79,7 +83,8 @@ Result<std::vector<Arrival>> ParseTrace(std::string_view text, double rate, uint
     ++line_no;
     if (line.empty() || line.front() == '#') continue;
     auto bad = [&](std::string_view why) {
-      return Status(Code::kInvalidArgument, fmt::format("--trace: line {}: {} ('{}')", line_no, why, line));
+      return Status(Code::kInvalidArgument,
+                    fmt::format("--trace: line {}: {} ('{}')", line_no, why, line));
     };
     const size_t space = line.find_first_of(" \t");
     const bool timed = space != std::string_view::npos;
@@ -90,7 +95,8 @@ Result<std::vector<Arrival>> ParseTrace(std::string_view text, double rate, uint
     if (timed) {
       if (!ParseDouble(line.substr(0, space), &a.at_s) || a.at_s < 0 || a.at_s > 86400)
         return bad("the time must be seconds in [0, 86400]");
-      if (!ParseUint(line.substr(space + 1), &a.tokens)) return bad("the prompt length must be a whole number");
+      if (!ParseUint(line.substr(space + 1), &a.tokens))
+        return bad("the prompt length must be a whole number");
     } else if (!ParseUint(line, &a.tokens)) {
       return bad("the prompt length must be a whole number");
     }
@@ -105,7 +111,8 @@ Result<std::vector<Arrival>> ParseTrace(std::string_view text, double rate, uint
     std::vector<double> at = Times(out.size(), rate, rng);
     for (size_t i = 0; i < out.size(); ++i) out[i].at_s = at[i];
   }
-  std::stable_sort(out.begin(), out.end(), [](const Arrival& a, const Arrival& b) { return a.at_s < b.at_s; });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Arrival& a, const Arrival& b) { return a.at_s < b.at_s; });
   return out;
 }
 

@@ -4,14 +4,15 @@
 
 namespace ferry::tools::pd {
 
-Result<std::unique_ptr<KvCache>> KvCache::Create(Engine* engine, kv::CacheLayout layout, bool gpu, int device,
-                                                 HeadSlice heads) {
+Result<std::unique_ptr<KvCache>> KvCache::Create(Engine* engine, kv::CacheLayout layout, bool gpu,
+                                                 int device, HeadSlice heads) {
   std::unique_ptr<KvCache> cache(new KvCache(engine, std::move(layout), gpu));
   const MemoryKind kind = gpu ? MemoryKind::kCuda : MemoryKind::kHost;
   for (uint64_t bytes : cache->layout_.region_bytes) {
     // Host regions are shareable, so the shm transport maps them in the peer process.
     FERRY_ASSIGN_OR_RETURN(auto buffer, Buffer::Allocate(kind, device, bytes, HostAlloc::kShared));
-    FERRY_ASSIGN_OR_RETURN(MemoryDesc desc, engine->RegisterMemory(buffer->data(), bytes, kind, gpu ? device : -1));
+    FERRY_ASSIGN_OR_RETURN(MemoryDesc desc,
+                           engine->RegisterMemory(buffer->data(), bytes, kind, gpu ? device : -1));
     cache->buffers_.push_back(std::move(buffer));
     cache->descs_.push_back(desc);
     if (gpu) cache->mirrors_.emplace_back(bytes, std::byte{0});
@@ -50,12 +51,14 @@ Status KvCache::Stage(int64_t layer, std::span<const uint64_t> blocks, bool to_d
   return Status::Ok();
 }
 
-Status KvCache::FillLayer(uint64_t request, uint32_t layer, std::span<const uint64_t> blocks, uint64_t tokens) {
+Status KvCache::FillLayer(uint64_t request, uint32_t layer, std::span<const uint64_t> blocks,
+                          uint64_t tokens) {
   pd::FillLayer(view_, request, layer, blocks, tokens);
   return gpu_ ? Stage(layer, blocks, /*to_device=*/true) : Status::Ok();
 }
 
-Result<CheckReport> KvCache::Check(uint64_t request, std::span<const uint64_t> blocks, uint64_t tokens) {
+Result<CheckReport> KvCache::Check(uint64_t request, std::span<const uint64_t> blocks,
+                                   uint64_t tokens) {
   if (gpu_) FERRY_RETURN_IF_ERROR(Stage(-1, blocks, /*to_device=*/false));
   return CheckRequest(view_, request, blocks, tokens);
 }

@@ -22,8 +22,8 @@ class KvCache {
  public:
   // Allocates and registers every region of `layout` (validated) with `engine`, which must
   // outlive the cache.
-  static Result<std::unique_ptr<KvCache>> Create(Engine* engine, kv::CacheLayout layout, bool gpu, int device,
-                                                 HeadSlice heads);
+  static Result<std::unique_ptr<KvCache>> Create(Engine* engine, kv::CacheLayout layout, bool gpu,
+                                                 int device, HeadSlice heads);
   ~KvCache();  // deregisters, then frees
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
@@ -33,12 +33,14 @@ class KvCache {
   uint64_t bytes() const;
 
   // Writes layer `layer` of request `request` (its first `tokens` tokens) in `blocks`.
-  Status FillLayer(uint64_t request, uint32_t layer, std::span<const uint64_t> blocks, uint64_t tokens);
+  Status FillLayer(uint64_t request, uint32_t layer, std::span<const uint64_t> blocks,
+                   uint64_t tokens);
   // Checks every layer of the request in `blocks`.
   Result<CheckReport> Check(uint64_t request, std::span<const uint64_t> blocks, uint64_t tokens);
 
  private:
-  KvCache(Engine* engine, kv::CacheLayout layout, bool gpu) : engine_(engine), layout_(std::move(layout)), gpu_(gpu) {}
+  KvCache(Engine* engine, kv::CacheLayout layout, bool gpu)
+      : engine_(engine), layout_(std::move(layout)), gpu_(gpu) {}
   // GPU: copies the byte ranges of `blocks` of `layer` (every layer when layer < 0) between the
   // device and the mirror.
   Status Stage(int64_t layer, std::span<const uint64_t> blocks, bool to_device);
@@ -49,7 +51,7 @@ class KvCache {
   std::vector<std::unique_ptr<Buffer>> buffers_;
   std::vector<MemoryDesc> descs_;
   std::vector<std::vector<std::byte>> mirrors_;  // GPU only
-  CacheView view_;  // host pointers: the buffers, or the mirrors
+  CacheView view_;                               // host pointers: the buffers, or the mirrors
 };
 
 }  // namespace ferry::tools::pd

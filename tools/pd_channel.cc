@@ -15,7 +15,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 int RemainingMs(Clock::time_point until) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
   return left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30));
 }
 
@@ -33,7 +34,8 @@ LineChannel::~LineChannel() {
 Status LineChannel::Send(const nlohmann::json& message, std::chrono::milliseconds timeout) {
   std::string line = message.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   line.push_back('\n');
-  if (line.size() > kMaxLineBytes) return Status(Code::kInvalidArgument, "message over the line limit");
+  if (line.size() > kMaxLineBytes)
+    return Status(Code::kInvalidArgument, "message over the line limit");
   std::lock_guard<std::mutex> lock(send_mu_);
   const auto until = Clock::now() + timeout;
   size_t sent = 0;
@@ -75,8 +77,9 @@ Status LineChannel::ReadAvailable(std::vector<nlohmann::json>* lines) {
   }
   size_t start = 0;
   for (size_t nl; (nl = in_.find('\n', start)) != std::string::npos; start = nl + 1) {
-    nlohmann::json j = nlohmann::json::parse(in_.begin() + static_cast<std::ptrdiff_t>(start),
-                                             in_.begin() + static_cast<std::ptrdiff_t>(nl), nullptr, false);
+    nlohmann::json j =
+        nlohmann::json::parse(in_.begin() + static_cast<std::ptrdiff_t>(start),
+                              in_.begin() + static_cast<std::ptrdiff_t>(nl), nullptr, false);
     if (j.is_discarded() || !j.is_object()) {
       in_.erase(0, nl + 1);
       return Status(Code::kInvalidArgument, "a line that is not a JSON object");
@@ -108,14 +111,16 @@ bool GetU64(const nlohmann::json& j, const char* key, uint64_t* out) {
 bool GetI64(const nlohmann::json& j, const char* key, int64_t* out) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_number_integer()) return false;
-  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) return false;
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    return false;
   *out = it->get<int64_t>();
   return true;
 }
 
 bool GetString(const nlohmann::json& j, const char* key, std::string* out, size_t max_bytes) {
   auto it = j.find(key);
-  if (it == j.end() || !it->is_string() || it->get_ref<const std::string&>().size() > max_bytes) return false;
+  if (it == j.end() || !it->is_string() || it->get_ref<const std::string&>().size() > max_bytes)
+    return false;
   *out = it->get<std::string>();
   return true;
 }

@@ -32,7 +32,8 @@ class LineChannel {
 
   int fd() const { return fd_; }
   // Writes one message within `timeout` (kDeadlineExceeded), kUnavailable when the peer is gone.
-  Status Send(const nlohmann::json& message, std::chrono::milliseconds timeout = std::chrono::seconds(5));
+  Status Send(const nlohmann::json& message,
+              std::chrono::milliseconds timeout = std::chrono::seconds(5));
   // Waits up to `timeout` for bytes, then moves every complete line read so far to *lines
   // (none when nothing came). kUnavailable once the peer closed and no whole line is left.
   Status Receive(std::vector<nlohmann::json>* lines, std::chrono::milliseconds timeout);
@@ -49,7 +50,8 @@ class LineChannel {
 // Typed reads of a message's fields: false when missing, of another type or out of range.
 bool GetU64(const nlohmann::json& j, const char* key, uint64_t* out);
 bool GetI64(const nlohmann::json& j, const char* key, int64_t* out);
-bool GetString(const nlohmann::json& j, const char* key, std::string* out, size_t max_bytes = 1 << 20);
+bool GetString(const nlohmann::json& j, const char* key, std::string* out,
+               size_t max_bytes = 1 << 20);
 bool GetBool(const nlohmann::json& j, const char* key, bool* out);
 // A list of block ids, each below `limit`, at most `max_count` of them.
 bool GetBlocks(const nlohmann::json& j, const char* key, uint64_t limit, size_t max_count,

@@ -26,7 +26,8 @@ Result<std::string> ReadFile(const std::string& path) {
   if (!in) return Bad(fmt::format("--trace: cannot open '{}'", path));
   std::ostringstream text;
   text << in.rdbuf();
-  if (text.str().size() > kMaxTraceBytes) return Bad(fmt::format("--trace: '{}' is over 64 MiB", path));
+  if (text.str().size() > kMaxTraceBytes)
+    return Bad(fmt::format("--trace: '{}' is over 64 MiB", path));
   return text.str();
 }
 
@@ -34,7 +35,8 @@ Result<SideConfig> Side(const Preset& p, uint32_t instances, uint32_t tp, uint32
                         const std::string& layout, std::string_view name) {
   if (instances < 1 || instances > kMaxInstances)
     return Bad(fmt::format("--{} must be in 1..{}, not {}", name, kMaxInstances, instances));
-  if (tp < 1 || tp > kMaxTp) return Bad(fmt::format("--{}-tp must be in 1..{}, not {}", name, kMaxTp, tp));
+  if (tp < 1 || tp > kMaxTp)
+    return Bad(fmt::format("--{}-tp must be in 1..{}, not {}", name, kMaxTp, tp));
   FERRY_RETURN_IF_ERROR(CheckTpSplit(p, tp, fmt::format("--{}-tp", name)));
   SideConfig s;
   s.instances = instances;
@@ -72,7 +74,8 @@ uint64_t TokenBytes(const Preset& p, uint32_t heads) {
 
 HeadSlice HeadsOf(uint32_t total_heads, bool mla, uint32_t tp_size, uint32_t tp_rank) {
   if (mla || total_heads == 0 || tp_size == 0) return {0, 1};
-  if (tp_size > total_heads) return {static_cast<uint32_t>(uint64_t{tp_rank} * total_heads / tp_size), 1};
+  if (tp_size > total_heads)
+    return {static_cast<uint32_t>(uint64_t{tp_rank} * total_heads / tp_size), 1};
   const uint32_t each = total_heads / tp_size;
   return {tp_rank * each, each};
 }
@@ -80,19 +83,22 @@ HeadSlice HeadsOf(uint32_t total_heads, bool mla, uint32_t tp_size, uint32_t tp_
 Status CheckTpSplit(const Preset& p, uint32_t tp, std::string_view flag) {
   if (p.mla || tp == 0) return Status::Ok();
   if (p.kv_heads % tp == 0 || tp % p.kv_heads == 0) return Status::Ok();
-  return Bad(fmt::format("{} {} does not split {}'s {} KV heads (one must divide the other)", flag, tp, p.name,
-                         p.kv_heads));
+  return Bad(fmt::format("{} {} does not split {}'s {} KV heads (one must divide the other)", flag,
+                         tp, p.name, p.kv_heads));
 }
 
 Result<PdConfig> Configure(const PdFlags& f) {
   PdConfig c;
   FERRY_ASSIGN_OR_RETURN(c.preset, FindPreset(f.model));
   if (f.block_tokens > kMaxBlockTokens || f.decode_block_tokens > kMaxBlockTokens)
-    return Bad(fmt::format("--block-tokens and --decode-block-tokens must be at most {}", kMaxBlockTokens));
-  FERRY_ASSIGN_OR_RETURN(c.prefill, Side(c.preset, f.prefill, f.prefill_tp, f.block_tokens, f.layout, "prefill"));
+    return Bad(fmt::format("--block-tokens and --decode-block-tokens must be at most {}",
+                           kMaxBlockTokens));
+  FERRY_ASSIGN_OR_RETURN(
+      c.prefill, Side(c.preset, f.prefill, f.prefill_tp, f.block_tokens, f.layout, "prefill"));
   const uint32_t decode_bt = f.decode_block_tokens != 0 ? f.decode_block_tokens : f.block_tokens;
-  FERRY_ASSIGN_OR_RETURN(c.decode, Side(c.preset, f.decode, f.decode_tp, decode_bt,
-                                        f.decode_layout.empty() ? f.layout : f.decode_layout, "decode"));
+  FERRY_ASSIGN_OR_RETURN(c.decode,
+                         Side(c.preset, f.decode, f.decode_tp, decode_bt,
+                              f.decode_layout.empty() ? f.layout : f.decode_layout, "decode"));
   if (c.preset.mla && (c.prefill.layout != "mla" || c.decode.layout != "mla")) {
     // An MLA model has one layout; take it unless another was asked for.
     if (f.layout != "kv_first" || (!f.decode_layout.empty() && f.decode_layout != "mla"))
@@ -120,7 +126,8 @@ Result<PdConfig> Configure(const PdFlags& f) {
   } else {
     return Bad(fmt::format("--mode must be write or read, not '{}'", f.mode));
   }
-  if (!(f.rate >= 0 && f.rate <= 1e6)) return Bad(fmt::format("--rate must be in [0, 1e6] requests/s, not {}", f.rate));
+  if (!(f.rate >= 0 && f.rate <= 1e6))
+    return Bad(fmt::format("--rate must be in [0, 1e6] requests/s, not {}", f.rate));
   if (f.trace.empty()) {
     if (f.requests < 1 || f.requests > kMaxRequests)
       return Bad(fmt::format("--requests must be in 1..{}, not {}", kMaxRequests, f.requests));
@@ -134,11 +141,12 @@ Result<PdConfig> Configure(const PdFlags& f) {
     return Bad(fmt::format("--layer-us must be in [0, 1e7] microseconds, not {}", f.layer_us));
   c.layer_time = std::chrono::microseconds(static_cast<int64_t>(std::llround(f.layer_us)));
   FERRY_ASSIGN_OR_RETURN(c.timeout, ParseSeconds(f.timeout_s, "--timeout"));
-  FERRY_ASSIGN_OR_RETURN(c.transfer_timeout, ParseSeconds(f.transfer_timeout_s, "--transfer-timeout"));
+  FERRY_ASSIGN_OR_RETURN(c.transfer_timeout,
+                         ParseSeconds(f.transfer_timeout_s, "--transfer-timeout"));
   c.kill_prefill_after = f.kill_prefill_after;
   if (c.kill_prefill_after >= c.arrivals.size() && c.kill_prefill_after != 0)
-    return Bad(fmt::format("--kill-prefill-after {} must be less than the {} requests", c.kill_prefill_after,
-                           c.arrivals.size()));
+    return Bad(fmt::format("--kill-prefill-after {} must be less than the {} requests",
+                           c.kill_prefill_after, c.arrivals.size()));
   if (f.blocks > kMaxBlocks) return Bad(fmt::format("--blocks must be at most {}", kMaxBlocks));
   uint64_t longest = 0;
   for (const Arrival& a : c.arrivals) longest = std::max(longest, a.tokens);
@@ -146,8 +154,9 @@ Result<PdConfig> Configure(const PdFlags& f) {
     const uint64_t per_request = (longest + s->block_tokens - 1) / s->block_tokens;
     s->blocks = f.blocks != 0 ? f.blocks : std::max<uint64_t>(64, 8 * per_request);
     if (s->blocks < per_request)
-      return Bad(fmt::format("--blocks {} cannot hold the longest prompt ({} tokens = {} blocks of {})", s->blocks,
-                             longest, per_request, s->block_tokens));
+      return Bad(
+          fmt::format("--blocks {} cannot hold the longest prompt ({} tokens = {} blocks of {})",
+                      s->blocks, longest, per_request, s->block_tokens));
   }
   c.checksums = f.checksums;
   c.json = f.json;
@@ -158,7 +167,8 @@ std::string InstanceName(bool prefill, uint32_t instance) {
   return fmt::format("{}{}", prefill ? 'p' : 'd', instance);
 }
 
-WorkerConfig MakeWorkerConfig(const PdConfig& c, bool prefill, uint32_t instance, uint32_t tp_rank) {
+WorkerConfig MakeWorkerConfig(const PdConfig& c, bool prefill, uint32_t instance,
+                              uint32_t tp_rank) {
   const SideConfig& side = prefill ? c.prefill : c.decode;
   WorkerConfig w;
   w.prefill = prefill;
@@ -174,18 +184,27 @@ WorkerConfig MakeWorkerConfig(const PdConfig& c, bool prefill, uint32_t instance
   w.transport = c.transport;
   w.read_mode = c.mode == Mode::kRead;
   w.layer_us = static_cast<uint64_t>(c.layer_time.count());
-  w.transfer_timeout_ms =
-      static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(c.transfer_timeout).count());
+  w.transfer_timeout_ms = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(c.transfer_timeout).count());
   w.checksums = c.checksums;
   return w;
 }
 
 std::string WorkerConfig::ToJson() const {
-  nlohmann::json j = {{"prefill", prefill},     {"instance", instance},   {"tp_rank", tp_rank},
-                      {"tp_size", tp_size},     {"model", model},         {"block_tokens", block_tokens},
-                      {"layout", layout},       {"blocks", blocks},       {"gpu", gpu},
-                      {"device", device},       {"transport", transport}, {"read_mode", read_mode},
-                      {"layer_us", layer_us},   {"transfer_timeout_ms", transfer_timeout_ms},
+  nlohmann::json j = {{"prefill", prefill},
+                      {"instance", instance},
+                      {"tp_rank", tp_rank},
+                      {"tp_size", tp_size},
+                      {"model", model},
+                      {"block_tokens", block_tokens},
+                      {"layout", layout},
+                      {"blocks", blocks},
+                      {"gpu", gpu},
+                      {"device", device},
+                      {"transport", transport},
+                      {"read_mode", read_mode},
+                      {"layer_us", layer_us},
+                      {"transfer_timeout_ms", transfer_timeout_ms},
                       {"checksums", checksums}};
   return j.dump();
 }
@@ -204,7 +223,8 @@ Result<WorkerConfig> WorkerConfig::FromJson(std::string_view text) {
     } else if constexpr (std::is_same_v<T, std::string>) {
       if (!it->is_string()) return false;
     } else if constexpr (std::is_unsigned_v<T>) {
-      if (!it->is_number_unsigned() || it->template get<uint64_t>() > std::numeric_limits<T>::max()) return false;
+      if (!it->is_number_unsigned() || it->template get<uint64_t>() > std::numeric_limits<T>::max())
+        return false;
     } else {
       if (!it->is_number_integer()) return false;
       const int64_t v = it->template get<int64_t>();
@@ -214,15 +234,17 @@ Result<WorkerConfig> WorkerConfig::FromJson(std::string_view text) {
     return true;
   };
   if (!get("prefill", &w.prefill) || !get("instance", &w.instance) || !get("tp_rank", &w.tp_rank) ||
-      !get("tp_size", &w.tp_size) || !get("model", &w.model) || !get("block_tokens", &w.block_tokens) ||
-      !get("layout", &w.layout) || !get("blocks", &w.blocks) || !get("gpu", &w.gpu) || !get("device", &w.device) ||
-      !get("transport", &w.transport) || !get("read_mode", &w.read_mode) || !get("layer_us", &w.layer_us) ||
-      !get("transfer_timeout_ms", &w.transfer_timeout_ms) || !get("checksums", &w.checksums))
+      !get("tp_size", &w.tp_size) || !get("model", &w.model) ||
+      !get("block_tokens", &w.block_tokens) || !get("layout", &w.layout) ||
+      !get("blocks", &w.blocks) || !get("gpu", &w.gpu) || !get("device", &w.device) ||
+      !get("transport", &w.transport) || !get("read_mode", &w.read_mode) ||
+      !get("layer_us", &w.layer_us) || !get("transfer_timeout_ms", &w.transfer_timeout_ms) ||
+      !get("checksums", &w.checksums))
     return Bad("worker config: a field is missing or of the wrong type");
   if (w.tp_size < 1 || w.tp_size > kMaxTp || w.tp_rank >= w.tp_size || w.block_tokens < 1 ||
-      w.block_tokens > kMaxBlockTokens || w.blocks < 1 || w.blocks > kMaxBlocks || w.instance.empty() ||
-      w.instance.size() > 64 || w.device < 0 || w.layer_us > 10'000'000 || w.transfer_timeout_ms < 1 ||
-      w.transfer_timeout_ms > 86'400'000)
+      w.block_tokens > kMaxBlockTokens || w.blocks < 1 || w.blocks > kMaxBlocks ||
+      w.instance.empty() || w.instance.size() > 64 || w.device < 0 || w.layer_us > 10'000'000 ||
+      w.transfer_timeout_ms < 1 || w.transfer_timeout_ms > 86'400'000)
     return Bad("worker config: a value is out of range");
   return w;
 }

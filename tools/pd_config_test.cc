@@ -165,8 +165,8 @@ TEST(Arrivals, ParsesTraces) {
   EXPECT_EQ(t[0], (Arrival{0.1, 10}));  // sorted by time
   EXPECT_EQ(t[1], (Arrival{0.5, 30}));
   EXPECT_GT(ParseTrace("5\n5\n", 10, 1).value()[1].at_s, 0);  // times from the rate
-  for (const char* bad : {"", "# nothing\n", "abc\n", "0\n", "5\n0.1 5\n", "-1 5\n", "nan 5\n", "1 2 3\n",
-                          "99999999\n"}) {
+  for (const char* bad : {"", "# nothing\n", "abc\n", "0\n", "5\n0.1 5\n", "-1 5\n", "nan 5\n",
+                          "1 2 3\n", "99999999\n"}) {
     Status s = ParseTrace(bad, 0, 1).status();
     EXPECT_EQ(s.code(), Code::kInvalidArgument) << bad;
     EXPECT_NE(s.message().find("--trace"), std::string_view::npos) << s.ToString();

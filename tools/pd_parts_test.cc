@@ -95,7 +95,8 @@ TEST(LineChannel, CarriesJsonLinesAndSeesThePeerClose) {
   ASSERT_TRUE(a.Send({{"t", "hello"}, {"n", 3}, {"blocks", {1, 2, 7}}}).ok());
   ASSERT_TRUE(a.Send({{"t", "second"}}).ok());
   std::vector<nlohmann::json> got;
-  for (int i = 0; i < 50 && got.size() < 2; ++i) ASSERT_TRUE(b->Receive(&got, std::chrono::milliseconds(100)).ok());
+  for (int i = 0; i < 50 && got.size() < 2; ++i)
+    ASSERT_TRUE(b->Receive(&got, std::chrono::milliseconds(100)).ok());
   ASSERT_EQ(got.size(), 2u);
   EXPECT_EQ(TypeOf(got[0]), "hello");
   uint64_t n = 0;
@@ -120,13 +121,17 @@ TEST(LineChannel, CarriesJsonLinesAndSeesThePeerClose) {
   // The peer's close reads as kUnavailable, within the wait.
   b.reset();
   Status closed;
-  for (int i = 0; i < 50 && closed.ok(); ++i) closed = a.Receive(&got, std::chrono::milliseconds(100));
+  for (int i = 0; i < 50 && closed.ok(); ++i)
+    closed = a.Receive(&got, std::chrono::milliseconds(100));
   EXPECT_EQ(closed.code(), Code::kUnavailable);
   EXPECT_EQ(a.Send({{"t", "late"}}).code(), Code::kUnavailable);
 }
 
 TEST(LineChannel, HexRoundTrips) {
-  const std::string bytes("\x00\x01\xfe\xff" "abc", 7);
+  const std::string bytes(
+      "\x00\x01\xfe\xff"
+      "abc",
+      7);
   EXPECT_EQ(ToHex(bytes), "0001feff616263");
   std::string back;
   EXPECT_TRUE(FromHex(ToHex(bytes), &back));

@@ -22,7 +22,9 @@ uint64_t KeySeed(const VectorKey& k) {
   return Mix(h ^ k.head);
 }
 
-const kv::TensorLayout& Tensor(const kv::LayerLayout& l, uint32_t kv) { return kv == 0 ? l.k : *l.v; }
+const kv::TensorLayout& Tensor(const kv::LayerLayout& l, uint32_t kv) {
+  return kv == 0 ? l.k : *l.v;
+}
 
 }  // namespace
 
@@ -43,13 +45,14 @@ uint64_t CheckVector(const VectorKey& key, std::span<const std::byte> got) {
     const uint64_t w = Mix(seed + word);
     const size_t n = std::min<size_t>(8, got.size() - at);
     if (std::memcmp(got.data() + at, &w, n) == 0) continue;
-    for (size_t i = 0; i < n; ++i) bad += got[at + i] != reinterpret_cast<const std::byte*>(&w)[i] ? 1 : 0;
+    for (size_t i = 0; i < n; ++i)
+      bad += got[at + i] != reinterpret_cast<const std::byte*>(&w)[i] ? 1 : 0;
   }
   return bad;
 }
 
-uint64_t VectorOffset(const kv::CacheLayout& layout, const kv::TensorLayout& t, std::span<const uint64_t> blocks,
-                      uint64_t token, uint32_t local_head) {
+uint64_t VectorOffset(const kv::CacheLayout& layout, const kv::TensorLayout& t,
+                      std::span<const uint64_t> blocks, uint64_t token, uint32_t local_head) {
   const uint64_t bt = layout.block_tokens;
   const uint64_t kbt = layout.kernel_block_tokens ? layout.kernel_block_tokens : bt;
   const uint64_t in_block = token % bt;
@@ -58,7 +61,8 @@ uint64_t VectorOffset(const kv::CacheLayout& layout, const kv::TensorLayout& t, 
          uint64_t{local_head} * t.head_stride;
 }
 
-ByteRange BlockRange(const kv::CacheLayout& layout, const kv::TensorLayout& t, uint32_t heads, uint64_t block) {
+ByteRange BlockRange(const kv::CacheLayout& layout, const kv::TensorLayout& t, uint32_t heads,
+                     uint64_t block) {
   const uint64_t bt = layout.block_tokens;
   const uint64_t kbt = layout.kernel_block_tokens ? layout.kernel_block_tokens : bt;
   const uint64_t per = bt / kbt;
@@ -70,8 +74,8 @@ ByteRange BlockRange(const kv::CacheLayout& layout, const kv::TensorLayout& t, u
   return r;
 }
 
-void FillLayer(const CacheView& view, uint64_t request, uint32_t layer, std::span<const uint64_t> blocks,
-               uint64_t tokens) {
+void FillLayer(const CacheView& view, uint64_t request, uint32_t layer,
+               std::span<const uint64_t> blocks, uint64_t tokens) {
   const kv::CacheLayout& layout = *view.layout;
   const kv::LayerLayout& l = layout.layers[layer];
   const uint64_t head_bytes = uint64_t{layout.head_dim} * layout.dtype_bytes;
@@ -98,12 +102,14 @@ CheckReport CheckRequest(const CacheView& view, uint64_t request, std::span<cons
       for (uint64_t token = 0; token < tokens; ++token) {
         for (uint32_t h = 0; h < view.heads; ++h) {
           const VectorKey key{request, layer, kv, token, view.first_head + h};
-          const uint64_t bad = CheckVector(key, {base + VectorOffset(layout, t, blocks, token, h), head_bytes});
+          const uint64_t bad =
+              CheckVector(key, {base + VectorOffset(layout, t, blocks, token, h), head_bytes});
           r.bytes_checked += head_bytes;
           if (bad == 0) continue;
           if (r.bad_vectors == 0)
             r.first_bad = fmt::format("layer {} {} token {} head {}: {} of {} bytes differ", layer,
-                                      l.v ? (kv == 0 ? "K" : "V") : "latent", token, key.head, bad, head_bytes);
+                                      l.v ? (kv == 0 ? "K" : "V") : "latent", token, key.head, bad,
+                                      head_bytes);
           r.bad_bytes += bad;
           ++r.bad_vectors;
         }

@@ -47,20 +47,21 @@ struct CacheView {
 
 // The byte offset, inside its region, of (token, local head) of tensor `t` for a request in
 // scheduler blocks `blocks`. REQUIRES: token < blocks.size() * block_tokens.
-uint64_t VectorOffset(const kv::CacheLayout& layout, const kv::TensorLayout& t, std::span<const uint64_t> blocks,
-                      uint64_t token, uint32_t local_head);
+uint64_t VectorOffset(const kv::CacheLayout& layout, const kv::TensorLayout& t,
+                      std::span<const uint64_t> blocks, uint64_t token, uint32_t local_head);
 // The byte range [begin, end) of scheduler block `block` of tensor `t` in its region (every
 // token and head it may hold), for staging a block to or from GPU memory.
 struct ByteRange {
   uint64_t begin = 0;
   uint64_t end = 0;
 };
-ByteRange BlockRange(const kv::CacheLayout& layout, const kv::TensorLayout& t, uint32_t heads, uint64_t block);
+ByteRange BlockRange(const kv::CacheLayout& layout, const kv::TensorLayout& t, uint32_t heads,
+                     uint64_t block);
 
 // Writes the pattern of layer `layer` of `request` (its first `tokens` tokens) into `view`.
 // REQUIRES: blocks hold the tokens, and lie below layout.num_blocks.
-void FillLayer(const CacheView& view, uint64_t request, uint32_t layer, std::span<const uint64_t> blocks,
-               uint64_t tokens);
+void FillLayer(const CacheView& view, uint64_t request, uint32_t layer,
+               std::span<const uint64_t> blocks, uint64_t tokens);
 
 struct CheckReport {
   uint64_t bytes_checked = 0;
@@ -69,6 +70,7 @@ struct CheckReport {
   std::string first_bad;  // "layer 3 V token 17 head 2: 12 bytes differ", for humans
 };
 // Checks every layer of `request` in `view`.
-CheckReport CheckRequest(const CacheView& view, uint64_t request, std::span<const uint64_t> blocks, uint64_t tokens);
+CheckReport CheckRequest(const CacheView& view, uint64_t request, std::span<const uint64_t> blocks,
+                         uint64_t tokens);
 
 }  // namespace ferry::tools::pd

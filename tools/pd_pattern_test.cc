@@ -12,7 +12,8 @@ namespace {
 
 // A layout by hand (the connector's MakeLayout is not under test here): one region per layer,
 // K then V, [2, N, bs, H, D] (NHD) or [2, N, H, bs, D] (HND).
-kv::CacheLayout Layout(uint32_t tp_size, uint32_t tp_rank, uint32_t block_tokens, uint64_t blocks, bool hnd) {
+kv::CacheLayout Layout(uint32_t tp_size, uint32_t tp_rank, uint32_t block_tokens, uint64_t blocks,
+                       bool hnd) {
   kv::CacheLayout l;
   l.model = "test";
   l.dtype_bytes = 2;
@@ -56,8 +57,8 @@ struct Cache {
 };
 
 // Copies what a connector would move: every token's vectors of the heads `dst` holds.
-void Move(const Cache& src, std::span<const uint64_t> src_blocks, Cache& dst, std::span<const uint64_t> dst_blocks,
-          uint64_t tokens) {
+void Move(const Cache& src, std::span<const uint64_t> src_blocks, Cache& dst,
+          std::span<const uint64_t> dst_blocks, uint64_t tokens) {
   for (uint32_t layer = 0; layer < 3; ++layer)
     for (int kv = 0; kv < 2; ++kv) {
       const kv::TensorLayout& s = kv ? *src.layout.layers[layer].v : src.layout.layers[layer].k;
@@ -66,8 +67,8 @@ void Move(const Cache& src, std::span<const uint64_t> src_blocks, Cache& dst, st
         for (uint32_t h = 0; h < dst.view.heads; ++h) {
           const uint32_t model_head = dst.view.first_head + h;
           std::memcpy(dst.view.regions[d.region] + VectorOffset(dst.layout, d, dst_blocks, t, h),
-                      src.view.regions[s.region] +
-                          VectorOffset(src.layout, s, src_blocks, t, model_head - src.view.first_head),
+                      src.view.regions[s.region] + VectorOffset(src.layout, s, src_blocks, t,
+                                                                model_head - src.view.first_head),
                       8);
         }
     }
@@ -118,7 +119,8 @@ TEST(Pattern, VerifiesAcrossTpBlockSizesAndTensorOrders) {
     r = CheckRequest(d.view, 42, d_blocks, tokens);
     EXPECT_EQ(r.bad_vectors, 1u);
     EXPECT_EQ(r.bad_bytes, 1u);
-    EXPECT_EQ(r.first_bad, "layer 2 V token 5 head " + std::to_string(rank * 2 + 1) + ": 1 of 8 bytes differ");
+    EXPECT_EQ(r.first_bad,
+              "layer 2 V token 5 head " + std::to_string(rank * 2 + 1) + ": 1 of 8 bytes differ");
   }
 }
 

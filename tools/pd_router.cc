@@ -5,11 +5,10 @@
 #include <signal.h>
 
 #include <map>
-#include <set>
 
-#include "pd_alloc.h"
 #include "pd_channel.h"
 #include "pd_procs.h"
+#include "pd_router_state.h"
 #include "pd_summary.h"
 
 namespace ferry::tools::pd {
@@ -19,49 +18,6 @@ using Clock = std::chrono::steady_clock;
 using nlohmann::json;
 using std::chrono::milliseconds;
 
-struct Worker {
-  WorkerConfig cfg;
-  std::string id;  // "p0/dp0/tp1"
-  size_t instance = 0;
-  ChildProcess proc;
-  bool alive = true;
-  bool ready = false;
-  bool peered = false;
-  bool final = false;
-  std::string addr;
-  WorkerRecord rec;
-};
-
-struct Instance {
-  bool prefill = true;
-  std::string name;
-  uint32_t block_tokens = 16;
-  std::vector<size_t> workers;
-  BlockAllocator blocks{0};
-  bool broken = false;  // a worker died: no new requests, its blocks are not counted
-};
-
-struct Request {
-  uint64_t n = 0;
-  std::string id;
-  uint64_t tokens = 0;
-  bool running = false;
-  bool dispatched = false;  // blocks allocated and the workers told
-  size_t p = 0, d = 0;
-  std::vector<uint64_t> p_blocks, d_blocks;
-  std::set<size_t> p_left, d_left;  // ranks that have not ended the request
-  std::set<size_t> computed;        // prefill ranks past their last layer
-  int64_t computed_ns = 0;          // the last of them
-  int64_t d_end_ns = 0;             // the decode side's end, the last rank's
-  bool d_told = false;              // read mode: the decode side was sent the read
-  std::string params;
-  Clock::time_point deadline;
-  bool aborted = false;  // the router gave up on it (stuck)
-  bool failed = false;
-  std::string why;
-  uint64_t bad_bytes = 0;
-};
-
 class Router {
  public:
   explicit Router(const PdConfig& c) : c_(c) {}
@@ -69,27 +25,27 @@ class Router {
 
  private:
   Status Start();
-  Status WaitFor(bool Worker::*flag, std::string_view what, milliseconds timeout);
+  Status WaitFor(bool WorkerState::*flag, std::string_view what, milliseconds timeout);
   void Poll(milliseconds timeout);
   void OnMessage(size_t w, const json& m);
-  void OnEnd(Request& r, size_t w, const json& m);
+  void OnEnd(RequestState& r, size_t w, const json& m);
   void OnDeath(size_t w);
   void Dispatch(Clock::time_point now);
-  void TellDecode(Request& r);
-  void Abort(Request& r, std::string_view why);
-  void MaybeFinish(Request& r);
+  void TellDecode(RequestState& r);
+  void Abort(RequestState& r, std::string_view why);
+  void MaybeFinish(RequestState& r);
   void CheckDeadlines(Clock::time_point now);
   void Send(size_t w, const json& m);
   void Kill();
   void Stop();
   void PrintProgress(Clock::time_point now);
   int Finish();
-  Request* Find(const json& m);
+  RequestState* Find(const json& m);
 
   const PdConfig& c_;
-  std::vector<Worker> workers_;
-  std::vector<Instance> instances_;
-  std::vector<Request> requests_;
+  std::vector<WorkerState> workers_;
+  std::vector<InstanceState> instances_;
+  std::vector<RequestState> requests_;
   std::map<std::string, size_t> by_id_;
   std::vector<size_t> queue_;  // arrived, waiting for blocks
   size_t arrived_ = 0, running_ = 0, ended_ = 0, done_ = 0, failed_ = 0;
@@ -105,13 +61,13 @@ Status Router::Start() {
   for (bool prefill : {true, false}) {
     const SideConfig& side = prefill ? c_.prefill : c_.decode;
     for (uint32_t i = 0; i < side.instances; ++i) {
-      Instance inst;
+      InstanceState inst;
       inst.prefill = prefill;
       inst.name = InstanceName(prefill, i);
       inst.block_tokens = side.block_tokens;
       inst.blocks = BlockAllocator(side.blocks);
       for (uint32_t r = 0; r < side.tp; ++r) {
-        Worker w;
+        WorkerState w;
         w.cfg = MakeWorkerConfig(c_, prefill, i, r);
         w.id = fmt::format("{}/dp0/tp{}", inst.name, r);
         w.instance = instances_.size();
@@ -120,36 +76,40 @@ Status Router::Start() {
         FERRY_ASSIGN_OR_RETURN(w.proc, SpawnWorker());
         inst.workers.push_back(workers_.size());
         workers_.push_back(std::move(w));
-        Send(workers_.size() - 1, {{"t", "config"}, {"config", json::parse(workers_.back().cfg.ToJson())}});
+        Send(workers_.size() - 1,
+             {{"t", "config"}, {"config", json::parse(workers_.back().cfg.ToJson())}});
       }
       instances_.push_back(std::move(inst));
     }
   }
-  FERRY_RETURN_IF_ERROR(WaitFor(&Worker::ready, "start", std::chrono::seconds(60)));
+  FERRY_RETURN_IF_ERROR(WaitFor(&WorkerState::ready, "start", std::chrono::seconds(60)));
   // Every worker learns every worker of the other role (every TP rank of a producer must be
   // known before a consumer expects its writes).
   for (size_t w = 0; w < workers_.size(); ++w) {
     json addrs = json::array();
-    for (const Worker& o : workers_)
+    for (const WorkerState& o : workers_)
       if (o.cfg.prefill != workers_[w].cfg.prefill) addrs.push_back(o.addr);
     Send(w, {{"t", "peers"}, {"addrs", addrs}});
   }
-  return WaitFor(&Worker::peered, "meet its peers", std::chrono::seconds(30));
+  return WaitFor(&WorkerState::peered, "meet its peers", std::chrono::seconds(30));
 }
 
-Status Router::WaitFor(bool Worker::*flag, std::string_view what, milliseconds timeout) {
+Status Router::WaitFor(bool WorkerState::*flag, std::string_view what, milliseconds timeout) {
   const auto until = Clock::now() + timeout;
   for (;;) {
     if (!setup_error_.empty()) return Status(Code::kUnavailable, setup_error_);
     size_t missing = 0;
-    for (const Worker& w : workers_) {
-      if (!w.alive) return Status(Code::kUnavailable, fmt::format("worker {} died before it could {}", w.id, what));
+    for (const WorkerState& w : workers_) {
+      if (!w.alive)
+        return Status(Code::kUnavailable,
+                      fmt::format("worker {} died before it could {}", w.id, what));
       missing += w.*flag ? 0 : 1;
     }
     if (missing == 0) return Status::Ok();
     if (Clock::now() >= until)
-      return Status(Code::kDeadlineExceeded, fmt::format("{} workers did not {} within {} s", missing, what,
-                                                         std::chrono::duration<double>(timeout).count()));
+      return Status(Code::kDeadlineExceeded,
+                    fmt::format("{} workers did not {} within {} s", missing, what,
+                                std::chrono::duration<double>(timeout).count()));
     Poll(milliseconds(50));
   }
 }
@@ -184,7 +144,7 @@ void Router::Poll(milliseconds timeout) {
   }
 }
 
-Request* Router::Find(const json& m) {
+RequestState* Router::Find(const json& m) {
   std::string id;
   if (!GetString(m, "req", &id, 64)) return nullptr;
   auto it = by_id_.find(id);
@@ -192,7 +152,7 @@ Request* Router::Find(const json& m) {
 }
 
 void Router::OnMessage(size_t w, const json& m) {
-  Worker& wk = workers_[w];
+  WorkerState& wk = workers_[w];
   const std::string t = TypeOf(m);
   if (t == "ready") {
     wk.ready = GetString(m, "addr", &wk.addr, 256);
@@ -208,7 +168,7 @@ void Router::OnMessage(size_t w, const json& m) {
     (void)GetU64(m, "held_blocks", &wk.rec.held_blocks);
     if (m.contains("stats") && m["stats"].is_object()) wk.rec.stats = m["stats"];
   } else if (t == "sealed" || t == "held") {
-    Request* r = Find(m);
+    RequestState* r = Find(m);
     int64_t ns = 0;
     if (r == nullptr || !r->p_left.count(w) || !GetI64(m, "ns", &ns)) return;
     r->computed.insert(w);
@@ -216,22 +176,26 @@ void Router::OnMessage(size_t w, const json& m) {
     if (t == "held" && r->params.empty()) (void)GetString(m, "params", &r->params);
     TellDecode(*r);
   } else if (t == "end") {
-    if (Request* r = Find(m)) OnEnd(*r, w, m);
+    if (RequestState* r = Find(m)) OnEnd(*r, w, m);
   }
 }
 
 // Read mode: once every live prefill rank holds the request, the decode ranks read it.
-void Router::TellDecode(Request& r) {
+void Router::TellDecode(RequestState& r) {
   if (c_.mode != Mode::kRead || r.d_told || r.failed || r.params.empty()) return;
   for (size_t w : r.p_left)
     if (!r.computed.count(w)) return;
   r.d_told = true;
   for (size_t w : instances_[r.d].workers)
-    Send(w, {{"t", "read"}, {"req", r.id}, {"n", r.n}, {"tokens", r.tokens}, {"blocks", r.d_blocks},
+    Send(w, {{"t", "read"},
+             {"req", r.id},
+             {"n", r.n},
+             {"tokens", r.tokens},
+             {"blocks", r.d_blocks},
              {"params", r.params}});
 }
 
-void Router::OnEnd(Request& r, size_t w, const json& m) {
+void Router::OnEnd(RequestState& r, size_t w, const json& m) {
   const bool decode = r.d_left.count(w) != 0;
   if (!decode && !r.p_left.count(w)) return;
   std::string outcome, why;
@@ -244,8 +208,8 @@ void Router::OnEnd(Request& r, size_t w, const json& m) {
     uint64_t bad = 0;
     if (GetU64(m, "bad_bytes", &bad) && bad != 0) {
       r.bad_bytes += bad;
-      fmt::print(stderr, "ferry pd: {} on {}: {} bytes did not verify; first: {}\n", r.id, workers_[w].id, bad,
-                 m.value("first_bad", std::string()));
+      fmt::print(stderr, "ferry pd: {} on {}: {} bytes did not verify; first: {}\n", r.id,
+                 workers_[w].id, bad, m.value("first_bad", std::string()));
     }
     if (outcome != "done" && !r.failed) {
       r.failed = true;
@@ -264,7 +228,7 @@ void Router::OnEnd(Request& r, size_t w, const json& m) {
   MaybeFinish(r);
 }
 
-void Router::Abort(Request& r, std::string_view why) {
+void Router::Abort(RequestState& r, std::string_view why) {
   if (!r.failed) {
     r.failed = true;
     r.why = std::string(why);
@@ -275,7 +239,7 @@ void Router::Abort(Request& r, std::string_view why) {
 }
 
 void Router::OnDeath(size_t w) {
-  Worker& wk = workers_[w];
+  WorkerState& wk = workers_[w];
   if (!wk.alive) return;
   wk.alive = false;
   if (wk.final) {  // it reported and left, as asked
@@ -286,19 +250,20 @@ void Router::OnDeath(size_t w) {
   if (Exited(wk.proc.pid)) wk.proc.pid = -1;
   instances_[wk.instance].broken = true;
   if (!wk.rec.killed) fmt::print(stderr, "ferry pd: worker {} died\n", wk.id);
-  for (Request& r : requests_) {
+  for (RequestState& r : requests_) {
     if (!r.running || (!r.p_left.count(w) && !r.d_left.count(w))) continue;
     const bool prefill = r.p_left.erase(w) != 0;
     r.d_left.erase(w);
     // Write mode: the connector of the other side finds the peer gone and ends the request.
-    if (prefill && c_.mode == Mode::kRead && !r.d_told) Abort(r, "prefill worker " + wk.id + " died");
+    if (prefill && c_.mode == Mode::kRead && !r.d_told)
+      Abort(r, "prefill worker " + wk.id + " died");
     MaybeFinish(r);
   }
 }
 
 void Router::Dispatch(Clock::time_point now) {
   while (!queue_.empty()) {
-    Request& r = requests_[queue_.front()];
+    RequestState& r = requests_[queue_.front()];
     auto pick = [&](bool prefill, size_t* rr) -> std::optional<size_t> {
       std::vector<size_t> live;
       for (size_t i = 0; i < instances_.size(); ++i)
@@ -315,8 +280,8 @@ void Router::Dispatch(Clock::time_point now) {
       MaybeFinish(r);
       continue;
     }
-    Instance& pi = instances_[*p];
-    Instance& di = instances_[*d];
+    InstanceState& pi = instances_[*p];
+    InstanceState& di = instances_[*d];
     auto pb = pi.blocks.Allocate((r.tokens + pi.block_tokens - 1) / pi.block_tokens);
     if (!pb) return;  // wait for blocks, first come first served
     auto db = di.blocks.Allocate((r.tokens + di.block_tokens - 1) / di.block_tokens);
@@ -337,19 +302,28 @@ void Router::Dispatch(Clock::time_point now) {
       if (workers_[w].alive) r.d_left.insert(w);
     // A prefill instance computes one request at a time: this one waits for those before it.
     size_t ahead = 0;
-    for (const Request& o : requests_) ahead += o.running && o.p == r.p && !o.p_left.empty() ? 1 : 0;
+    for (const RequestState& o : requests_)
+      ahead += o.running && o.p == r.p && !o.p_left.empty() ? 1 : 0;
     r.deadline = now + 2 * c_.transfer_timeout + std::chrono::seconds(5) +
                  ahead * c_.preset.layers * (c_.layer_time + milliseconds(2));
     if (c_.mode == Mode::kWrite)  // as vLLM's write mode: both sides hear of it at once
       for (size_t w : di.workers)
-        Send(w, {{"t", "expect"}, {"req", r.id}, {"n", r.n}, {"tokens", r.tokens}, {"producer", pi.name},
+        Send(w, {{"t", "expect"},
+                 {"req", r.id},
+                 {"n", r.n},
+                 {"tokens", r.tokens},
+                 {"producer", pi.name},
                  {"blocks", r.d_blocks}});
     for (size_t w : pi.workers)
-      Send(w, {{"t", "prefill"}, {"req", r.id}, {"n", r.n}, {"tokens", r.tokens}, {"blocks", r.p_blocks}});
+      Send(w, {{"t", "prefill"},
+               {"req", r.id},
+               {"n", r.n},
+               {"tokens", r.tokens},
+               {"blocks", r.p_blocks}});
   }
 }
 
-void Router::MaybeFinish(Request& r) {
+void Router::MaybeFinish(RequestState& r) {
   if (!r.running || !r.p_left.empty() || !r.d_left.empty()) return;
   r.running = false;
   if (r.dispatched) --running_;
@@ -368,16 +342,19 @@ void Router::MaybeFinish(Request& r) {
   rec.why = r.why;
   rec.bad_bytes = r.bad_bytes;
   if (rec.end == RequestEnd::kDone) {
-    if (r.computed_ns && r.d_end_ns) rec.exposed_us = std::max<double>(0, (r.d_end_ns - r.computed_ns) / 1e3);
+    if (r.computed_ns && r.d_end_ns)
+      rec.exposed_us = std::max<double>(0, (r.d_end_ns - r.computed_ns) / 1e3);
     for (size_t w : instances_[r.d].workers) {
-      const HeadSlice h = HeadsOf(c_.preset.kv_heads, c_.preset.mla, c_.decode.tp, workers_[w].cfg.tp_rank);
+      const HeadSlice h =
+          HeadsOf(c_.preset.kv_heads, c_.preset.mla, c_.decode.tp, workers_[w].cfg.tp_rank);
       rec.bytes += r.tokens * TokenBytes(c_.preset, h.count);
     }
     bytes_done_ += rec.bytes;
     ++done_;
   } else {
     ++failed_;
-    if (!r.why.empty() && c_.kill_prefill_after == 0) fmt::print(stderr, "ferry pd: {} failed: {}\n", r.id, r.why);
+    if (!r.why.empty() && c_.kill_prefill_after == 0)
+      fmt::print(stderr, "ferry pd: {} failed: {}\n", r.id, r.why);
   }
   records_.push_back(rec);
   ++ended_;
@@ -386,11 +363,11 @@ void Router::MaybeFinish(Request& r) {
 }
 
 void Router::CheckDeadlines(Clock::time_point now) {
-  for (Request& r : requests_) {
+  for (RequestState& r : requests_) {
     if (!r.running || now < r.deadline) continue;
     if (r.dispatched && !r.aborted) {  // stuck: ask every rank still in it to let go
-      fmt::print(stderr, "ferry pd: {} is stuck (ranks left: {} prefill, {} decode); aborting it\n", r.id,
-                 r.p_left.size(), r.d_left.size());
+      fmt::print(stderr, "ferry pd: {} is stuck (ranks left: {} prefill, {} decode); aborting it\n",
+                 r.id, r.p_left.size(), r.d_left.size());
       r.aborted = true;
       Abort(r, "stuck");
       r.deadline = now + c_.transfer_timeout + std::chrono::seconds(5);
@@ -407,7 +384,7 @@ void Router::CheckDeadlines(Clock::time_point now) {
 // one (that request then cannot be done: the fault path runs), else one with requests in flight.
 void Router::Kill() {
   size_t victim = SIZE_MAX;
-  for (const Request& r : requests_)
+  for (const RequestState& r : requests_)
     for (size_t w : r.p_left)
       if (victim == SIZE_MAX && r.running && !r.computed.count(w)) victim = w;
   for (auto it = requests_.rbegin(); it != requests_.rend() && victim == SIZE_MAX; ++it)
@@ -415,12 +392,12 @@ void Router::Kill() {
   for (size_t w = 0; w < workers_.size() && victim == SIZE_MAX; ++w)
     if (workers_[w].cfg.prefill && workers_[w].alive) victim = w;
   if (victim == SIZE_MAX) return;
-  Worker& wk = workers_[victim];
+  WorkerState& wk = workers_[victim];
   killed_ = wk.id;
   wk.rec.killed = true;
   instances_[wk.instance].broken = true;  // no new requests go there
-  fmt::print(stderr, "ferry pd: killing prefill worker {} (pid {}) after {} requests\n", wk.id, wk.proc.pid,
-             ended_);
+  fmt::print(stderr, "ferry pd: killing prefill worker {} (pid {}) after {} requests\n", wk.id,
+             wk.proc.pid, ended_);
   (void)kill(wk.proc.pid, SIGKILL);
 }
 
@@ -428,23 +405,26 @@ void Router::PrintProgress(Clock::time_point now) {
   if (now - last_progress_ < std::chrono::seconds(1)) return;
   last_progress_ = now;
   const double s = std::chrono::duration<double>(now - t0_).count();
-  fmt::print(stderr, "ferry pd: {:.0f} s: {}/{} arrived, {} done, {} failed, {} in flight, {} waiting, {:.2f} GB/s\n",
+  fmt::print(stderr,
+             "ferry pd: {:.0f} s: {}/{} arrived, {} done, {} failed, {} in flight, {} waiting, "
+             "{:.2f} GB/s\n",
              s, arrived_, requests_.size(), done_, failed_, running_, queue_.size(),
              s > 0 ? static_cast<double>(bytes_done_) / s / 1e9 : 0.0);
 }
 
 // Asks every live worker to drain and report; waits for the reports, then for the exits.
 void Router::Stop() {
-  const milliseconds drain = std::chrono::duration_cast<milliseconds>(2 * c_.transfer_timeout) + milliseconds(2000);
+  const milliseconds drain =
+      std::chrono::duration_cast<milliseconds>(2 * c_.transfer_timeout) + milliseconds(2000);
   for (size_t w = 0; w < workers_.size(); ++w) Send(w, {{"t", "stop"}, {"wait_ms", drain.count()}});
   const auto until = Clock::now() + drain + std::chrono::seconds(10);
   for (;;) {
     bool all = true;
-    for (const Worker& w : workers_) all = all && (!w.alive || w.final);
+    for (const WorkerState& w : workers_) all = all && (!w.alive || w.final);
     if (all || Clock::now() >= until) break;
     Poll(milliseconds(50));
   }
-  for (Worker& w : workers_) {
+  for (WorkerState& w : workers_) {
     if (w.alive && !w.final) {
       w.rec.alive = false;
       fmt::print(stderr, "ferry pd: worker {} did not report at the end\n", w.id);
@@ -472,11 +452,13 @@ int Router::Run() {
   while (ended_ < requests_.size()) {
     const auto now = Clock::now();
     if (now >= until) {
-      fmt::print(stderr, "ferry pd: --timeout passed with {} requests not ended\n", requests_.size() - ended_);
+      fmt::print(stderr, "ferry pd: --timeout passed with {} requests not ended\n",
+                 requests_.size() - ended_);
       break;
     }
     const double elapsed = std::chrono::duration<double>(now - t0_).count();
-    while (arrived_ < requests_.size() && c_.arrivals[arrived_].at_s <= elapsed) queue_.push_back(arrived_++);
+    while (arrived_ < requests_.size() && c_.arrivals[arrived_].at_s <= elapsed)
+      queue_.push_back(arrived_++);
     Dispatch(now);
     CheckDeadlines(now);
     PrintProgress(now);
@@ -491,9 +473,11 @@ int Router::Run() {
 }
 
 int Router::Finish() {
-  for (Request& r : requests_) {
-    if (r.running || std::find(queue_.begin(), queue_.end(), r.n) != queue_.end() || r.n >= arrived_) {
-      RequestRecord rec{r.n, r.tokens, RequestEnd::kStuck, -1, 0, 0, "did not end before --timeout"};
+  for (RequestState& r : requests_) {
+    if (r.running || std::find(queue_.begin(), queue_.end(), r.n) != queue_.end() ||
+        r.n >= arrived_) {
+      RequestRecord rec{
+          r.n, r.tokens, RequestEnd::kStuck, -1, 0, 0, "did not end before --timeout"};
       records_.push_back(rec);
     }
   }
@@ -504,16 +488,17 @@ int Router::Finish() {
   facts.mode = c_.mode == Mode::kWrite ? "write" : "read";
   facts.transport = c_.transport;
   facts.memory = c_.memory == MemoryPlace::kHost ? "host" : "gpu";
-  facts.shape = fmt::format("{}P(tp{}, {}) -> {}D(tp{}, {}), blocks of {} -> {} tokens", c_.prefill.instances,
-                            c_.prefill.tp, c_.prefill.layout, c_.decode.instances, c_.decode.tp, c_.decode.layout,
-                            c_.prefill.block_tokens, c_.decode.block_tokens);
+  facts.shape =
+      fmt::format("{}P(tp{}, {}) -> {}D(tp{}, {}), blocks of {} -> {} tokens", c_.prefill.instances,
+                  c_.prefill.tp, c_.prefill.layout, c_.decode.instances, c_.decode.tp,
+                  c_.decode.layout, c_.prefill.block_tokens, c_.decode.block_tokens);
   facts.seconds = seconds;
   facts.fault_run = c_.kill_prefill_after != 0;
   facts.killed = killed_;
-  for (const Instance& inst : instances_)
+  for (const InstanceState& inst : instances_)
     if (!inst.broken) facts.blocks_leaked += inst.blocks.allocated();
   std::vector<WorkerRecord> workers;
-  for (const Worker& w : workers_) workers.push_back(w.rec);
+  for (const WorkerState& w : workers_) workers.push_back(w.rec);
   const Summary s = Summarize(records_, workers, facts);
   if (c_.json) {
     fmt::print("{}\n", ToJson(s, workers, facts).dump());

@@ -17,8 +17,8 @@ double Percentile(std::vector<double> values, double q) {
   return values[std::clamp<size_t>(rank, 1, values.size()) - 1];
 }
 
-Summary Summarize(const std::vector<RequestRecord>& requests, const std::vector<WorkerRecord>& workers,
-                  const RunFacts& facts) {
+Summary Summarize(const std::vector<RequestRecord>& requests,
+                  const std::vector<WorkerRecord>& workers, const RunFacts& facts) {
   Summary s;
   s.requests = requests.size();
   std::vector<double> exposed;
@@ -29,8 +29,12 @@ Summary Summarize(const std::vector<RequestRecord>& requests, const std::vector<
         s.bytes += r.bytes;
         if (r.exposed_us >= 0) exposed.push_back(r.exposed_us);
         break;
-      case RequestEnd::kFailed: ++s.failed; break;
-      case RequestEnd::kStuck: ++s.stuck; break;
+      case RequestEnd::kFailed:
+        ++s.failed;
+        break;
+      case RequestEnd::kStuck:
+        ++s.stuck;
+        break;
     }
     if (r.bad_bytes != 0) ++s.verify_failures;
   }
@@ -43,18 +47,22 @@ Summary Summarize(const std::vector<RequestRecord>& requests, const std::vector<
     if (w.killed) continue;
     s.blocks_leaked += w.held_blocks;
     if (!w.alive) s.problems.push_back(fmt::format("worker {} died", w.id));
-    if (w.pending != 0) s.problems.push_back(fmt::format("worker {} left {} requests pending", w.id, w.pending));
+    if (w.pending != 0)
+      s.problems.push_back(fmt::format("worker {} left {} requests pending", w.id, w.pending));
   }
   if (s.stuck) s.problems.push_back(fmt::format("{} requests stuck", s.stuck));
-  if (s.verify_failures) s.problems.push_back(fmt::format("{} requests failed verification", s.verify_failures));
+  if (s.verify_failures)
+    s.problems.push_back(fmt::format("{} requests failed verification", s.verify_failures));
   if (s.blocks_leaked) s.problems.push_back(fmt::format("{} blocks leaked", s.blocks_leaked));
-  if (s.failed && !facts.fault_run) s.problems.push_back(fmt::format("{} requests failed", s.failed));
+  if (s.failed && !facts.fault_run)
+    s.problems.push_back(fmt::format("{} requests failed", s.failed));
   if (facts.fault_run && facts.killed.empty()) s.problems.push_back("no prefill worker was killed");
   s.ok = s.problems.empty();
   return s;
 }
 
-nlohmann::json ToJson(const Summary& s, const std::vector<WorkerRecord>& workers, const RunFacts& facts) {
+nlohmann::json ToJson(const Summary& s, const std::vector<WorkerRecord>& workers,
+                      const RunFacts& facts) {
   nlohmann::json j = {
       {"ok", s.ok},
       {"model", facts.model},
@@ -69,7 +77,8 @@ nlohmann::json ToJson(const Summary& s, const std::vector<WorkerRecord>& workers
       {"stuck", s.stuck},
       {"verify_failures", s.verify_failures},
       {"blocks_leaked", s.blocks_leaked},
-      {"exposed_us", {{"p50", s.exposed_p50_us}, {"p99", s.exposed_p99_us}, {"max", s.exposed_max_us}}},
+      {"exposed_us",
+       {{"p50", s.exposed_p50_us}, {"p99", s.exposed_p99_us}, {"max", s.exposed_max_us}}},
       {"bytes", s.bytes},
       {"bytes_per_s", s.bytes_per_s},
       {"killed", facts.killed},
@@ -88,35 +97,43 @@ nlohmann::json ToJson(const Summary& s, const std::vector<WorkerRecord>& workers
   return j;
 }
 
-void PrintText(std::FILE* out, const Summary& s, const std::vector<WorkerRecord>& workers, const RunFacts& facts) {
-  fmt::print(out, "ferry pd: {} {} mode over {}, {} memory, {}, {:.2f} s\n", facts.model, facts.mode,
-             facts.transport, facts.memory, facts.shape, facts.seconds);
-  fmt::print(out, "requests: {} done, {} failed, {} stuck of {}{}\n", s.done, s.failed, s.stuck, s.requests,
-             facts.killed.empty() ? "" : fmt::format(" (killed {})", facts.killed));
-  fmt::print(out, "exposed transfer time after the last layer: p50 {:.0f} us, p99 {:.0f} us, max {:.0f} us\n",
-             s.exposed_p50_us, s.exposed_p99_us, s.exposed_max_us);
-  fmt::print(out, "moved {} of KV, {:.2f} GB/s over the run; verified: {} requests failed the check\n",
+void PrintText(std::FILE* out, const Summary& s, const std::vector<WorkerRecord>& workers,
+               const RunFacts& facts) {
+  fmt::print(out, "ferry pd: {} {} mode over {}, {} memory, {}, {:.2f} s\n", facts.model,
+             facts.mode, facts.transport, facts.memory, facts.shape, facts.seconds);
+  fmt::print(out, "requests: {} done, {} failed, {} stuck of {}{}\n", s.done, s.failed, s.stuck,
+             s.requests, facts.killed.empty() ? "" : fmt::format(" (killed {})", facts.killed));
+  fmt::print(
+      out,
+      "exposed transfer time after the last layer: p50 {:.0f} us, p99 {:.0f} us, max {:.0f} us\n",
+      s.exposed_p50_us, s.exposed_p99_us, s.exposed_max_us);
+  fmt::print(out,
+             "moved {} of KV, {:.2f} GB/s over the run; verified: {} requests failed the check\n",
              FormatBytes(s.bytes), s.bytes_per_s / 1e9, s.verify_failures);
   fmt::print(out, "blocks leaked: {}\n", s.blocks_leaked);
   Table table;
-  for (const char* title : {"worker", "state", "done", "failed", "aborted", "layers", "bytes", "deferred",
-                            "peers lost", "pending"})
+  for (const char* title : {"worker", "state", "done", "failed", "aborted", "layers", "bytes",
+                            "deferred", "peers lost", "pending"})
     table.AddColumn(title);
   for (const WorkerRecord& w : workers) {
     auto n = [&](const char* key) {
       auto it = w.stats.find(key);
-      return it != w.stats.end() && it->is_number_unsigned() ? std::to_string(it->get<uint64_t>()) : "-";
+      return it != w.stats.end() && it->is_number_unsigned() ? std::to_string(it->get<uint64_t>())
+                                                             : "-";
     };
-    const uint64_t layers = (w.stats.contains("layers_written") && w.stats["layers_written"].is_number_unsigned()
-                                 ? w.stats["layers_written"].get<uint64_t>()
-                                 : 0) +
-                            (w.stats.contains("layers_read") && w.stats["layers_read"].is_number_unsigned()
-                                 ? w.stats["layers_read"].get<uint64_t>()
-                                 : 0);
-    table.AddRow({w.id, w.killed ? "killed" : (w.alive ? "ok" : "DIED"), n("requests_done"), n("requests_failed"),
-                  n("requests_aborted"), w.stats.empty() ? "-" : std::to_string(layers),
-                  w.stats.contains("bytes") ? FormatBytes(w.stats.value("bytes", uint64_t{0})) : "-",
-                  n("layers_deferred"), n("peers_lost"), std::to_string(w.pending)});
+    const uint64_t layers =
+        (w.stats.contains("layers_written") && w.stats["layers_written"].is_number_unsigned()
+             ? w.stats["layers_written"].get<uint64_t>()
+             : 0) +
+        (w.stats.contains("layers_read") && w.stats["layers_read"].is_number_unsigned()
+             ? w.stats["layers_read"].get<uint64_t>()
+             : 0);
+    table.AddRow(
+        {w.id, w.killed ? "killed" : (w.alive ? "ok" : "DIED"), n("requests_done"),
+         n("requests_failed"), n("requests_aborted"),
+         w.stats.empty() ? "-" : std::to_string(layers),
+         w.stats.contains("bytes") ? FormatBytes(w.stats.value("bytes", uint64_t{0})) : "-",
+         n("layers_deferred"), n("peers_lost"), std::to_string(w.pending)});
   }
   table.Print(out);
   if (s.ok) {

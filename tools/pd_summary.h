@@ -18,8 +18,9 @@ struct RequestRecord {
   uint64_t id = 0;
   uint64_t tokens = 0;
   RequestEnd end = RequestEnd::kStuck;
-  double exposed_us = -1;  // Seal (or HoldForRead) of the last producer rank to the decode side's end
-  uint64_t bytes = 0;      // KV bytes the decode instance received
+  double exposed_us =
+      -1;              // Seal (or HoldForRead) of the last producer rank to the decode side's end
+  uint64_t bytes = 0;  // KV bytes the decode instance received
   uint64_t bad_bytes = 0;  // bytes that did not verify
   std::string why;         // when not done
 };
@@ -27,11 +28,11 @@ struct RequestRecord {
 struct WorkerRecord {
   std::string id;  // "p0/dp0/tp1"
   bool prefill = true;
-  bool alive = true;      // answered at the end
-  bool killed = false;    // by --kill-prefill-after
-  uint64_t pending = 0;   // requests the connector had not ended
+  bool alive = true;         // answered at the end
+  bool killed = false;       // by --kill-prefill-after
+  uint64_t pending = 0;      // requests the connector had not ended
   uint64_t held_blocks = 0;  // blocks of requests this worker was still in
-  nlohmann::json stats;   // the connector's counters
+  nlohmann::json stats;      // the connector's counters
 };
 
 struct RunFacts {
@@ -64,11 +65,13 @@ struct Summary {
 
 // The run is ok when no request is stuck or failed a check, nothing leaked, every surviving
 // worker ended every request, and (outside a fault run) every request is done.
-Summary Summarize(const std::vector<RequestRecord>& requests, const std::vector<WorkerRecord>& workers,
-                  const RunFacts& facts);
+Summary Summarize(const std::vector<RequestRecord>& requests,
+                  const std::vector<WorkerRecord>& workers, const RunFacts& facts);
 
-nlohmann::json ToJson(const Summary& s, const std::vector<WorkerRecord>& workers, const RunFacts& facts);
-void PrintText(std::FILE* out, const Summary& s, const std::vector<WorkerRecord>& workers, const RunFacts& facts);
+nlohmann::json ToJson(const Summary& s, const std::vector<WorkerRecord>& workers,
+                      const RunFacts& facts);
+void PrintText(std::FILE* out, const Summary& s, const std::vector<WorkerRecord>& workers,
+               const RunFacts& facts);
 
 // Nearest-rank percentile q in (0, 1] of `values` (sorted here); 0 for none.
 double Percentile(std::vector<double> values, double q);

@@ -39,21 +39,31 @@ struct Held {
 
 std::string_view OutcomeName(kv::Outcome o) {
   switch (o) {
-    case kv::Outcome::kDone: return "done";
-    case kv::Outcome::kFailed: return "failed";
-    case kv::Outcome::kAborted: return "aborted";
+    case kv::Outcome::kDone:
+      return "done";
+    case kv::Outcome::kFailed:
+      return "failed";
+    case kv::Outcome::kAborted:
+      return "aborted";
   }
   return "?";
 }
 
 json StatsJson(const kv::ConnectorStats& s) {
-  return {{"requests_done", s.requests_done},     {"requests_failed", s.requests_failed},
-          {"requests_aborted", s.requests_aborted}, {"layers_written", s.layers_written},
-          {"layers_read", s.layers_read},         {"layers_deferred", s.layers_deferred},
-          {"bytes", s.bytes},                     {"ops_posted", s.ops_posted},
-          {"messages_sent", s.messages_sent},     {"messages_received", s.messages_received},
-          {"messages_rejected", s.messages_rejected}, {"blocks_expired", s.blocks_expired},
-          {"checksum_failures", s.checksum_failures}, {"peers_lost", s.peers_lost}};
+  return {{"requests_done", s.requests_done},
+          {"requests_failed", s.requests_failed},
+          {"requests_aborted", s.requests_aborted},
+          {"layers_written", s.layers_written},
+          {"layers_read", s.layers_read},
+          {"layers_deferred", s.layers_deferred},
+          {"bytes", s.bytes},
+          {"ops_posted", s.ops_posted},
+          {"messages_sent", s.messages_sent},
+          {"messages_received", s.messages_received},
+          {"messages_rejected", s.messages_rejected},
+          {"blocks_expired", s.blocks_expired},
+          {"checksum_failures", s.checksum_failures},
+          {"peers_lost", s.peers_lost}};
 }
 
 class Worker {
@@ -95,7 +105,8 @@ class Worker {
 
 Status Worker::Setup() {
   std::vector<json> lines;
-  for (int i = 0; i < 100 && lines.empty(); ++i) FERRY_RETURN_IF_ERROR(ch_.Receive(&lines, milliseconds(100)));
+  for (int i = 0; i < 100 && lines.empty(); ++i)
+    FERRY_RETURN_IF_ERROR(ch_.Receive(&lines, milliseconds(100)));
   if (lines.empty() || TypeOf(lines[0]) != "config" || !lines[0].contains("config"))
     return Status(Code::kInvalidArgument, "the router sent no config");
   FERRY_ASSIGN_OR_RETURN(cfg_, WorkerConfig::FromJson(lines[0]["config"].dump()));
@@ -121,7 +132,8 @@ Status Worker::Setup() {
   eo.copy_threads = 1;  // many workers share the host's cores
   FERRY_ASSIGN_OR_RETURN(engine_, Engine::Create(eo));
   const HeadSlice heads = HeadsOf(id.total_kv_heads, id.mla, id.tp_size, id.tp_rank);
-  FERRY_ASSIGN_OR_RETURN(cache_, KvCache::Create(engine_.get(), layout, cfg_.gpu, cfg_.device, heads));
+  FERRY_ASSIGN_OR_RETURN(cache_,
+                         KvCache::Create(engine_.get(), layout, cfg_.gpu, cfg_.device, heads));
 
   kv::ConnectorOptions co;
   co.role = cfg_.prefill ? kv::Role::kProducer : kv::Role::kConsumer;
@@ -133,9 +145,11 @@ Status Worker::Setup() {
   co.abort_timeout = 2 * co.transfer_timeout;
   co.liveness_interval = milliseconds(250);
   co.checksums = cfg_.checksums;
-  FERRY_ASSIGN_OR_RETURN(conn_, kv::Connector::Create(engine_.get(), cache_->layout(), cache_->regions(), co));
+  FERRY_ASSIGN_OR_RETURN(
+      conn_, kv::Connector::Create(engine_.get(), cache_->layout(), cache_->regions(), co));
   FERRY_ASSIGN_OR_RETURN(std::string addr, conn_->ServeHandshake());
-  Report({{"t", "ready"}, {"addr", addr}, {"id", conn_->id().ToString()}, {"bytes", cache_->bytes()}});
+  Report(
+      {{"t", "ready"}, {"addr", addr}, {"id", conn_->id().ToString()}, {"bytes", cache_->bytes()}});
   return Status::Ok();
 }
 
@@ -164,10 +178,12 @@ bool Worker::Handle(const json& m) {
   const std::string t = TypeOf(m);
   if (t == "peers") {
     Status s;
-    if (!m.contains("addrs") || !m["addrs"].is_array()) s = Status(Code::kInvalidArgument, "peers without addrs");
+    if (!m.contains("addrs") || !m["addrs"].is_array())
+      s = Status(Code::kInvalidArgument, "peers without addrs");
     for (const json& a : m.value("addrs", json::array())) {
       if (!s.ok()) break;
-      s = a.is_string() ? conn_->AddPeerFrom(a.get<std::string>()) : Status(Code::kInvalidArgument, "bad address");
+      s = a.is_string() ? conn_->AddPeerFrom(a.get<std::string>())
+                        : Status(Code::kInvalidArgument, "bad address");
     }
     Report(s.ok() ? json{{"t", "peered"}} : json{{"t", "error"}, {"why", s.ToString()}});
     return true;
@@ -193,9 +209,10 @@ bool Worker::Handle(const json& m) {
               : Status(Code::kInvalidArgument, "expect without a producer");
     } else {
       std::string hex, packed;
-      auto params = GetString(m, "params", &hex) && FromHex(hex, &packed)
-                        ? kv::ReadParams::Unpack(packed)
-                        : Result<kv::ReadParams>(Status(Code::kInvalidArgument, "read without params"));
+      auto params =
+          GetString(m, "params", &hex) && FromHex(hex, &packed)
+              ? kv::ReadParams::Unpack(packed)
+              : Result<kv::ReadParams>(Status(Code::kInvalidArgument, "read without params"));
       s = params.ok() ? conn_->StartRead(*params, job.blocks) : params.status();
       if (s.ok()) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -256,7 +273,8 @@ void Worker::ComputeLoop() {
       auto params = conn_->HoldForRead(job.req, job.blocks, job.tokens);
       const int64_t ns = computed_ns;
       s = params.status();
-      if (s.ok()) Report({{"t", "held"}, {"req", job.req}, {"ns", ns}, {"params", ToHex(params->Pack())}});
+      if (s.ok())
+        Report({{"t", "held"}, {"req", job.req}, {"ns", ns}, {"params", ToHex(params->Pack())}});
     }
     if (!s.ok() && !conn_->Abort(job.req).ok()) EndNow(job.req, s.ToString());
   }
@@ -280,7 +298,8 @@ void Worker::ReadLoop() {
       all = conn_->WaitLayer(job.req, layer, timeout).ok();
     if (all) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (auto it = held_.find(job.req); it != held_.end()) it->second.last_layer_ns = MonotonicNs();
+      if (auto it = held_.find(job.req); it != held_.end())
+        it->second.last_layer_ns = MonotonicNs();
     }
   }
 }
@@ -301,9 +320,13 @@ void Worker::FinishLoop() {
         known = it != held_.end();
         if (known) h = it->second;
       }
-      json m = {{"t", "end"}, {"req", f.request}, {"outcome", OutcomeName(f.outcome)},
-                {"why", f.status.ok() ? "" : f.status.ToString()}, {"ns", h.last_layer_ns ? h.last_layer_ns : ns}};
-      if (!known) Log("the connector ended request " + f.request + ", which this worker does not hold");
+      json m = {{"t", "end"},
+                {"req", f.request},
+                {"outcome", OutcomeName(f.outcome)},
+                {"why", f.status.ok() ? "" : f.status.ToString()},
+                {"ns", h.last_layer_ns ? h.last_layer_ns : ns}};
+      if (!known)
+        Log("the connector ended request " + f.request + ", which this worker does not hold");
       if (known && !cfg_.prefill && f.outcome == kv::Outcome::kDone) {
         auto r = cache_->Check(h.n, h.blocks, h.tokens);
         m["checked"] = r.ok() ? r->bytes_checked : 0;
