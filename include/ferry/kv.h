@@ -47,6 +47,10 @@
 
 namespace ferry::kv {
 
+namespace internal {
+struct ConnectorAccess;
+}  // namespace internal
+
 // The version of the connector's messages and metadata (part of the compatibility hash).
 inline constexpr uint32_t kKvVersion = 1;
 // The engine notification topic the connector's messages travel on.
@@ -306,6 +310,7 @@ class Connector {
   ConnectorStats stats() const;
 
  private:
+  friend struct internal::ConnectorAccess;
   struct Impl;
   explicit Connector(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

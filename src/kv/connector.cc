@@ -303,6 +303,7 @@ void Connector::Impl::HandleNotification(const Notification& n) {
     FERRY_LOG_WARN("kv {}: rejected a message from {}: {}", id.ToString(), n.from, m.status().ToString());
     return;
   }
+  if (drop_on_arrival && drop_on_arrival(*m)) return;
   Count(&ConnectorStats::messages_received);
   switch (m->type) {
     case MsgType::kPing: return;

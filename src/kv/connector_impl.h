@@ -258,8 +258,22 @@ struct Connector::Impl {
   void ProgressConsumer(ConsumerRequest& r);
   void ConsumerTimers(TimePoint now);
   void ConsumerPeerLost(const std::string& engine_key, const Status& why);
+  // Tests: a message for which this returns true is dropped on arrival, as if lost on the way.
+  std::function<bool(const Message&)> drop_on_arrival;  // set before traffic starts
+
   // With options.checksums: OK when every layer the source wrote hashes here as it did there.
   Status VerifyChecksums(const ConsumerRequest& r, const internal::Source& s, const Message& completion);
 };
 
 }  // namespace ferry::kv
+
+namespace ferry::kv::internal {
+
+// Tests reach a connector's insides through this.
+struct ConnectorAccess {
+  static void DropOnArrival(Connector& c, std::function<bool(const Message&)> drop) {
+    c.impl_->Post([impl = c.impl_.get(), drop = std::move(drop)]() mutable { impl->drop_on_arrival = std::move(drop); });
+  }
+};
+
+}  // namespace ferry::kv::internal

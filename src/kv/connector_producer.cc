@@ -18,6 +18,9 @@
 namespace ferry::kv {
 
 using internal::Target;
+
+// Bound of the ended or aborted requests a producer remembers (tombstones).
+constexpr size_t kMaxTombstones = 1u << 20;
 using TState = internal::Target::State;
 
 ProducerRequest& Connector::Impl::NewProducer(const std::string& request, bool read_mode) {
@@ -312,8 +315,10 @@ void Connector::Impl::OnConsumerAbort(const Message& m, const std::string& from_
   auto it = producing.find(m.request);
   if (it == producing.end() || it->second.ended) {
     // Nothing of it is in flight here: confirm at once, and fail a later save of it fast.
-    auto& t = tombstones[m.request];
-    t.until = Clock::now() + options.abort_timeout;
+    if (tombstones.size() < kMaxTombstones || tombstones.count(m.request)) {
+      auto& t = tombstones[m.request];
+      t.until = Clock::now() + options.abort_timeout;
+    }
     (void)Send(from_key, Base(MsgType::kAbortAck, m.request));
     return;
   }
@@ -393,9 +398,14 @@ void Connector::Impl::ProgressProducer(ProducerRequest& r) {
   if (f.outcome != Outcome::kDone) {
     // Late calls and messages about it (a save after a deferred-write timeout, an allocation
     // that crossed the failure) are ignored or refused for a while, not taken as a new request.
-    auto& tomb = tombstones[r.id];
-    tomb.until = Clock::now() + std::max(options.deferred_write_timeout, options.transfer_timeout);
-    tomb.ended_here = true;
+    // Kept as long as a consumer may still abort or a save may still come (abort_timeout), at
+    // most kMaxTombstones of them (past that, a late save opens a request that fails by its
+    // deferred-write timeout).
+    if (tombstones.size() < kMaxTombstones || tombstones.count(r.id)) {
+      auto& tomb = tombstones[r.id];
+      tomb.until = Clock::now() + options.abort_timeout;
+      tomb.ended_here = true;
+    }
   }
   std::string rid = r.id;
   producing.erase(rid);
