@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/endian.h"
+#include "base/os.h"
 
 namespace ferry::kv {
 namespace {
@@ -227,7 +228,9 @@ TEST(Handshake, HostileClientsAreDroppedAndCounted) {
   EXPECT_TRUE(WaitUntil([&] { return server->rejected() == 4; })) << server->rejected();
   got = FetchMetadata(server->address(), std::chrono::seconds(5));
   ASSERT_TRUE(got.ok()) << got.status().ToString();
-  EXPECT_EQ(server->served(), 2u);
+  // Counted once the server has sent the last byte, which may be after the client has it.
+  EXPECT_TRUE(WaitUntil([&] { return server->served() == 2; })) << server->served();
+  EXPECT_EQ(server->rejected(), 4u);
 }
 
 TEST(Handshake, ConnectionsOverTheBoundAreClosedAtOnce) {
@@ -269,6 +272,25 @@ TEST(Handshake, ManyConcurrentFetches) {
   EXPECT_EQ(ok.load(), 128);
   EXPECT_TRUE(WaitUntil([&] { return server->served() == 128; }));
   EXPECT_EQ(server->rejected(), 0u);
+}
+
+// Sockets come from the OS seam: a failure there is a clean error on either side.
+class NoSockets : public os::EnvWrapper {
+ public:
+  NoSockets() : os::EnvWrapper(os::Env::Default()) {}
+  int Socket(int, int, int) override {
+    errno = EMFILE;
+    return -1;
+  }
+};
+
+TEST(Handshake, SocketFailureThroughTheSeam) {
+  // No server runs while the Env is swapped (it must outlive every call made through it).
+  NoSockets env;
+  os::ScopedEnv scoped(&env);
+  EXPECT_EQ(FetchMetadata("127.0.0.1:9", std::chrono::seconds(1)).status().code(),
+            Code::kResourceExhausted);
+  EXPECT_EQ(HandshakeServer::Start("meta").status().code(), Code::kResourceExhausted);
 }
 
 TEST(Handshake, DestructionClosesOpenConnections) {
