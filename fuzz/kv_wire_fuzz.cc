@@ -24,10 +24,9 @@ bool Refused(const ferry::Result<T>& r) {
 
 bool Same(const Message& a, const Message& b) {
   return a.type == b.type && a.request == b.request && a.from == b.from &&
-         a.from_tp_size == b.from_tp_size && a.blocks == b.blocks &&
-         a.num_tokens == b.num_tokens && a.first_token == b.first_token &&
-         a.handshake == b.handshake && a.layers == b.layers && a.checksums == b.checksums &&
-         a.code == b.code && a.error == b.error;
+         a.from_tp_size == b.from_tp_size && a.blocks == b.blocks && a.num_tokens == b.num_tokens &&
+         a.first_token == b.first_token && a.handshake == b.handshake && a.layers == b.layers &&
+         a.checksums == b.checksums && a.code == b.code && a.error == b.error;
 }
 
 bool Same(const ReadParams& a, const ReadParams& b) {
@@ -37,9 +36,8 @@ bool Same(const ReadParams& a, const ReadParams& b) {
 }
 
 bool Same(const WorkerMetadata& a, const WorkerMetadata& b) {
-  return a.version == b.version && a.id == b.id && a.engine == b.engine &&
-         a.layout == b.layout && a.regions == b.regions &&
-         a.compatibility_hash == b.compatibility_hash;
+  return a.version == b.version && a.id == b.id && a.engine == b.engine && a.layout == b.layout &&
+         a.regions == b.regions && a.compatibility_hash == b.compatibility_hash;
 }
 
 void CheckMessage(std::string_view bytes) {
@@ -90,10 +88,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string_view bytes(reinterpret_cast<const char*>(data) + 1, size - 1);
   switch (data[0] % 4) {
-    case 0: CheckMessage(bytes); break;
-    case 1: CheckLayout(bytes); break;
-    case 2: CheckMetadata(bytes); break;
-    default: CheckReadParams(bytes); break;
+    case 0:
+      CheckMessage(bytes);
+      break;
+    case 1:
+      CheckLayout(bytes);
+      break;
+    case 2:
+      CheckMetadata(bytes);
+      break;
+    default:
+      CheckReadParams(bytes);
+      break;
   }
   return 0;
 }

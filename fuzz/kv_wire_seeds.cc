@@ -18,8 +18,7 @@ std::string g_dir;
 int g_count = 0;
 
 void Write(char selector, const std::string& bytes) {
-  std::ofstream(g_dir + "/seed" + std::to_string(g_count++), std::ios::binary)
-      << selector << bytes;
+  std::ofstream(g_dir + "/seed" + std::to_string(g_count++), std::ios::binary) << selector << bytes;
 }
 
 CacheLayout Layout(TensorOrder order, bool one_region) {

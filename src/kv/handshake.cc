@@ -138,10 +138,10 @@ Status RecvExact(int fd, size_t bytes, std::string* out, const Deadline& d) {
 struct Connection {
   UniqueFd fd;
   Deadline deadline;
-  std::string request;                         // bytes of the request read so far
-  std::shared_ptr<const std::string> answer;   // set once the request is complete
+  std::string request;                        // bytes of the request read so far
+  std::shared_ptr<const std::string> answer;  // set once the request is complete
   char header[kHeaderBytes] = {};
-  size_t sent = 0;                             // of header and answer together
+  size_t sent = 0;  // of header and answer together
 };
 
 enum class Step { kWait, kDone, kDrop };
@@ -289,7 +289,8 @@ Result<std::unique_ptr<HandshakeServer>> HandshakeServer::Start(std::string meta
   const std::string where = options.host + ":" + std::to_string(options.port);
   if (env->Bind(impl->listener.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0)
     return os::ErrnoStatus("handshake bind " + where, errno);
-  const int backlog = static_cast<int>(std::min<size_t>(std::max<size_t>(options.max_connections, 128), SOMAXCONN));
+  const int backlog =
+      static_cast<int>(std::min<size_t>(std::max<size_t>(options.max_connections, 128), SOMAXCONN));
   if (env->Listen(impl->listener.get(), backlog) != 0)
     return os::ErrnoStatus("handshake listen " + where, errno);
   sockaddr_in bound{};

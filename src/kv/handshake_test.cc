@@ -3,11 +3,10 @@
 #include "kv/handshake.h"
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
@@ -145,8 +144,8 @@ TEST(Handshake, BadOptionsAndAddresses) {
   bad = {};
   bad.io_timeout = milliseconds(0);
   EXPECT_EQ(HandshakeServer::Start("m", bad).status().code(), Code::kInvalidArgument);
-  for (const char* a : {"", "host", "1.2.3.4:99999", "1.2.3.4:0", "1.2.3.4:", ":80",
-                        "1.2.3.4:80x", "1.2.3:80", "example.com:80", "1.2.3.4:-1"}) {
+  for (const char* a : {"", "host", "1.2.3.4:99999", "1.2.3.4:0", "1.2.3.4:", ":80", "1.2.3.4:80x",
+                        "1.2.3:80", "example.com:80", "1.2.3.4:-1"}) {
     EXPECT_EQ(FetchMetadata(a, milliseconds(100)).status().code(), Code::kInvalidArgument) << a;
   }
 }

@@ -25,19 +25,23 @@ constexpr uint32_t kTensorFields = 5;
 constexpr uint32_t kMetadataFields = 4;
 constexpr uint32_t kBodyFields = 6;
 // Every layer with K and V (10 integers of at most 9 bytes), every region size, and the rest.
-constexpr size_t kMaxLayoutBytes = kMaxLayers * (3 + 2 * kTensorFields * 9) + kMaxRegions * 9 +
-                                   kMaxNameBytes + 1024;
+constexpr size_t kMaxLayoutBytes =
+    kMaxLayers * (3 + 2 * kTensorFields * 9) + kMaxRegions * 9 + kMaxNameBytes + 1024;
 
 Status Malformed(std::string_view what, std::string detail) {
-  return Status(Code::kInvalidArgument, "malformed " + std::string(what) + ": " + std::move(detail));
+  return Status(Code::kInvalidArgument,
+                "malformed " + std::string(what) + ": " + std::move(detail));
 }
 
 template <typename T>
 Status Differs(std::string_view field, const T& a, const T& b) {
   auto str = [](const T& v) {
-    if constexpr (std::is_same_v<T, bool>) return std::string(v ? "true" : "false");
-    else if constexpr (std::is_same_v<T, std::string>) return v;
-    else return std::to_string(v);
+    if constexpr (std::is_same_v<T, bool>)
+      return std::string(v ? "true" : "false");
+    else if constexpr (std::is_same_v<T, std::string>)
+      return v;
+    else
+      return std::to_string(v);
   };
   return Status(Code::kInvalidArgument, std::string(field) + ": " + str(a) + " vs " + str(b));
 }
@@ -161,8 +165,8 @@ Result<CacheLayout> CacheLayout::Unpack(std::string_view bytes) {
   codec::ArrayReader r = reader.root();
   FERRY_RETURN_IF_ERROR(CheckHeader(r, kLayoutMagic, "layout"));
   if (r.size() != kLayoutFields)
-    return Malformed("layout", std::to_string(r.size()) + " fields, not " +
-                                   std::to_string(kLayoutFields));
+    return Malformed("layout",
+                     std::to_string(r.size()) + " fields, not " + std::to_string(kLayoutFields));
   CacheLayout c;
   FERRY_ASSIGN_OR_RETURN(std::string_view model, r.Bytes("model", kMaxNameBytes));
   c.model = std::string(model);
@@ -240,8 +244,8 @@ Result<WorkerMetadata> WorkerMetadata::Unpack(std::string_view bytes) {
   WorkerMetadata m;
   FERRY_RETURN_IF_ERROR(CheckHeader(e, kMetadataMagic, kWhat, &m.version));
   if (e.size() != kMetadataFields)
-    return Malformed(kWhat, std::to_string(e.size()) + " fields, not " +
-                                std::to_string(kMetadataFields));
+    return Malformed(kWhat,
+                     std::to_string(e.size()) + " fields, not " + std::to_string(kMetadataFields));
   FERRY_ASSIGN_OR_RETURN(m.compatibility_hash, e.UInt("compatibility_hash"));
   FERRY_ASSIGN_OR_RETURN(std::string_view body_bytes, e.Bytes("body", kMaxHandshakeBytes));
 

@@ -120,8 +120,8 @@ Result<std::string> Str(codec::ArrayReader& r, std::string_view field, size_t mi
 Status CheckVersion(codec::ArrayReader& r, std::string_view what) {
   FERRY_ASSIGN_OR_RETURN(uint64_t version, r.UInt("version"));
   if (version != kKvVersion)
-    return Status(Code::kInvalidArgument, std::string(what) + " version: " +
-                                              std::to_string(version) + " vs " +
+    return Status(Code::kInvalidArgument, std::string(what) +
+                                              " version: " + std::to_string(version) + " vs " +
                                               std::to_string(kKvVersion));
   return Status::Ok();
 }
@@ -148,13 +148,20 @@ Status GetWorker(codec::ArrayReader& r, WorkerId* id, uint32_t* tp_size) {
 
 std::string_view MsgTypeName(MsgType type) {
   switch (type) {
-    case MsgType::kAllocation: return "allocation";
-    case MsgType::kCompletion: return "completion";
-    case MsgType::kWriteFailed: return "write_failed";
-    case MsgType::kRelease: return "release";
-    case MsgType::kAbort: return "abort";
-    case MsgType::kAbortAck: return "abort_ack";
-    case MsgType::kPing: return "ping";
+    case MsgType::kAllocation:
+      return "allocation";
+    case MsgType::kCompletion:
+      return "completion";
+    case MsgType::kWriteFailed:
+      return "write_failed";
+    case MsgType::kRelease:
+      return "release";
+    case MsgType::kAbort:
+      return "abort";
+    case MsgType::kAbortAck:
+      return "abort_ack";
+    case MsgType::kPing:
+      return "ping";
   }
   return "unknown";
 }

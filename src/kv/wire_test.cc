@@ -235,36 +235,54 @@ TEST(KvWire, ShapeIsChecked) {
     SCOPED_TRACE(i);
     const bool stringy = i == 2 || i == 3 || i == 7 || i == 10 || i == 14;
     ExpectInvalid(WithField(i, [stringy](codec::Writer& w) {
-      if (stringy) w.Array(0); else w.Str("x");
+      if (stringy)
+        w.Array(0);
+      else
+        w.Str("x");
     }));
   }
 }
 
 TEST(KvWire, FieldsOverTheirBoundsAreRefused) {
   ExpectInvalid(WithField(2, [](codec::Writer& w) { w.Str(""); }), "request");
-  ExpectInvalid(WithField(2, [](codec::Writer& w) { w.Str(std::string(kMaxRequestIdBytes + 1, 'r')); }),
-                "request");
+  ExpectInvalid(
+      WithField(2, [](codec::Writer& w) { w.Str(std::string(kMaxRequestIdBytes + 1, 'r')); }),
+      "request");
   ExpectInvalid(WithField(3, [](codec::Writer& w) { w.Str(""); }), "instance");
   ExpectInvalid(WithField(3, [](codec::Writer& w) { w.Str(std::string(kMaxNameBytes + 1, 'i')); }),
                 "instance");
-  ExpectInvalid(WithField(4, [](codec::Writer& w) { w.UInt(uint64_t{UINT32_MAX} + 1); }), "dp_rank");
+  ExpectInvalid(WithField(4, [](codec::Writer& w) { w.UInt(uint64_t{UINT32_MAX} + 1); }),
+                "dp_rank");
   ExpectInvalid(WithField(5, [](codec::Writer& w) { w.UInt(1); }), "tp_rank 1 of tp_size 1");
   ExpectInvalid(WithField(6, [](codec::Writer& w) { w.UInt(0); }), "tp_size");
   ExpectInvalid(WithField(6, [](codec::Writer& w) { w.UInt(kMaxTpSize + 1); }), "tp_size");
-  ExpectInvalid(WithField(10, [](codec::Writer& w) { w.Str(std::string(kMaxAddressBytes + 1, 'h')); }),
-                "handshake");
+  ExpectInvalid(
+      WithField(10, [](codec::Writer& w) { w.Str(std::string(kMaxAddressBytes + 1, 'h')); }),
+      "handshake");
   ExpectInvalid(WithField(11, [](codec::Writer& w) { w.UInt(kMaxMessageLayers + 1); }), "layers");
   ExpectInvalid(WithField(13, [](codec::Writer& w) { w.UInt(256); }), "code");
-  ExpectInvalid(WithField(14, [](codec::Writer& w) { w.Str(std::string(kMaxErrorBytes + 1, 'e')); }),
-                "error");
+  ExpectInvalid(
+      WithField(14, [](codec::Writer& w) { w.Str(std::string(kMaxErrorBytes + 1, 'e')); }),
+      "error");
   // Checksums: none, or one per layer.
   auto fields = ValidFields();
   fields[11] = [](codec::Writer& w) { w.UInt(2); };
-  fields[12] = [](codec::Writer& w) { w.Array(1); w.UInt(5); };
+  fields[12] = [](codec::Writer& w) {
+    w.Array(1);
+    w.UInt(5);
+  };
   ExpectInvalid(Write(fields), "checksums");
-  fields[12] = [](codec::Writer& w) { w.Array(2); w.UInt(5); w.Str("x"); };
+  fields[12] = [](codec::Writer& w) {
+    w.Array(2);
+    w.UInt(5);
+    w.Str("x");
+  };
   ExpectInvalid(Write(fields), "checksum");
-  fields[12] = [](codec::Writer& w) { w.Array(2); w.UInt(5); w.UInt(6); };
+  fields[12] = [](codec::Writer& w) {
+    w.Array(2);
+    w.UInt(5);
+    w.UInt(6);
+  };
   EXPECT_TRUE(Decode(Write(fields)).ok());
   // A ping needs no request; anything else does.
   fields = ValidFields();
@@ -277,10 +295,10 @@ TEST(KvWire, MalformedRunsAreRefused) {
   auto with_runs = [](std::string runs) {
     return WithField(7, [runs](codec::Writer& w) { w.Bin(runs); });
   };
-  ExpectInvalid(with_runs(Varint(5)), "cut off");                          // first without count
-  ExpectInvalid(with_runs(std::string("\x85", 1)), "cut off");             // a varint cut off
+  ExpectInvalid(with_runs(Varint(5)), "cut off");               // first without count
+  ExpectInvalid(with_runs(std::string("\x85", 1)), "cut off");  // a varint cut off
   ExpectInvalid(with_runs(Runs({{5, 0}})), "no blocks");
-  ExpectInvalid(with_runs(std::string(11, '\xff')), "cut off");            // over 64 bits
+  ExpectInvalid(with_runs(std::string(11, '\xff')), "cut off");  // over 64 bits
   ExpectInvalid(with_runs(std::string(9, '\xff') + "\x02" + "\x01"), "cut off");
   // Runs whose expanded count passes the bound, alone or together (and without overflow).
   ExpectInvalid(with_runs(Runs({{0, kMaxMessageBlocks + 1}})), "more than");
@@ -442,7 +460,8 @@ TEST(KvLayoutWire, CompatibilityHashIsStableAndCoversTheIdentity) {
   const CacheLayout base = Layout();
   // A golden value: the hash travels between builds and hosts, so it must never change by
   // accident (change it only with kKvVersion).
-  EXPECT_EQ(base.CompatibilityHash(), 0xf102cd138790a06aull) << std::hex << base.CompatibilityHash();
+  EXPECT_EQ(base.CompatibilityHash(), 0xf102cd138790a06aull)
+      << std::hex << base.CompatibilityHash();
   // What may differ between the sides does not change it.
   CacheLayout other = Layout(TensorOrder::kSeparateHnd, true);
   other.tp_rank = 0;
@@ -453,7 +472,7 @@ TEST(KvLayoutWire, CompatibilityHashIsStableAndCoversTheIdentity) {
   EXPECT_EQ(other.CompatibilityHash(), base.CompatibilityHash());
   // Each field that must agree does.
   std::vector<std::function<void(CacheLayout&)>> changes = {
-      [](CacheLayout& c) { c.model += "x"; }, [](CacheLayout& c) { c.dtype_bytes = 1; },
+      [](CacheLayout& c) { c.model += "x"; },  [](CacheLayout& c) { c.dtype_bytes = 1; },
       [](CacheLayout& c) { c.head_dim = 64; }, [](CacheLayout& c) { c.total_kv_heads = 16; },
       [](CacheLayout& c) { c.mla = true; },    [](CacheLayout& c) { c.num_layers = 4; },
   };
@@ -479,7 +498,11 @@ TEST(KvLayoutWire, CheckCompatibleNamesTheFirstField) {
       {[](CacheLayout& c) { c.total_kv_heads = 4; }, "total_kv_heads: 8 vs 4"},
       {[](CacheLayout& c) { c.mla = true; }, "mla: false vs true"},
       {[](CacheLayout& c) { c.num_layers = 2; }, "num_layers: 3 vs 2"},
-      {[](CacheLayout& c) { c.head_dim = 64; c.num_layers = 2; }, "head_dim: 128 vs 64"},
+      {[](CacheLayout& c) {
+         c.head_dim = 64;
+         c.num_layers = 2;
+       },
+       "head_dim: 128 vs 64"},
   };
   for (const auto& [change, message] : cases) {
     CacheLayout c = base;
