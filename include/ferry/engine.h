@@ -220,6 +220,14 @@ class Engine {
   // polling thread receives without a hand-off between threads. A thread may poll it in a
   // loop, yielding between calls where cores are few (the progress threads need them too).
   std::vector<Notification> PopNotifications(std::string_view topic = {});
+  // Runs `on_arrival` each time a notification of `topic` arrives (after it is in the inbox),
+  // so that a thread waiting for them can sleep instead of polling: keep it short (wake that
+  // thread), since it runs on the receiving transport's thread, or on a thread inside
+  // PopNotifications. One per topic; a later call replaces it, an empty function removes it (a
+  // call already under way may still finish after that, so hold what it touches by
+  // shared_ptr). Arrivals do not wait for anyone to poll: every transport takes them in on its
+  // own threads.
+  void WatchNotifications(std::string_view topic, std::function<void()> on_arrival);
 
   EngineStats stats() const;
 

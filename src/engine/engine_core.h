@@ -65,6 +65,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
                        std::span<const Transfer> after, const TransferOptions& options);
   // On an empty inbox, lets each transport progress once from this thread (Transport::Poll),
   // then looks again.
+  void WatchNotifications(std::string_view topic, std::function<void()> on_arrival) {
+    inbox_->Watch(topic, std::move(on_arrival));
+  }
   std::vector<Notification> PopNotifications(std::string_view topic = {});
   // Where a peer's notifications go (cached per peer).
   Result<std::shared_ptr<Endpoint>> NotifyEndpointFor(std::string_view peer_key) EXCLUDES(mu_);

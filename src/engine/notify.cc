@@ -120,4 +120,8 @@ std::vector<Notification> Engine::PopNotifications(std::string_view topic) {
   return core_->PopNotifications(topic);
 }
 
+void Engine::WatchNotifications(std::string_view topic, std::function<void()> on_arrival) {
+  core_->WatchNotifications(topic, std::move(on_arrival));
+}
+
 }  // namespace ferry

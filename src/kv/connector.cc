@@ -18,6 +18,12 @@ bool Mailbox::Push(Command c) {
   return true;
 }
 
+void Mailbox::Wake() {
+  MutexLock l(&mu);
+  woken = true;
+  cv.NotifyOne();
+}
+
 ReadyQueue::~ReadyQueue() {
   {
     MutexLock l(&mu_);
@@ -135,12 +141,15 @@ Result<std::unique_ptr<Connector>> Connector::Create(Engine* engine, const Cache
   }
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->Run(); });
+  // The worker thread sleeps until a command, a message of the connector's topic or a timer.
+  engine->WatchNotifications(kTopic, [box = impl->mailbox] { box->Wake(); });
   return std::unique_ptr<Connector>(new Connector(std::move(impl)));
 }
 
 Connector::Connector(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Connector::~Connector() {
+  impl_->engine->WatchNotifications(kTopic, nullptr);
   impl_->ready.reset();  // fails the layers still waiting to be ready; their commands are queued
   {
     MutexLock l(&impl_->mailbox->mu);
@@ -359,30 +368,28 @@ void Connector::Impl::PeerLost(const std::string& engine_key, const Status& why)
 
 void Connector::Impl::Run() {
   using namespace std::chrono_literals;
-  TimePoint last_active = Clock::now();
   for (;;) {
     std::deque<internal::Command> batch;
     {
       MutexLock l(&mailbox->mu);
       if (mailbox->closed && mailbox->commands.empty()) break;
       batch.swap(mailbox->commands);
+      mailbox->woken = false;
     }
     for (auto& c : batch) c.run();
     auto notes = engine->PopNotifications(kTopic);
     for (const auto& n : notes) HandleNotification(n);
     const TimePoint now = Clock::now();
     Timers(now);
-    if (!batch.empty() || !notes.empty()) {
-      last_active = now;
-      continue;
-    }
-    // Poll quickly while requests are outstanding (their notices arrive as notifications, which
-    // do not wake this thread), slowly when idle.
+    if (!batch.empty() || !notes.empty()) continue;
+    // Sleep until a command (a call, a transfer's end), a message (the engine's watcher) or the
+    // timers' granularity: deadlines are checked every millisecond while requests are open.
     const bool busy = !producing.empty() || !consuming.empty();
-    const auto wait = busy ? (now - last_active < 5ms ? 10us : 100us) : 1ms;
+    const auto wait = busy ? 1ms : 20ms;
     MutexLock l(&mailbox->mu);
-    mailbox->cv.WaitUntil(&mailbox->mu, now + wait,
-                          [&]() REQUIRES(mailbox->mu) { return mailbox->closed || !mailbox->commands.empty(); });
+    mailbox->cv.WaitUntil(&mailbox->mu, now + wait, [&]() REQUIRES(mailbox->mu) {
+      return mailbox->closed || mailbox->woken || !mailbox->commands.empty();
+    });
   }
 }
 

@@ -124,8 +124,10 @@ struct Mailbox {
   CondVar cv;
   std::deque<Command> commands GUARDED_BY(mu);
   bool closed GUARDED_BY(mu) = false;
+  bool woken GUARDED_BY(mu) = false;  // a notification of kv::kTopic arrived
   // False once closed.
   bool Push(Command c) EXCLUDES(mu);
+  void Wake() EXCLUDES(mu);
 };
 
 // SaveLayer's ReadyFn waits, one at a time in the order they were saved, on a thread of their

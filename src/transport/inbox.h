@@ -13,6 +13,8 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <map>
 #include <string>
 #include <string_view>
@@ -46,23 +48,43 @@ class Inbox {
                                                 " bytes exceeds the limit of " +
                                                 std::to_string(max_bytes_));
     }
-    MutexLock lock(&mu_);
-    if (size_.load(std::memory_order_relaxed) >= max_pending_) {
-      dropped_.fetch_add(1, std::memory_order_relaxed);
-      return Status(Code::kResourceExhausted, "the receiver's notification backlog is full (" +
-                                                  std::to_string(max_pending_) + " notifications)");
+    std::shared_ptr<const std::function<void()>> watcher;
+    {
+      MutexLock lock(&mu_);
+      if (size_.load(std::memory_order_relaxed) >= max_pending_) {
+        dropped_.fetch_add(1, std::memory_order_relaxed);
+        return Status(Code::kResourceExhausted, "the receiver's notification backlog is full (" +
+                                                    std::to_string(max_pending_) + " notifications)");
+      }
+      if (n.message.size() > max_pending_bytes_ - pending_bytes_) {
+        dropped_.fetch_add(1, std::memory_order_relaxed);
+        return Status(Code::kResourceExhausted, "the receiver's notification backlog is full (" +
+                                                    std::to_string(pending_bytes_) + " of " +
+                                                    std::to_string(max_pending_bytes_) + " bytes)");
+      }
+      pending_bytes_ += n.message.size();
+      if (!watchers_.empty()) {
+        auto w = watchers_.find(n.topic);
+        if (w != watchers_.end()) watcher = w->second;
+      }
+      std::deque<Notification>& queue = pending_[n.topic];
+      queue.push_back(std::move(n));
+      size_.fetch_add(1, std::memory_order_release);
     }
-    if (n.message.size() > max_pending_bytes_ - pending_bytes_) {
-      dropped_.fetch_add(1, std::memory_order_relaxed);
-      return Status(Code::kResourceExhausted, "the receiver's notification backlog is full (" +
-                                                  std::to_string(pending_bytes_) + " of " +
-                                                  std::to_string(max_pending_bytes_) + " bytes)");
-    }
-    pending_bytes_ += n.message.size();
-    std::deque<Notification>& queue = pending_[n.topic];
-    queue.push_back(std::move(n));
-    size_.fetch_add(1, std::memory_order_release);
+    if (watcher) (*watcher)();
     return Status::Ok();
+  }
+
+  // Runs `on_arrival` each time a notification of `topic` was taken in, on the thread that
+  // pushed it, with no lock of the inbox held; an empty function removes the topic's watcher
+  // (a call already under way on another thread may still finish after that).
+  void Watch(std::string_view topic, std::function<void()> on_arrival) EXCLUDES(mu_) {
+    MutexLock lock(&mu_);
+    if (on_arrival) {
+      watchers_[std::string(topic)] = std::make_shared<const std::function<void()>>(std::move(on_arrival));
+    } else if (auto it = watchers_.find(topic); it != watchers_.end()) {
+      watchers_.erase(it);
+    }
   }
 
   // Takes every pending notification of `topic`, in arrival order.
@@ -100,6 +122,7 @@ class Inbox {
   // the backlog's bound).
   std::map<std::string, std::deque<Notification>, std::less<>> pending_ GUARDED_BY(mu_);
   size_t pending_bytes_ GUARDED_BY(mu_) = 0;  // bytes of pending_'s payloads
+  std::map<std::string, std::shared_ptr<const std::function<void()>>, std::less<>> watchers_ GUARDED_BY(mu_);
   std::atomic<size_t> size_{0};  // notifications in pending_, written under mu_
   std::atomic<uint64_t> dropped_{0};
   std::atomic<uint64_t> rejected_{0};
