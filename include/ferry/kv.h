@@ -234,7 +234,7 @@ struct ConnectorStats {
   uint64_t requests_done = 0;
   uint64_t requests_failed = 0;
   uint64_t requests_aborted = 0;
-  uint64_t layers_written = 0;
+  uint64_t layers_written = 0;  // (layer, consumer rank) writes that landed
   uint64_t layers_read = 0;
   uint64_t layers_deferred = 0;  // saved before their allocation arrived
   uint64_t bytes = 0;

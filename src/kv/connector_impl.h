@@ -48,6 +48,7 @@ struct Target {
   Plan plan;                // write mode: every layer's ops to this consumer
   bool planned = false;
   std::vector<size_t> layer_group;  // write mode: the first group of each layer in `plan`
+  std::vector<uint32_t> groups_left;  // per layer, its writes not yet ended
   size_t posted = 0;        // saved layers posted so far (index into ProducerRequest::saved)
   std::vector<Transfer> transfers;  // this request's writes to it (and the completion)
   size_t inflight = 0;
@@ -237,7 +238,8 @@ struct Connector::Impl {
   void OnAllocation(const Message& m, const std::string& from_key);
   void OnRelease(const Message& m, const std::string& from_key);
   void OnConsumerAbort(const Message& m, const std::string& from_key);
-  void OnWriteDone(const std::string& request, uint32_t rank, bool completion, Status s);
+  // `layer`: the layer the write carried (ignored for the completion).
+  void OnWriteDone(const std::string& request, uint32_t rank, bool completion, uint32_t layer, Status s);
   ProducerRequest& NewProducer(const std::string& request, bool read_mode);
   bool SetConsumerTp(ProducerRequest& r, uint32_t consumer_tp);
   void PlanTarget(ProducerRequest& r, internal::Target& t);

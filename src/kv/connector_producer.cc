@@ -180,15 +180,18 @@ void Connector::Impl::PostLayers(ProducerRequest& r, Target& t) {
   auto peer = PeerOf(t.consumer);
   if (peer == nullptr) return;
   std::weak_ptr<internal::Mailbox> box = mailbox;
-  auto done = [box, impl = this, id = r.id, rank = t.rank](bool completion) {
-    return [box, impl, id, rank, completion](const Status& s) {
+  auto done = [box, impl = this, id = r.id, rank = t.rank](bool completion, uint32_t layer) {
+    return [box, impl, id, rank, completion, layer](const Status& s) {
       if (auto m = box.lock()) {
-        m->Push(internal::Command{[impl, id, rank, completion, s]() { impl->OnWriteDone(id, rank, completion, s); }});
+        m->Push(internal::Command{
+            [impl, id, rank, completion, layer, s]() { impl->OnWriteDone(id, rank, completion, layer, s); }});
       }
     };
   };
   while (t.posted < r.saved.size()) {
     const uint32_t layer = r.saved[t.posted++];
+    t.groups_left.resize(layout.num_layers, 0);
+    t.groups_left[layer] = static_cast<uint32_t>(t.layer_group[layer + 1] - t.layer_group[layer]);
     if (options.checksums) {
       t.checksums.resize(layout.num_layers, 0);
       t.checksums[layer] = LayerChecksum(layout, bases, t.src_blocks, t.plan.tokens, t.plan.heads, layer);
@@ -204,14 +207,13 @@ void Connector::Impl::PostLayers(ProducerRequest& r, Target& t) {
       }
       TransferOptions o;
       o.deadline = options.transfer_timeout;
-      o.on_complete = done(false);
+      o.on_complete = done(false, layer);
       ++t.inflight;
       t.transfers.push_back(session->Post(
           Op::kWrite, std::span<const TransferOp>(t.plan.ops.data() + grp.begin, grp.end - grp.begin), o));
       Count(&ConnectorStats::ops_posted, grp.end - grp.begin);
       Count(&ConnectorStats::bytes, grp.bytes);
     }
-    Count(&ConnectorStats::layers_written);
   }
   if (r.sealed && r.saves == *r.sealed && r.saved.size() == *r.sealed && !t.completion_posted) {
     Message m = Base(MsgType::kCompletion, r.id);
@@ -221,7 +223,7 @@ void Connector::Impl::PostLayers(ProducerRequest& r, Target& t) {
     TransferOptions o;
     o.deadline = options.transfer_timeout;
     o.notification_topic = std::string(kTopic);
-    o.on_complete = done(true);
+    o.on_complete = done(true, 0);
     t.completion_posted = true;
     ++t.inflight;
     Transfer c = engine->NotifyAfter(t.engine_key, Encode(m), t.transfers, o);
@@ -231,13 +233,18 @@ void Connector::Impl::PostLayers(ProducerRequest& r, Target& t) {
   }
 }
 
-void Connector::Impl::OnWriteDone(const std::string& request, uint32_t rank, bool completion, Status s) {
+void Connector::Impl::OnWriteDone(const std::string& request, uint32_t rank, bool completion, uint32_t layer,
+                                  Status s) {
   auto it = producing.find(request);
   if (it == producing.end()) return;
   ProducerRequest& r = it->second;
   auto t = r.targets.find(rank);
   if (t == r.targets.end()) return;
   if (t->second.inflight > 0) --t->second.inflight;
+  if (!completion && s.ok() && layer < t->second.groups_left.size() && t->second.groups_left[layer] > 0 &&
+      --t->second.groups_left[layer] == 0) {
+    Count(&ConnectorStats::layers_written);  // every write of the layer to this consumer landed
+  }
   if (!s.ok()) {
     if (t->second.state == TState::kOpen) {
       t->second.state = TState::kFailed;

@@ -344,7 +344,9 @@ TEST(ConnectorChecksumTest, EveryLayerIsCheckedAndACorruptedBlockFailsTheRequest
       // Wait until the last layer landed, then change one byte of it behind the connector's
       // back (a stale writer), before the completion is sent.
       const auto until = std::chrono::steady_clock::now() + 5s;
-      while (Check(*d, req, 2, db, 30) != 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+      while (p->conn->stats().layers_written < 6 && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(1ms);
+      }
       ASSERT_EQ(Check(*d, req, 2, db, 30), 0u);
       *Locate(*d, db, 17, 2, 1, 2) ^= std::byte{1};
     }
@@ -354,6 +356,7 @@ TEST(ConnectorChecksumTest, EveryLayerIsCheckedAndACorruptedBlockFailsTheRequest
   auto ok = Collect(*d, 1);
   ASSERT_EQ(ok.size(), 1u);
   EXPECT_EQ(ok[0].outcome, Outcome::kDone) << ok[0].status.ToString();
+  ASSERT_EQ(p->conn->stats().layers_written, 3u);
   run("bad", 2, true);
   auto bad = Collect(*d, 1);
   ASSERT_EQ(bad.size(), 1u);
