@@ -365,6 +365,18 @@ TEST(ConnectorChecksumTest, EveryLayerIsCheckedAndACorruptedBlockFailsTheRequest
   EXPECT_NE(bad[0].status.ToString().find("layer 2"), std::string::npos) << bad[0].status.ToString();
   EXPECT_EQ(d->conn->stats().checksum_failures, 1u);
   EXPECT_EQ(Collect(*p, 2).size(), 2u);
+  // A hybrid model saves fewer layers than it has (here 0 and 2): those are checked.
+  ASSERT_TRUE(d->conn->ExpectWrite("hybrid", "prefill", 0, db, 30).ok());
+  for (uint32_t l : {0u, 2u}) {
+    Fill(*p, 3, l, pb, 30);
+    ASSERT_TRUE(p->conn->SaveLayer("hybrid", l, pb).ok());
+  }
+  ASSERT_TRUE(p->conn->Seal("hybrid", 2).ok());
+  auto hybrid = Collect(*d, 1);
+  ASSERT_EQ(hybrid.size(), 1u);
+  EXPECT_EQ(hybrid[0].outcome, Outcome::kDone) << hybrid[0].status.ToString();
+  EXPECT_EQ(Check(*d, 3, 0, db, 30) + Check(*d, 3, 2, db, 30), 0u);
+  EXPECT_EQ(Collect(*p, 1).size(), 1u);
 }
 
 }  // namespace

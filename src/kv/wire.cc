@@ -209,8 +209,9 @@ Result<Message> Decode(std::string_view bytes) {
   FERRY_ASSIGN_OR_RETURN(m.handshake, Str(r, "handshake", 0, kMaxAddressBytes));
   FERRY_ASSIGN_OR_RETURN(m.layers, UInt32(r, "layers", kMaxMessageLayers));
   FERRY_ASSIGN_OR_RETURN(codec::ArrayReader sums, r.Array("checksums", kMaxMessageLayers));
-  // With checksums on there is one per layer written; without, none.
-  if (sums.size() != 0 && sums.size() != m.layers)
+  // With checksums on there is one per layer of the model (0 for a layer not written), so at
+  // least one per layer written; without, none.
+  if (sums.size() != 0 && sums.size() < m.layers)
     return Malformed(std::to_string(sums.size()) + " checksums for " + std::to_string(m.layers) +
                      " layers");
   m.checksums.reserve(sums.size());

@@ -45,7 +45,8 @@ struct Message {
   // hit; the producer skips its blocks before it).
   uint64_t first_token = 0;
   std::string handshake;
-  // kCompletion: layers written and, with checksums on, one per layer.
+  // kCompletion: layers written, the tokens moved and, with checksums on, one per layer of
+  // the model (0 for a layer not written).
   uint32_t layers = 0;
   std::vector<uint64_t> checksums;
   // kWriteFailed / kAbort: why (a StatusCode value and a message).

@@ -264,7 +264,7 @@ TEST(KvWire, FieldsOverTheirBoundsAreRefused) {
   ExpectInvalid(
       WithField(14, [](codec::Writer& w) { w.Str(std::string(kMaxErrorBytes + 1, 'e')); }),
       "error");
-  // Checksums: none, or one per layer.
+  // Checksums: none, or one per layer of the model (at least as many as the layers written).
   auto fields = ValidFields();
   fields[11] = [](codec::Writer& w) { w.UInt(2); };
   fields[12] = [](codec::Writer& w) {
