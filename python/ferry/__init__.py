@@ -27,7 +27,7 @@ Completion without a thread per transfer: ``on_complete=fn`` on any post calls
 sessions.
 """
 
-from . import _ferry, embed, embed_service
+from . import _ferry, embed, embed_service, kv
 from ._ferry import (
     CODES,
     MAX_DESCRIPTOR_BYTES,
@@ -64,6 +64,7 @@ __all__ = [
     "cuda_unavailable_reason",
     "embed",
     "embed_service",
+    "kv",
     "system_info",
     "version",
     "wait_all",
