@@ -44,6 +44,10 @@ class Stream {
   void* handle() const;
   // Enqueues a copy (any direction) on the stream.
   Status CopyAsync(void* dst, const void* src, size_t bytes);
+  // Enqueues a kernel that keeps the stream busy on the GPU for `duration` (it spins on the
+  // GPU's timer): a stand-in for a model layer's kernels. Returns once it is enqueued.
+  // kInvalidArgument for a negative duration or one over a minute; zero enqueues nothing.
+  Status Spin(std::chrono::nanoseconds duration);
   // Waits until the work enqueued so far is done, spinning (no sleep, so the completion is seen
   // within microseconds), or kDeadlineExceeded after `timeout`.
   Status Sync(std::chrono::nanoseconds timeout);

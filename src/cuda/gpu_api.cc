@@ -4,6 +4,7 @@
 
 #include "cuda/runtime.h"
 #include "cuda/stream_ops.h"
+#include "cuda/uva_kernels.h"
 
 namespace ferry::gpu {
 
@@ -45,6 +46,21 @@ void* Stream::handle() const { return stream_; }
 Status Stream::CopyAsync(void* dst, const void* src, size_t bytes) {
   FERRY_RETURN_IF_ERROR(cuda::SetDevice(device_));
   return cuda::MemcpyAsync(dst, src, bytes, stream_);
+}
+
+Status Stream::Spin(std::chrono::nanoseconds duration) {
+  if (duration.count() < 0 || duration > std::chrono::minutes(1))
+    return Status(Code::kInvalidArgument, "Stream::Spin: the duration must be in [0, 60 s]");
+  if (duration.count() == 0) return Status::Ok();
+  FERRY_RETURN_IF_ERROR(cuda::SetDevice(device_));
+  const int rc = cuda::LaunchSpin(static_cast<uint64_t>(duration.count()),
+                                  static_cast<CUstream_st*>(stream_));
+  if (rc == cuda::kLaunchUnsupported)
+    return Status(Code::kUnsupported, "Stream::Spin: ferry was built without CUDA");
+  if (rc != 0)
+    return Status(Code::kInternal, "Stream::Spin: the kernel launch failed (cudaError_t " +
+                                       std::to_string(rc) + ")");
+  return Status::Ok();
 }
 
 Status Stream::Sync(std::chrono::nanoseconds timeout) {

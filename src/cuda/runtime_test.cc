@@ -3,6 +3,8 @@
 // src/engine/local_cuda_test.cc.
 #include "testing/cuda_buffer.h"
 
+#include "ferry/gpu.h"
+
 namespace ferry {
 namespace {
 
@@ -167,6 +169,37 @@ TEST(CudaRuntime, ABatchIsAFewLaunchesAndOneDmaCall) {
   EXPECT_EQ(s.dma_copies, 5u);
   engine->reset();
   for (void* p : {*src, *dst}) EXPECT_TRUE(cuda::Free(p).ok());
+}
+
+// gpu::Stream::Spin, the compute stand-in of `ferry pd --compute gpu`: the launch returns at
+// once, the stream is busy for the duration asked (the timer it spins on updates about every
+// microsecond; the slack above covers the launch and a loaded host), and work enqueued after
+// it (an event) waits for it.
+TEST(CudaRuntime, StreamSpinKeepsTheStreamBusyForItsDuration) {
+  FERRY_SKIP_WITHOUT_CUDA(1);
+  using namespace std::chrono;
+  auto stream = gpu::Stream::Create(0);
+  ASSERT_TRUE(stream.ok()) << stream.status().ToString();
+  ASSERT_TRUE((*stream)->Sync(seconds(5)).ok());  // the context and the kernel are loaded
+  ASSERT_TRUE((*stream)->Spin(microseconds(10)).ok());
+  ASSERT_TRUE((*stream)->Sync(seconds(5)).ok());
+  for (auto want : {microseconds(1000), microseconds(20'000)}) {
+    SCOPED_TRACE(std::to_string(want.count()) + " us");
+    const auto t0 = steady_clock::now();
+    ASSERT_TRUE((*stream)->Spin(want).ok());
+    const auto enqueued = steady_clock::now() - t0;
+    auto event = gpu::Event::Create(0);
+    ASSERT_TRUE(event.ok());
+    ASSERT_TRUE((*event)->Record((*stream)->handle()).ok());
+    ASSERT_TRUE(gpu::WaitEvent((*event)->handle(), seconds(5)).ok());
+    const auto took = steady_clock::now() - t0;
+    EXPECT_LT(enqueued, want / 2);
+    EXPECT_GE(took, want);
+    EXPECT_LT(took, want + milliseconds(5));
+  }
+  EXPECT_TRUE((*stream)->Spin(nanoseconds(0)).ok());
+  EXPECT_EQ((*stream)->Spin(nanoseconds(-1)).code(), Code::kInvalidArgument);
+  EXPECT_EQ((*stream)->Spin(minutes(2)).code(), Code::kInvalidArgument);
 }
 
 #endif  // FERRY_HAVE_CUDA

@@ -120,4 +120,30 @@ int LaunchUvaGather(const UvaStepArgs& args, CUstream_st* stream) {
   return static_cast<int>(cudaGetLastError());
 }
 
+// The spin kernel (LaunchSpin): %globaltimer counts nanoseconds (updated every microsecond or
+// so), the same on every SM, unlike clock64 whose rate follows the SM clock.
+namespace {
+
+__device__ __forceinline__ uint64_t GlobalTimer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void SpinKernel(uint64_t nanoseconds) {
+  const uint64_t start = GlobalTimer();
+  while (GlobalTimer() - start < nanoseconds) {
+#if __CUDA_ARCH__ >= 700
+    __nanosleep(256);  // leaves the SM's issue slots to other work while it waits
+#endif
+  }
+}
+
+}  // namespace
+
+int LaunchSpin(uint64_t nanoseconds, CUstream_st* stream) {
+  SpinKernel<<<1, 1, 0, stream>>>(nanoseconds);
+  return static_cast<int>(cudaGetLastError());
+}
+
 }  // namespace ferry::cuda

@@ -54,4 +54,13 @@ struct UvaStepArgs {
 // Enqueues the kernel on `stream`; returns the launch's cudaError_t (0 = success).
 int LaunchUvaGather(const UvaStepArgs& args, CUstream_st* stream);
 
+// What a launch returns in a build without CUDA (never a cudaError_t).
+inline constexpr int kLaunchUnsupported = -1;
+
+// A stand-in for a model layer's kernels (gpu::Stream::Spin): enqueues one single-thread
+// kernel on `stream` that spins on the GPU's global timer until `nanoseconds` have passed since
+// it started. Kept here, beside the other small kernel, so that no new .cu file is compiled.
+// Returns the launch's cudaError_t (0 = success), or kLaunchUnsupported without CUDA.
+int LaunchSpin(uint64_t nanoseconds, CUstream_st* stream);
+
 }  // namespace ferry::cuda
