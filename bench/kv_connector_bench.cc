@@ -149,14 +149,13 @@ void BM_LayerPushConnector(benchmark::State& state) {
     if (!pair->d->conn->ExpectWrite(id, "prefill", 0, db).ok()) return false;
     for (uint32_t l = 0; l < layers; ++l) (void)pair->p->conn->SaveLayer(id, l, pb);
     (void)pair->p->conn->Seal(id, layers);
-    size_t ended = 0;
-    while (ended < 2) {
-      for (auto* side : {pair->d.get(), pair->p.get()}) {
-        for (const auto& f : side->conn->PopFinished()) {
-          if (f.outcome != ferry::kv::Outcome::kDone) return false;
-          ++ended;
-        }
-      }
+    // Blocking waits (as WaitAll in the engine case): a spinning waiter would take a core from
+    // the copy threads.
+    for (auto* side : {pair->d.get(), pair->p.get()}) {
+      std::vector<ferry::kv::Finished> f;
+      const auto until = std::chrono::steady_clock::now() + 30s;
+      while (f.empty() && std::chrono::steady_clock::now() < until) f = side->conn->WaitFinished(100ms);
+      if (f.size() != 1 || f[0].outcome != ferry::kv::Outcome::kDone) return false;
     }
     return true;
   };
@@ -190,7 +189,7 @@ void BM_ControlPath(benchmark::State& state) {
     const auto until = std::chrono::steady_clock::now() + 30s;
     while (ended < 2 * kInFlight && std::chrono::steady_clock::now() < until) {
       for (auto* side : {pair->d.get(), pair->p.get()}) {
-        for (const auto& f : side->conn->WaitFinished(100us)) {
+        for (const auto& f : side->conn->WaitFinished(200us)) {
           if (f.outcome != ferry::kv::Outcome::kDone) return state.SkipWithError(f.status.ToString().c_str());
           ++ended;
         }
