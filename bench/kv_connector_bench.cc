@@ -19,6 +19,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ferry/engine.h"
@@ -202,8 +203,44 @@ void BM_ControlPath(benchmark::State& state) {
   state.counters["requests_per_s"] = benchmark::Counter(double(done), benchmark::Counter::kIsRate);
 }
 
+// The time from the producer's Seal to the consumer seeing the request done, with every layer
+// saved before: the completion's way alone (the notification after the last write, the
+// consumer's wake-up), one request at a time. Reported as the median of the iterations.
+void BM_SealToDone(benchmark::State& state) {
+  auto pair = Pair::Make(true);
+  if (!pair) return state.SkipWithError("setup failed");
+  const uint32_t layers = pair->p->layout.num_layers;
+  uint64_t n = 0;
+  std::vector<double> us;
+  for (auto _ : state) {
+    state.PauseTiming();
+    const std::string id = "s" + std::to_string(n);
+    const std::vector<uint64_t> pb{n % 1024}, db{(n * 7) % 1024};
+    ++n;
+    if (!pair->d->conn->ExpectWrite(id, "prefill", 0, db).ok()) return state.SkipWithError("expect failed");
+    for (uint32_t l = 0; l < layers; ++l) (void)pair->p->conn->SaveLayer(id, l, pb);
+    while (pair->p->conn->stats().layers_written < n * layers) std::this_thread::yield();
+    state.ResumeTiming();
+    const auto t0 = std::chrono::steady_clock::now();
+    (void)pair->p->conn->Seal(id, layers);
+    std::vector<ferry::kv::Finished> f;
+    while (f.empty()) f = pair->d->conn->WaitFinished(1s);
+    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    state.PauseTiming();
+    while (pair->p->conn->WaitFinished(1s).empty()) {
+    }
+    state.ResumeTiming();
+  }
+  std::sort(us.begin(), us.end());
+  if (!us.empty()) {
+    state.counters["p50_us"] = us[us.size() / 2];
+    state.counters["p99_us"] = us[us.size() * 99 / 100];
+  }
+}
+
 BENCHMARK(BM_LayerPushEngine)->Name("layer_push/engine")->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_LayerPushConnector)->Name("layer_push/connector")->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SealToDone)->Name("seal_to_done")->UseRealTime()->Iterations(300)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_ControlPath)->Name("control_path")->UseRealTime()->MinTime(2.0)->Unit(benchmark::kMillisecond);
 
 }  // namespace

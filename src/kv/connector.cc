@@ -368,16 +368,27 @@ void Connector::Impl::PeerLost(const std::string& engine_key, const Status& why)
 
 void Connector::Impl::Run() {
   using namespace std::chrono_literals;
+  TimePoint next_sweep{};
   for (;;) {
     std::deque<internal::Command> batch;
+    bool woken = false;
     {
       MutexLock l(&mailbox->mu);
       if (mailbox->closed && mailbox->commands.empty()) break;
       batch.swap(mailbox->commands);
+      woken = mailbox->woken;
       mailbox->woken = false;
     }
     for (auto& c : batch) c.run();
-    auto notes = engine->PopNotifications(kTopic);
+    // Messages are taken when the engine's watcher said one arrived (and now and then, for any
+    // that came before the watcher was set). Not on every pass: PopNotifications on an empty
+    // inbox counts as an application thread polling, and a transport whose receiver polls
+    // stops waking itself for arrivals (shm), which would leave them to this thread's tick.
+    std::vector<Notification> notes;
+    if (woken || Clock::now() >= next_sweep) {
+      notes = engine->PopNotifications(kTopic);
+      if (!woken) next_sweep = Clock::now() + 50ms;
+    }
     for (const auto& n : notes) HandleNotification(n);
     const TimePoint now = Clock::now();
     Timers(now);
