@@ -66,6 +66,12 @@ void AddPdCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--decode-tp", f->decode_tp, "TP ranks (processes) of each decode instance")
       ->capture_default_str();
+  cmd->add_option("--prefill-dp", f->prefill_dp,
+                  "DP ranks of each prefill instance (each of --prefill-tp ranks, its own blocks)")
+      ->capture_default_str();
+  cmd->add_option("--decode-dp", f->decode_dp,
+                  "DP ranks of each decode instance (each of --decode-tp ranks, its own blocks)")
+      ->capture_default_str();
   cmd->add_option("--block-tokens", f->block_tokens, "Tokens a block (0: the preset's)")
       ->capture_default_str();
   cmd->add_option("--decode-block-tokens", f->decode_block_tokens,
@@ -79,8 +85,13 @@ void AddPdCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--decode-layout", f->decode_layout,
                   "Decode side's tensor order (default: --layout)");
   cmd->add_option("--memory", f->memory, "KV caches in host or gpu memory")->capture_default_str();
+  cmd->add_option("--compute", f->compute,
+                  "Prefill's per-layer compute stand-in: sleep (CPU) or gpu (a kernel spinning "
+                  "--layer-us on the GPU; the layer's write waits for it; needs --memory gpu)")
+      ->capture_default_str();
   cmd->add_option("--device", f->device, "GPU for --memory gpu")->capture_default_str();
-  cmd->add_option("--transport", f->transport, "Engine transport: shm or ucx")
+  cmd->add_option("--transport", f->transport,
+                  "Engine transport: shm or ucx (host memory); cuda_ipc or ucx (--memory gpu)")
       ->capture_default_str();
   cmd->add_option("--mode", f->mode, "write (prefill pushes each layer) or read (decode pulls)")
       ->capture_default_str();
@@ -91,7 +102,8 @@ void AddPdCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--trace", f->trace,
                   "File of prompt lengths, one a line: TOKENS or SECONDS TOKENS");
-  cmd->add_option("--layer-us", f->layer_us, "Compute stand-in per layer, microseconds (a sleep)")
+  cmd->add_option("--layer-us", f->layer_us,
+                  "Compute stand-in per layer, microseconds (see --compute)")
       ->capture_default_str();
   cmd->add_option("--blocks", f->blocks,
                   "KV blocks of each worker (0: 8 longest prompts, at least 64)")
@@ -104,6 +116,14 @@ void AddPdCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--kill-prefill-after", f->kill_prefill_after,
                   "Fault run: SIGKILL a prefill worker after N requests ended (0: never)")
+      ->capture_default_str();
+  cmd->add_option("--kill-decode-after", f->kill_decode_after,
+                  "Fault run: SIGKILL a decode worker with a request in flight after N requests "
+                  "ended (0: never)")
+      ->capture_default_str();
+  cmd->add_option("--prefix-hit", f->prefix_hit,
+                  "Share of each prompt the decode side already holds (0..1; whole blocks of "
+                  "both sides): only the rest moves")
       ->capture_default_str();
   cmd->add_flag("--checksums", f->checksums, "Per-layer checksums in the connector");
   cmd->add_flag("--json", f->json, "Print the summary as one JSON object");

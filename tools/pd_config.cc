@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <sstream>
 
 #include "units.h"
@@ -15,6 +16,8 @@ namespace {
 
 constexpr uint32_t kMaxInstances = 64;
 constexpr uint32_t kMaxTp = 64;
+constexpr uint32_t kMaxDp = 64;
+constexpr uint64_t kMaxWorkersASide = 256;  // processes of one side, over instances, DP and TP
 constexpr uint32_t kMaxBlockTokens = 4096;
 constexpr uint64_t kMaxBlocks = 1 << 24;
 constexpr uint64_t kMaxTraceBytes = 64 << 20;
@@ -31,15 +34,21 @@ Result<std::string> ReadFile(const std::string& path) {
   return text.str();
 }
 
-Result<SideConfig> Side(const Preset& p, uint32_t instances, uint32_t tp, uint32_t block_tokens,
-                        const std::string& layout, std::string_view name) {
+Result<SideConfig> Side(const Preset& p, uint32_t instances, uint32_t dp, uint32_t tp,
+                        uint32_t block_tokens, const std::string& layout, std::string_view name) {
   if (instances < 1 || instances > kMaxInstances)
     return Bad(fmt::format("--{} must be in 1..{}, not {}", name, kMaxInstances, instances));
+  if (dp < 1 || dp > kMaxDp)
+    return Bad(fmt::format("--{}-dp must be in 1..{}, not {}", name, kMaxDp, dp));
   if (tp < 1 || tp > kMaxTp)
     return Bad(fmt::format("--{}-tp must be in 1..{}, not {}", name, kMaxTp, tp));
   FERRY_RETURN_IF_ERROR(CheckTpSplit(p, tp, fmt::format("--{}-tp", name)));
+  if (uint64_t{instances} * dp * tp > kMaxWorkersASide)
+    return Bad(fmt::format("--{0} x --{0}-dp x --{0}-tp is {1} workers, over {2}", name,
+                           uint64_t{instances} * dp * tp, kMaxWorkersASide));
   SideConfig s;
   s.instances = instances;
+  s.dp = dp;
   s.tp = tp;
   s.block_tokens = block_tokens == 0 ? p.block_tokens : block_tokens;
   s.layout = layout;
@@ -93,11 +102,11 @@ Result<PdConfig> Configure(const PdFlags& f) {
   if (f.block_tokens > kMaxBlockTokens || f.decode_block_tokens > kMaxBlockTokens)
     return Bad(fmt::format("--block-tokens and --decode-block-tokens must be at most {}",
                            kMaxBlockTokens));
-  FERRY_ASSIGN_OR_RETURN(
-      c.prefill, Side(c.preset, f.prefill, f.prefill_tp, f.block_tokens, f.layout, "prefill"));
+  FERRY_ASSIGN_OR_RETURN(c.prefill, Side(c.preset, f.prefill, f.prefill_dp, f.prefill_tp,
+                                         f.block_tokens, f.layout, "prefill"));
   const uint32_t decode_bt = f.decode_block_tokens != 0 ? f.decode_block_tokens : f.block_tokens;
   FERRY_ASSIGN_OR_RETURN(c.decode,
-                         Side(c.preset, f.decode, f.decode_tp, decode_bt,
+                         Side(c.preset, f.decode, f.decode_dp, f.decode_tp, decode_bt,
                               f.decode_layout.empty() ? f.layout : f.decode_layout, "decode"));
   if (c.preset.mla && (c.prefill.layout != "mla" || c.decode.layout != "mla")) {
     // An MLA model has one layout; take it unless another was asked for.
@@ -112,12 +121,25 @@ Result<PdConfig> Configure(const PdFlags& f) {
   } else {
     return Bad(fmt::format("--memory must be host or gpu, not '{}'", f.memory));
   }
+  if (f.compute == "sleep") {
+    c.compute = Compute::kSleep;
+  } else if (f.compute == "gpu") {
+    c.compute = Compute::kGpu;
+  } else {
+    return Bad(fmt::format("--compute must be sleep or gpu, not '{}'", f.compute));
+  }
+  if (c.compute == Compute::kGpu && c.memory != MemoryPlace::kGpu)
+    return Bad("--compute gpu runs on the KV cache's GPU; it needs --memory gpu");
   if (f.device < 0) return Bad(fmt::format("--device must be 0 or more, not {}", f.device));
   c.device = f.device;
-  if (f.transport != "shm" && f.transport != "ucx")
-    return Bad(fmt::format("--transport must be shm or ucx, not '{}'", f.transport));
+  if (f.transport != "shm" && f.transport != "ucx" && f.transport != "cuda_ipc")
+    return Bad(fmt::format("--transport must be shm, ucx or cuda_ipc, not '{}'", f.transport));
   if (f.transport == "shm" && c.memory == MemoryPlace::kGpu)
-    return Bad("--transport shm moves host memory only; use --transport ucx with --memory gpu");
+    return Bad(
+        "--transport shm moves host memory only; use --transport cuda_ipc or ucx with --memory "
+        "gpu");
+  if (f.transport == "cuda_ipc" && c.memory != MemoryPlace::kGpu)
+    return Bad("--transport cuda_ipc moves GPU memory only; it needs --memory gpu");
   c.transport = f.transport;
   if (f.mode == "write") {
     c.mode = Mode::kWrite;
@@ -144,9 +166,15 @@ Result<PdConfig> Configure(const PdFlags& f) {
   FERRY_ASSIGN_OR_RETURN(c.transfer_timeout,
                          ParseSeconds(f.transfer_timeout_s, "--transfer-timeout"));
   c.kill_prefill_after = f.kill_prefill_after;
-  if (c.kill_prefill_after >= c.arrivals.size() && c.kill_prefill_after != 0)
-    return Bad(fmt::format("--kill-prefill-after {} must be less than the {} requests",
-                           c.kill_prefill_after, c.arrivals.size()));
+  c.kill_decode_after = f.kill_decode_after;
+  for (auto [n, flag] : {std::pair{c.kill_prefill_after, "--kill-prefill-after"},
+                         std::pair{c.kill_decode_after, "--kill-decode-after"}})
+    if (n >= c.arrivals.size() && n != 0)
+      return Bad(
+          fmt::format("{} {} must be less than the {} requests", flag, n, c.arrivals.size()));
+  if (!(f.prefix_hit >= 0 && f.prefix_hit <= 1))
+    return Bad(fmt::format("--prefix-hit must be in [0, 1], not {}", f.prefix_hit));
+  c.prefix_hit = f.prefix_hit;
   if (f.blocks > kMaxBlocks) return Bad(fmt::format("--blocks must be at most {}", kMaxBlocks));
   uint64_t longest = 0;
   for (const Arrival& a : c.arrivals) longest = std::max(longest, a.tokens);
@@ -163,16 +191,29 @@ Result<PdConfig> Configure(const PdFlags& f) {
   return c;
 }
 
+uint64_t PdConfig::PrefixHitTokens(uint64_t tokens) const {
+  const uint64_t l = std::lcm(uint64_t{prefill.block_tokens}, uint64_t{decode.block_tokens});
+  if (prefix_hit <= 0 || l == 0) return 0;
+  const auto hit = static_cast<uint64_t>(std::floor(prefix_hit * static_cast<double>(tokens)));
+  return std::min(tokens, hit / l * l);
+}
+
+std::vector<std::string> EngineTransports(const std::string& name) {
+  if (name == "cuda_ipc") return {"cuda_ipc", "shm"};
+  return {name};
+}
+
 std::string InstanceName(bool prefill, uint32_t instance) {
   return fmt::format("{}{}", prefill ? 'p' : 'd', instance);
 }
 
-WorkerConfig MakeWorkerConfig(const PdConfig& c, bool prefill, uint32_t instance,
+WorkerConfig MakeWorkerConfig(const PdConfig& c, bool prefill, uint32_t instance, uint32_t dp_rank,
                               uint32_t tp_rank) {
   const SideConfig& side = prefill ? c.prefill : c.decode;
   WorkerConfig w;
   w.prefill = prefill;
   w.instance = InstanceName(prefill, instance);
+  w.dp_rank = dp_rank;
   w.tp_rank = tp_rank;
   w.tp_size = side.tp;
   w.model = c.preset.name;
@@ -180,6 +221,7 @@ WorkerConfig MakeWorkerConfig(const PdConfig& c, bool prefill, uint32_t instance
   w.layout = side.layout;
   w.blocks = side.blocks;
   w.gpu = c.memory == MemoryPlace::kGpu;
+  w.gpu_compute = prefill && c.compute == Compute::kGpu;
   w.device = c.device;
   w.transport = c.transport;
   w.read_mode = c.mode == Mode::kRead;
@@ -193,6 +235,7 @@ WorkerConfig MakeWorkerConfig(const PdConfig& c, bool prefill, uint32_t instance
 std::string WorkerConfig::ToJson() const {
   nlohmann::json j = {{"prefill", prefill},
                       {"instance", instance},
+                      {"dp_rank", dp_rank},
                       {"tp_rank", tp_rank},
                       {"tp_size", tp_size},
                       {"model", model},
@@ -200,6 +243,7 @@ std::string WorkerConfig::ToJson() const {
                       {"layout", layout},
                       {"blocks", blocks},
                       {"gpu", gpu},
+                      {"gpu_compute", gpu_compute},
                       {"device", device},
                       {"transport", transport},
                       {"read_mode", read_mode},
@@ -233,15 +277,17 @@ Result<WorkerConfig> WorkerConfig::FromJson(std::string_view text) {
     *out = it->template get<T>();
     return true;
   };
-  if (!get("prefill", &w.prefill) || !get("instance", &w.instance) || !get("tp_rank", &w.tp_rank) ||
-      !get("tp_size", &w.tp_size) || !get("model", &w.model) ||
+  if (!get("prefill", &w.prefill) || !get("instance", &w.instance) || !get("dp_rank", &w.dp_rank) ||
+      !get("tp_rank", &w.tp_rank) || !get("tp_size", &w.tp_size) || !get("model", &w.model) ||
       !get("block_tokens", &w.block_tokens) || !get("layout", &w.layout) ||
-      !get("blocks", &w.blocks) || !get("gpu", &w.gpu) || !get("device", &w.device) ||
-      !get("transport", &w.transport) || !get("read_mode", &w.read_mode) ||
-      !get("layer_us", &w.layer_us) || !get("transfer_timeout_ms", &w.transfer_timeout_ms) ||
-      !get("checksums", &w.checksums))
+      !get("blocks", &w.blocks) || !get("gpu", &w.gpu) || !get("gpu_compute", &w.gpu_compute) ||
+      !get("device", &w.device) || !get("transport", &w.transport) ||
+      !get("read_mode", &w.read_mode) || !get("layer_us", &w.layer_us) ||
+      !get("transfer_timeout_ms", &w.transfer_timeout_ms) || !get("checksums", &w.checksums))
     return Bad("worker config: a field is missing or of the wrong type");
-  if (w.tp_size < 1 || w.tp_size > kMaxTp || w.tp_rank >= w.tp_size || w.block_tokens < 1 ||
+  if (w.dp_rank >= kMaxDp || (w.gpu_compute && !w.gpu) ||
+      (w.transport != "shm" && w.transport != "ucx" && w.transport != "cuda_ipc") ||
+      w.tp_size < 1 || w.tp_size > kMaxTp || w.tp_rank >= w.tp_size || w.block_tokens < 1 ||
       w.block_tokens > kMaxBlockTokens || w.blocks < 1 || w.blocks > kMaxBlocks ||
       w.instance.empty() || w.instance.size() > 64 || w.device < 0 || w.layer_us > 10'000'000 ||
       w.transfer_timeout_ms < 1 || w.transfer_timeout_ms > 86'400'000)

@@ -47,6 +47,9 @@ Status CheckTpSplit(const Preset& p, uint32_t tp, std::string_view flag);
 
 enum class Mode : uint8_t { kWrite, kRead };
 enum class MemoryPlace : uint8_t { kHost, kGpu };
+// The prefill layer's compute stand-in: a sleep on the CPU, or a kernel spinning on the GPU
+// (gpu::Stream::Spin) whose layer write waits for it through a CUDA event.
+enum class Compute : uint8_t { kSleep, kGpu };
 
 // The command line as given.
 struct PdFlags {
@@ -55,11 +58,14 @@ struct PdFlags {
   uint32_t decode = 1;
   uint32_t prefill_tp = 1;
   uint32_t decode_tp = 1;
+  uint32_t prefill_dp = 1;
+  uint32_t decode_dp = 1;
   uint32_t block_tokens = 0;         // 0: the preset's
   uint32_t decode_block_tokens = 0;  // 0: --block-tokens
   std::string layout = "kv_first";
   std::string decode_layout;  // empty: --layout
   std::string memory = "host";
+  std::string compute = "sleep";
   int device = 0;
   std::string transport = "shm";
   std::string mode = "write";
@@ -73,6 +79,8 @@ struct PdFlags {
   double timeout_s = 60;
   double transfer_timeout_s = 10;
   uint64_t kill_prefill_after = 0;  // 0 = never
+  uint64_t kill_decode_after = 0;   // 0 = never
+  double prefix_hit = 0;            // the share of each prompt the decode side already holds
   bool checksums = false;
   bool json = false;
 };
@@ -80,6 +88,7 @@ struct PdFlags {
 // One side (prefill or decode) of the run.
 struct SideConfig {
   uint32_t instances = 1;
+  uint32_t dp = 1;  // DP ranks of each instance, each of `tp` workers and its own blocks
   uint32_t tp = 1;
   uint32_t block_tokens = 16;
   std::string layout;
@@ -92,6 +101,7 @@ struct PdConfig {
   SideConfig prefill;
   SideConfig decode;
   MemoryPlace memory = MemoryPlace::kHost;
+  Compute compute = Compute::kSleep;
   int device = 0;
   std::string transport;
   Mode mode = Mode::kWrite;
@@ -100,8 +110,16 @@ struct PdConfig {
   std::chrono::nanoseconds timeout{};
   std::chrono::nanoseconds transfer_timeout{};
   uint64_t kill_prefill_after = 0;
+  uint64_t kill_decode_after = 0;
+  double prefix_hit = 0;
   bool checksums = false;
   bool json = false;
+
+  bool fault_run() const { return kill_prefill_after != 0 || kill_decode_after != 0; }
+  // The tokens of a `tokens`-token prompt that the decode side already holds: floor(prefix_hit
+  // * tokens / L) * L, L the least common multiple of both sides' block sizes (the connector
+  // moves whole blocks of both from the first token on).
+  uint64_t PrefixHitTokens(uint64_t tokens) const;
 };
 
 // Checks every flag (the message names the flag; kInvalidArgument) and reads the trace file.
@@ -112,6 +130,7 @@ Result<PdConfig> Configure(const PdFlags& flags);
 struct WorkerConfig {
   bool prefill = true;
   std::string instance;  // "p0", "d1"
+  uint32_t dp_rank = 0;
   uint32_t tp_rank = 0;
   uint32_t tp_size = 1;
   std::string model;  // a preset name
@@ -119,6 +138,7 @@ struct WorkerConfig {
   std::string layout;
   uint64_t blocks = 0;
   bool gpu = false;
+  bool gpu_compute = false;  // prefill: Compute::kGpu
   int device = 0;
   std::string transport;
   bool read_mode = false;
@@ -131,7 +151,11 @@ struct WorkerConfig {
   static Result<WorkerConfig> FromJson(std::string_view text);
 };
 
-WorkerConfig MakeWorkerConfig(const PdConfig& c, bool prefill, uint32_t instance, uint32_t tp_rank);
+WorkerConfig MakeWorkerConfig(const PdConfig& c, bool prefill, uint32_t instance, uint32_t dp_rank,
+                              uint32_t tp_rank);
+// The engine transports a worker uses for --transport `name` (cuda_ipc carries no
+// notifications: the connector's messages go over shm beside it).
+std::vector<std::string> EngineTransports(const std::string& name);
 std::string InstanceName(bool prefill, uint32_t instance);
 
 }  // namespace ferry::tools::pd

@@ -112,6 +112,22 @@ TEST(Configure, RefusesBadFlagsNamingThem) {
   ExpectRefused(f, "--transfer-timeout");
   f = Small(), f.kill_prefill_after = 4;
   ExpectRefused(f, "--kill-prefill-after");
+  f = Small(), f.kill_decode_after = 4;
+  ExpectRefused(f, "--kill-decode-after");
+  f = Small(), f.prefix_hit = 1.5;
+  ExpectRefused(f, "--prefix-hit");
+  f = Small(), f.prefix_hit = std::nan("");
+  ExpectRefused(f, "--prefix-hit");
+  f = Small(), f.decode_dp = 0;
+  ExpectRefused(f, "--decode-dp");
+  f = Small(), f.prefill = 64, f.prefill_dp = 64;
+  ExpectRefused(f, "workers, over");
+  f = Small(), f.compute = "fpga";
+  ExpectRefused(f, "--compute must be");
+  f = Small(), f.compute = "gpu";
+  ExpectRefused(f, "--compute gpu");
+  f = Small(), f.transport = "cuda_ipc";
+  ExpectRefused(f, "--transport cuda_ipc");
   f = Small(), f.blocks = 1;
   ExpectRefused(f, "--blocks");
   f = Small(), f.trace = "/nonexistent/trace";
@@ -120,15 +136,34 @@ TEST(Configure, RefusesBadFlagsNamingThem) {
   ExpectRefused(f, "--layout");
 }
 
+TEST(Configure, PrefixHitsAreWholeBlocksOfBothSides) {
+  PdFlags f = Small();
+  f.block_tokens = 16, f.decode_block_tokens = 24;  // lcm 48
+  f.prefix_hit = 0.5;
+  PdConfig c = Configure(f).value();
+  EXPECT_EQ(c.PrefixHitTokens(100), 48u);  // 50 -> 48
+  EXPECT_EQ(c.PrefixHitTokens(95), 0u);    // 47 -> 0
+  c.prefix_hit = 1;
+  EXPECT_EQ(c.PrefixHitTokens(96), 96u);  // a full hit
+  EXPECT_EQ(c.PrefixHitTokens(97), 96u);
+  c.prefix_hit = 0;
+  EXPECT_EQ(c.PrefixHitTokens(96), 0u);
+}
+
 TEST(WorkerConfig, RoundTripsAndRefusesBadInput) {
   PdConfig c = Configure(Small()).value();
-  WorkerConfig w = MakeWorkerConfig(c, false, 1, 0);
+  WorkerConfig w = MakeWorkerConfig(c, false, 1, 0, 0);
   EXPECT_EQ(w.instance, "d1");
   WorkerConfig back = WorkerConfig::FromJson(w.ToJson()).value();
   EXPECT_EQ(back.instance, "d1");
   EXPECT_FALSE(back.prefill);
   EXPECT_EQ(back.blocks, w.blocks);
   EXPECT_EQ(back.transfer_timeout_ms, 10000u);
+  EXPECT_FALSE(back.gpu_compute);
+  PdFlags f = Small();
+  f.decode_dp = 3;
+  c = Configure(f).value();
+  EXPECT_EQ(WorkerConfig::FromJson(MakeWorkerConfig(c, false, 0, 2, 0).ToJson())->dp_rank, 2u);
   EXPECT_EQ(WorkerConfig::FromJson("not json").status().code(), Code::kInvalidArgument);
   EXPECT_EQ(WorkerConfig::FromJson("{}").status().code(), Code::kInvalidArgument);
   std::string bad = w.ToJson();

@@ -90,7 +90,7 @@ void FillLayer(const CacheView& view, uint64_t request, uint32_t layer,
 }
 
 CheckReport CheckRequest(const CacheView& view, uint64_t request, std::span<const uint64_t> blocks,
-                         uint64_t tokens) {
+                         uint64_t tokens, uint64_t first_token) {
   const kv::CacheLayout& layout = *view.layout;
   const uint64_t head_bytes = uint64_t{layout.head_dim} * layout.dtype_bytes;
   CheckReport r;
@@ -99,11 +99,12 @@ CheckReport CheckRequest(const CacheView& view, uint64_t request, std::span<cons
     for (uint32_t kv = 0; kv < (l.v ? 2u : 1u); ++kv) {
       const kv::TensorLayout& t = Tensor(l, kv);
       const std::byte* base = view.regions[t.region];
-      for (uint64_t token = 0; token < tokens; ++token) {
+      for (uint64_t token = first_token; token < tokens; ++token) {
         for (uint32_t h = 0; h < view.heads; ++h) {
+          // The content is the logical token's; its place counts from the first block given.
           const VectorKey key{request, layer, kv, token, view.first_head + h};
-          const uint64_t bad =
-              CheckVector(key, {base + VectorOffset(layout, t, blocks, token, h), head_bytes});
+          const uint64_t bad = CheckVector(
+              key, {base + VectorOffset(layout, t, blocks, token - first_token, h), head_bytes});
           r.bytes_checked += head_bytes;
           if (bad == 0) continue;
           if (r.bad_vectors == 0)

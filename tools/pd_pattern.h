@@ -69,8 +69,9 @@ struct CheckReport {
   uint64_t bad_vectors = 0;
   std::string first_bad;  // "layer 3 V token 17 head 2: 12 bytes differ", for humans
 };
-// Checks every layer of `request` in `view`.
+// Checks every layer of `request` in `view`: tokens [first_token, tokens), held in `blocks`
+// from first_token on (after a prefix hit of first_token tokens, a multiple of the block size).
 CheckReport CheckRequest(const CacheView& view, uint64_t request, std::span<const uint64_t> blocks,
-                         uint64_t tokens);
+                         uint64_t tokens, uint64_t first_token = 0);
 
 }  // namespace ferry::tools::pd

@@ -124,6 +124,34 @@ TEST(Pattern, VerifiesAcrossTpBlockSizesAndTensorOrders) {
   }
 }
 
+// After a prefix hit the consumer's blocks hold the tokens from first_token on: the check
+// covers those tokens only, each at its place counted from the first block given.
+TEST(Pattern, ChecksOnlyTheTokensAfterAPrefixHit) {
+  Cache p(Layout(1, 0, 4, 16, false));
+  const uint64_t tokens = 11, first = 4;
+  const std::vector<uint64_t> p_blocks = {9, 2, 14};
+  for (uint32_t layer = 0; layer < 3; ++layer) FillLayer(p.view, 42, layer, p_blocks, tokens);
+  Cache d(Layout(1, 0, 2, 16, true));
+  const std::vector<uint64_t> d_blocks = {6, 0, 11, 3};  // tokens 4..11
+  for (uint32_t layer = 0; layer < 3; ++layer)
+    for (int kv = 0; kv < 2; ++kv) {
+      const kv::TensorLayout& s = kv ? *p.layout.layers[layer].v : p.layout.layers[layer].k;
+      const kv::TensorLayout& t = kv ? *d.layout.layers[layer].v : d.layout.layers[layer].k;
+      for (uint64_t tok = first; tok < tokens; ++tok)
+        for (uint32_t h = 0; h < 4; ++h)
+          std::memcpy(
+              d.view.regions[t.region] + VectorOffset(d.layout, t, d_blocks, tok - first, h),
+              p.view.regions[s.region] + VectorOffset(p.layout, s, p_blocks, tok, h), 8);
+    }
+  CheckReport r = CheckRequest(d.view, 42, d_blocks, tokens, first);
+  EXPECT_EQ(r.bad_vectors, 0u) << r.first_bad;
+  EXPECT_EQ(r.bytes_checked, 3u * 2 * (tokens - first) * 4 * 8);
+  // Read as if from token 0, the same bytes are the wrong tokens' content.
+  EXPECT_GT(CheckRequest(d.view, 42, d_blocks, tokens - first).bad_vectors, 0u);
+  // A full hit checks nothing.
+  EXPECT_EQ(CheckRequest(d.view, 42, {}, tokens, tokens).bytes_checked, 0u);
+}
+
 TEST(Pattern, BlockRangeCoversEveryVectorOfTheBlock) {
   for (bool hnd : {false, true}) {
     kv::CacheLayout l = Layout(2, 0, 4, 8, hnd);

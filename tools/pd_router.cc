@@ -36,7 +36,7 @@ class Router {
   void MaybeFinish(RequestState& r);
   void CheckDeadlines(Clock::time_point now);
   void Send(size_t w, const json& m);
-  void Kill();
+  void Kill(bool prefill);
   void Stop();
   void PrintProgress(Clock::time_point now);
   int Finish();
@@ -50,7 +50,8 @@ class Router {
   std::vector<size_t> queue_;  // arrived, waiting for blocks
   size_t arrived_ = 0, running_ = 0, ended_ = 0, done_ = 0, failed_ = 0;
   size_t rr_p_ = 0, rr_d_ = 0;
-  std::string killed_;
+  std::string killed_;  // the workers killed, ", " between them
+  bool killed_prefill_ = false, killed_decode_ = false;
   std::string setup_error_;
   Clock::time_point t0_, last_end_, last_progress_;
   uint64_t bytes_done_ = 0;
@@ -60,16 +61,17 @@ class Router {
 Status Router::Start() {
   for (bool prefill : {true, false}) {
     const SideConfig& side = prefill ? c_.prefill : c_.decode;
-    for (uint32_t i = 0; i < side.instances; ++i) {
+    for (uint32_t i = 0; i < side.instances * side.dp; ++i) {
       InstanceState inst;
       inst.prefill = prefill;
-      inst.name = InstanceName(prefill, i);
+      inst.name = InstanceName(prefill, i / side.dp);
+      inst.dp = i % side.dp;
       inst.block_tokens = side.block_tokens;
       inst.blocks = BlockAllocator(side.blocks);
       for (uint32_t r = 0; r < side.tp; ++r) {
         WorkerState w;
-        w.cfg = MakeWorkerConfig(c_, prefill, i, r);
-        w.id = fmt::format("{}/dp0/tp{}", inst.name, r);
+        w.cfg = MakeWorkerConfig(c_, prefill, i / side.dp, inst.dp, r);
+        w.id = fmt::format("{}/dp{}/tp{}", inst.name, inst.dp, r);
         w.instance = instances_.size();
         w.rec.id = w.id;
         w.rec.prefill = prefill;
@@ -191,6 +193,7 @@ void Router::TellDecode(RequestState& r) {
              {"req", r.id},
              {"n", r.n},
              {"tokens", r.tokens},
+             {"first_token", r.first_token},
              {"blocks", r.d_blocks},
              {"params", r.params}});
 }
@@ -253,10 +256,13 @@ void Router::OnDeath(size_t w) {
   for (RequestState& r : requests_) {
     if (!r.running || (!r.p_left.count(w) && !r.d_left.count(w))) continue;
     const bool prefill = r.p_left.erase(w) != 0;
-    r.d_left.erase(w);
+    const bool decode = r.d_left.erase(w) != 0;
     // Write mode: the connector of the other side finds the peer gone and ends the request.
     if (prefill && c_.mode == Mode::kRead && !r.d_told)
       Abort(r, "prefill worker " + wk.id + " died");
+    // A decode rank gone: the request cannot be done, so the ranks still in it let go now
+    // (their connectors settle with the dead peer), rather than compute and hold for nobody.
+    if (decode) Abort(r, "decode worker " + wk.id + " died");
     MaybeFinish(r);
   }
 }
@@ -282,9 +288,11 @@ void Router::Dispatch(Clock::time_point now) {
     }
     InstanceState& pi = instances_[*p];
     InstanceState& di = instances_[*d];
+    // Prefill computes the whole prompt; decode holds the prefix hit already and takes the rest.
+    const uint64_t hit = c_.PrefixHitTokens(r.tokens);
     auto pb = pi.blocks.Allocate((r.tokens + pi.block_tokens - 1) / pi.block_tokens);
     if (!pb) return;  // wait for blocks, first come first served
-    auto db = di.blocks.Allocate((r.tokens + di.block_tokens - 1) / di.block_tokens);
+    auto db = di.blocks.Allocate((r.tokens - hit + di.block_tokens - 1) / di.block_tokens);
     if (!db) {
       (void)pi.blocks.Free(*pb);
       return;
@@ -294,6 +302,7 @@ void Router::Dispatch(Clock::time_point now) {
     r.running = true;
     r.dispatched = true;
     r.p = *p, r.d = *d;
+    r.first_token = hit;
     r.p_blocks = std::move(*pb);
     r.d_blocks = std::move(*db);
     for (size_t w : pi.workers)
@@ -312,7 +321,9 @@ void Router::Dispatch(Clock::time_point now) {
                  {"req", r.id},
                  {"n", r.n},
                  {"tokens", r.tokens},
+                 {"first_token", r.first_token},
                  {"producer", pi.name},
+                 {"producer_dp", pi.dp},
                  {"blocks", r.d_blocks}});
     for (size_t w : pi.workers)
       Send(w, {{"t", "prefill"},
@@ -347,19 +358,22 @@ void Router::MaybeFinish(RequestState& r) {
     for (size_t w : instances_[r.d].workers) {
       const HeadSlice h =
           HeadsOf(c_.preset.kv_heads, c_.preset.mla, c_.decode.tp, workers_[w].cfg.tp_rank);
-      rec.bytes += r.tokens * TokenBytes(c_.preset, h.count);
+      rec.bytes += (r.tokens - r.first_token) * TokenBytes(c_.preset, h.count);
     }
     bytes_done_ += rec.bytes;
     ++done_;
   } else {
     ++failed_;
-    if (!r.why.empty() && c_.kill_prefill_after == 0)
+    if (!r.why.empty() && !c_.fault_run())
       fmt::print(stderr, "ferry pd: {} failed: {}\n", r.id, r.why);
   }
   records_.push_back(rec);
   ++ended_;
   last_end_ = Clock::now();
-  if (c_.kill_prefill_after != 0 && killed_.empty() && ended_ >= c_.kill_prefill_after) Kill();
+  if (c_.kill_prefill_after != 0 && !killed_prefill_ && ended_ >= c_.kill_prefill_after)
+    Kill(/*prefill=*/true);
+  if (c_.kill_decode_after != 0 && !killed_decode_ && ended_ >= c_.kill_decode_after)
+    Kill(/*prefill=*/false);
 }
 
 void Router::CheckDeadlines(Clock::time_point now) {
@@ -380,24 +394,17 @@ void Router::CheckDeadlines(Clock::time_point now) {
   }
 }
 
-// --kill-prefill-after: SIGKILL a prefill worker, one still computing a request if there is
-// one (that request then cannot be done: the fault path runs), else one with requests in flight.
-void Router::Kill() {
-  size_t victim = SIZE_MAX;
-  for (const RequestState& r : requests_)
-    for (size_t w : r.p_left)
-      if (victim == SIZE_MAX && r.running && !r.computed.count(w)) victim = w;
-  for (auto it = requests_.rbegin(); it != requests_.rend() && victim == SIZE_MAX; ++it)
-    if (it->running && !it->p_left.empty()) victim = *it->p_left.begin();
-  for (size_t w = 0; w < workers_.size() && victim == SIZE_MAX; ++w)
-    if (workers_[w].cfg.prefill && workers_[w].alive) victim = w;
+// --kill-prefill-after, --kill-decode-after: SIGKILL a worker of that role (ChooseVictim).
+void Router::Kill(bool prefill) {
+  (prefill ? killed_prefill_ : killed_decode_) = true;
+  const size_t victim = ChooseVictim(requests_, workers_, prefill);
   if (victim == SIZE_MAX) return;
   WorkerState& wk = workers_[victim];
-  killed_ = wk.id;
+  killed_ += (killed_.empty() ? "" : ", ") + wk.id;
   wk.rec.killed = true;
   instances_[wk.instance].broken = true;  // no new requests go there
-  fmt::print(stderr, "ferry pd: killing prefill worker {} (pid {}) after {} requests\n", wk.id,
-             wk.proc.pid, ended_);
+  fmt::print(stderr, "ferry pd: killing {} worker {} (pid {}) after {} requests\n",
+             prefill ? "prefill" : "decode", wk.id, wk.proc.pid, ended_);
   (void)kill(wk.proc.pid, SIGKILL);
 }
 
@@ -488,12 +495,13 @@ int Router::Finish() {
   facts.mode = c_.mode == Mode::kWrite ? "write" : "read";
   facts.transport = c_.transport;
   facts.memory = c_.memory == MemoryPlace::kHost ? "host" : "gpu";
-  facts.shape =
-      fmt::format("{}P(tp{}, {}) -> {}D(tp{}, {}), blocks of {} -> {} tokens", c_.prefill.instances,
-                  c_.prefill.tp, c_.prefill.layout, c_.decode.instances, c_.decode.tp,
-                  c_.decode.layout, c_.prefill.block_tokens, c_.decode.block_tokens);
+  facts.shape = fmt::format(
+      "{}P(dp{}, tp{}, {}) -> {}D(dp{}, tp{}, {}), blocks of {} -> {} tokens{}",
+      c_.prefill.instances, c_.prefill.dp, c_.prefill.tp, c_.prefill.layout, c_.decode.instances,
+      c_.decode.dp, c_.decode.tp, c_.decode.layout, c_.prefill.block_tokens, c_.decode.block_tokens,
+      c_.prefix_hit > 0 ? fmt::format(", prefix hit {}", c_.prefix_hit) : "");
   facts.seconds = seconds;
-  facts.fault_run = c_.kill_prefill_after != 0;
+  facts.fault_run = c_.fault_run();
   facts.killed = killed_;
   for (const InstanceState& inst : instances_)
     if (!inst.broken) facts.blocks_leaked += inst.blocks.allocated();

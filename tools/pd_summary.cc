@@ -56,7 +56,7 @@ Summary Summarize(const std::vector<RequestRecord>& requests,
   if (s.blocks_leaked) s.problems.push_back(fmt::format("{} blocks leaked", s.blocks_leaked));
   if (s.failed && !facts.fault_run)
     s.problems.push_back(fmt::format("{} requests failed", s.failed));
-  if (facts.fault_run && facts.killed.empty()) s.problems.push_back("no prefill worker was killed");
+  if (facts.fault_run && facts.killed.empty()) s.problems.push_back("no worker was killed");
   s.ok = s.problems.empty();
   return s;
 }

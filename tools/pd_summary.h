@@ -29,7 +29,7 @@ struct WorkerRecord {
   std::string id;  // "p0/dp0/tp1"
   bool prefill = true;
   bool alive = true;         // answered at the end
-  bool killed = false;       // by --kill-prefill-after
+  bool killed = false;       // by --kill-prefill-after or --kill-decode-after
   uint64_t pending = 0;      // requests the connector had not ended
   uint64_t held_blocks = 0;  // blocks of requests this worker was still in
   nlohmann::json stats;      // the connector's counters
@@ -44,7 +44,7 @@ struct RunFacts {
   double seconds = 0;
   uint64_t blocks_leaked = 0;  // instance blocks not back in their free lists (instances all alive)
   bool fault_run = false;
-  std::string killed;  // the worker killed, if any
+  std::string killed;  // the workers killed, if any ("p0/dp0/tp0, d1/dp0/tp0")
 };
 
 struct Summary {

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # ctest pd_test: short `ferry pd` runs with --json, each summary checked with python3: write and
 # read mode, over shm and ucx, hetero TP (1 prefill of TP 2 -> 1 decode of TP 1 and back),
-# different block sizes and tensor orders on the two sides, an MLA model, a trace file, the
-# fault run (--kill-prefill-after: every request ends, no block leaks on the survivors), and
-# bad flags refused with exit status 2 and a message naming the flag.
+# different block sizes and tensor orders on the two sides, an MLA model, a trace file, prefix
+# hits (partial and full), DP ranks, the fault runs (--kill-prefill-after, --kill-decode-after:
+# every request ends, no block leaks on the survivors), the GPU compute stand-in where a GPU is
+# usable (else its clean refusal), and bad flags refused with exit status 2 and a message naming
+# the flag.
 # Usage: tools/pd_test.sh FERRY_BINARY
 set -uo pipefail
 ferry=$1
@@ -62,6 +64,46 @@ run kill-write "$kill_check" "${small[@]}" --requests 16 --layer-us 10000 --pref
   --transport shm --kill-prefill-after 3
 run kill-read "$kill_check" "${small[@]}" --requests 16 --layer-us 10000 --prefill 2 --mode read \
   --transport ucx --kill-prefill-after 3
+# A decode worker dies with a request in flight (its prefill still running): the producers
+# settle with the dead peer, the other decode instance serves the rest.
+kill_decode="$kill_check"' and [w["role"] for w in s["workers"] if w["killed"]] == ["decode"]'
+run kill-decode-write "$kill_decode" "${small[@]}" --requests 16 --layer-us 10000 --decode 2 \
+  --mode write --transport shm --kill-decode-after 3
+run kill-decode-read "$kill_decode" "${small[@]}" --requests 16 --layer-us 10000 --decode 2 --decode-tp 2 \
+  --mode read --transport ucx --kill-decode-after 3
+
+# Prefix hits: decode holds whole blocks of both sides (here lcm(16, 8) = 16 and lcm(16, 32) = 32
+# tokens) and checks only the tokens that moved.
+run prefix-write-shm "$all_done" "${small[@]}" --mode write --transport shm --prefix-hit 0.5 \
+  --decode-block-tokens 8
+run prefix-read-ucx "$all_done" "${small[@]}" --mode read --transport ucx --prefix-hit 0.7 \
+  --decode-block-tokens 32 --decode-tp 2
+# --prefix-hit 1 over prompts of whole blocks is a full hit (an empty block list): of 32, 17, 64,
+# 48 and 5 tokens only 1 + 5 move, 1 KiB a token in the tiny model.
+printf '0 32\n0 17\n0 64\n0 48\n0 5\n' > "$tmp/hits"
+full_hit='s["done"] == s["requests"] == 5 and s["bytes"] == 6 * 1024'
+run prefix-full-write "$full_hit" --trace "$tmp/hits" --layer-us 50 --timeout 40 --prefix-hit 1 --mode write
+run prefix-full-read "$full_hit" --trace "$tmp/hits" --layer-us 50 --timeout 40 --prefix-hit 1 --mode read
+
+# DP: 2 prefill and 3 decode DP ranks, each its own blocks; round robin pairs every prefill rank
+# with every decode rank, and each rank serves requests.
+dp_check="$all_done"' and len(s["workers"]) == 8 and all(w["stats"]["requests_done"] > 0 for w in s["workers"])'
+run dp-write-shm "$dp_check" "${small[@]}" --requests 12 --mode write --transport shm --prefill-dp 2 \
+  --decode-dp 3 --decode-tp 2
+
+# The GPU compute stand-in: a kernel per layer, the write waiting on its event (GPU machines);
+# without a usable GPU the command refuses cleanly.
+gpu=(--memory gpu --transport cuda_ipc --compute gpu)
+if timeout 60 "$ferry" pd "${small[@]}" "${gpu[@]}" --requests 1 > "$tmp/gpu-probe" 2>&1; then
+  run gpu-compute-write "$all_done" "${small[@]}" "${gpu[@]}" --layer-us 1000 --mode write
+  run gpu-compute-read "$all_done" "${small[@]}" "${gpu[@]}" --mode read --transport ucx --decode-tp 2
+elif grep -q "no usable GPU" "$tmp/gpu-probe"; then
+  echo "skipped: the GPU runs ($(tail -1 "$tmp/gpu-probe"))"
+else
+  echo "FAIL: ferry pd ${gpu[*]}:"
+  cat "$tmp/gpu-probe"
+  failures=$((failures + 1))
+fi
 
 # refuses EXPECTED_TEXT ARGS...: `ferry pd ARGS` exits 2 within 10 s and prints EXPECTED_TEXT.
 refuses() {
@@ -79,12 +121,17 @@ refuses "--prefill-tp 3 does not split" --prefill-tp 3
 refuses "--decode must be in" --decode 0
 refuses "--rate must be" --rate nan
 refuses "--timeout must be a number of seconds" --timeout 0
-refuses "--transport must be shm or ucx" --transport tcp
+refuses "--transport must be shm, ucx or cuda_ipc" --transport tcp
 refuses "--mode must be write or read" --mode push
 refuses "--layout" --layout diagonal
 refuses "--decode-layout" --decode-layout mla
 refuses "--trace: cannot open" --trace "$tmp/missing"
 refuses "--kill-prefill-after 10 must be less than" --requests 10 --kill-prefill-after 10
+refuses "--kill-decode-after 10 must be less than" --requests 10 --kill-decode-after 10
+refuses "--prefix-hit must be in [0, 1]" --prefix-hit 1.5
+refuses "--decode-dp must be in" --decode-dp 0
+refuses "--compute gpu runs on the KV cache's GPU" --compute gpu
+refuses "--transport cuda_ipc moves GPU memory only" --transport cuda_ipc
 
 [ "$failures" -eq 0 ] && echo "pd_test: every run verified"
 exit $((failures > 0))

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "ferry/engine.h"
+#include "ferry/gpu.h"
 #include "ferry/kv.h"
 #include "pd_arrivals.h"
 #include "pd_cache.h"
@@ -26,6 +27,7 @@ struct Job {
   std::string req;
   uint64_t n = 0;
   uint64_t tokens = 0;
+  uint64_t first_token = 0;  // decode: the prefix hit; `blocks` hold the tokens from it on
   std::vector<uint64_t> blocks;
 };
 
@@ -33,6 +35,7 @@ struct Job {
 struct Held {
   uint64_t n = 0;
   uint64_t tokens = 0;
+  uint64_t first_token = 0;
   std::vector<uint64_t> blocks;
   int64_t last_layer_ns = 0;  // decode, read mode: when WaitLayer saw the last layer
 };
@@ -82,6 +85,11 @@ class Worker {
   void Log(const std::string& what) { fmt::print(stderr, "ferry pd-worker {}: {}\n", name_, what); }
   void EndNow(const std::string& req, const std::string& why);
   void ComputeLoop();
+  // Runs the prefill of `job` layer by layer; false when the router cancelled it (an abort came
+  // while it ran), with *saved set when the connector already knows the request.
+  Status Compute(const Job& job, bool* cancelled, bool* saved);
+  // Handles the router's abort of `req`.
+  void AbortRequest(const std::string& req);
   void ReadLoop();
   void FinishLoop();
   void Stop(milliseconds wait);
@@ -92,6 +100,10 @@ class Worker {
   std::string name_ = "?";
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<KvCache> cache_;
+  // --compute gpu (prefill): the layers' stream and one event per layer, which the connector
+  // waits on before it posts the layer's write. Declared before conn_ so that they outlive it.
+  std::unique_ptr<gpu::Stream> stream_;
+  std::vector<std::unique_ptr<gpu::Event>> layer_events_;
   std::unique_ptr<kv::Connector> conn_;
 
   std::mutex mu_;
@@ -99,6 +111,8 @@ class Worker {
   std::map<std::string, Held> held_;
   std::deque<Job> compute_q_;
   std::deque<Job> read_q_;
+  std::string computing_;  // the request ComputeLoop runs, "" when none
+  bool cancel_ = false;    // the router aborted `computing_`
   bool stopping_ = false;
   std::vector<std::thread> threads_;
 };
@@ -110,7 +124,7 @@ Status Worker::Setup() {
   if (lines.empty() || TypeOf(lines[0]) != "config" || !lines[0].contains("config"))
     return Status(Code::kInvalidArgument, "the router sent no config");
   FERRY_ASSIGN_OR_RETURN(cfg_, WorkerConfig::FromJson(lines[0]["config"].dump()));
-  name_ = fmt::format("{}/dp0/tp{}", cfg_.instance, cfg_.tp_rank);
+  name_ = fmt::format("{}/dp{}/tp{}", cfg_.instance, cfg_.dp_rank, cfg_.tp_rank);
   FERRY_ASSIGN_OR_RETURN(preset_, FindPreset(cfg_.model));
   kv::CacheLayout id;
   id.model = preset_.name;
@@ -121,19 +135,27 @@ Status Worker::Setup() {
   id.num_layers = preset_.layers;
   id.tp_rank = cfg_.tp_rank;
   id.tp_size = cfg_.tp_size;
+  id.dp_rank = cfg_.dp_rank;
   id.block_tokens = cfg_.block_tokens;
   id.num_blocks = cfg_.blocks;
   FERRY_ASSIGN_OR_RETURN(kv::TensorOrder order, kv::ParseTensorOrder(cfg_.layout));
   FERRY_ASSIGN_OR_RETURN(kv::CacheLayout layout, kv::MakeLayout(id, order));
 
   EngineOptions eo;
-  eo.key = fmt::format("pd-{}-tp{}-{}", cfg_.instance, cfg_.tp_rank, getpid());
-  eo.transports = {cfg_.transport};
+  eo.key = fmt::format("pd-{}-dp{}-tp{}-{}", cfg_.instance, cfg_.dp_rank, cfg_.tp_rank, getpid());
+  eo.transports = EngineTransports(cfg_.transport);
   eo.copy_threads = 1;  // many workers share the host's cores
   FERRY_ASSIGN_OR_RETURN(engine_, Engine::Create(eo));
   const HeadSlice heads = HeadsOf(id.total_kv_heads, id.mla, id.tp_size, id.tp_rank);
   FERRY_ASSIGN_OR_RETURN(cache_,
                          KvCache::Create(engine_.get(), layout, cfg_.gpu, cfg_.device, heads));
+  if (cfg_.gpu_compute) {
+    FERRY_ASSIGN_OR_RETURN(stream_, gpu::Stream::Create(cfg_.device));
+    for (uint32_t l = 0; l < preset_.layers; ++l) {
+      FERRY_ASSIGN_OR_RETURN(auto event, gpu::Event::Create(cfg_.device));
+      layer_events_.push_back(std::move(event));
+    }
+  }
 
   kv::ConnectorOptions co;
   co.role = cfg_.prefill ? kv::Role::kProducer : kv::Role::kConsumer;
@@ -163,13 +185,16 @@ void Worker::EndNow(const std::string& req, const std::string& why) {
 
 Status Worker::Admit(const json& m, Job* job) {
   const uint64_t bt = cfg_.block_tokens;
+  if (m.contains("first_token") && !GetU64(m, "first_token", &job->first_token))
+    return Status(Code::kInvalidArgument, "a malformed first token from the router");
   if (!GetString(m, "req", &job->req, kv::kMaxRequestIdBytes) || !GetU64(m, "n", &job->n) ||
       !GetU64(m, "tokens", &job->tokens) || job->tokens == 0 || job->tokens > kMaxPromptTokens ||
+      job->first_token > job->tokens || (cfg_.prefill && job->first_token != 0) ||
       !GetBlocks(m, "blocks", cfg_.blocks, cfg_.blocks, &job->blocks) ||
-      job->blocks.size() != (job->tokens + bt - 1) / bt)
+      job->blocks.size() != (job->tokens - job->first_token + bt - 1) / bt)
     return Status(Code::kInvalidArgument, "a malformed request from the router");
   std::lock_guard<std::mutex> lock(mu_);
-  if (!held_.emplace(job->req, Held{job->n, job->tokens, job->blocks, 0}).second)
+  if (!held_.emplace(job->req, Held{job->n, job->tokens, job->first_token, job->blocks, 0}).second)
     return Status(Code::kAlreadyExists, "request " + job->req + " twice");
   return Status::Ok();
 }
@@ -204,8 +229,12 @@ bool Worker::Handle(const json& m) {
     Status s;
     if (t == "expect") {
       std::string producer;
-      s = GetString(m, "producer", &producer, kv::kMaxNameBytes)
-              ? conn_->ExpectWrite(job.req, producer, 0, job.blocks, job.tokens)
+      uint64_t producer_dp = 0;
+      // num_tokens counts the tokens that move (0 for a full hit: the empty list holds none).
+      s = GetString(m, "producer", &producer, kv::kMaxNameBytes) &&
+                  GetU64(m, "producer_dp", &producer_dp) && producer_dp < kv::kMaxTpSize
+              ? conn_->ExpectWrite(job.req, producer, static_cast<uint32_t>(producer_dp),
+                                   job.blocks, job.tokens - job.first_token, job.first_token)
               : Status(Code::kInvalidArgument, "expect without a producer");
     } else {
       std::string hex, packed;
@@ -213,7 +242,7 @@ bool Worker::Handle(const json& m) {
           GetString(m, "params", &hex) && FromHex(hex, &packed)
               ? kv::ReadParams::Unpack(packed)
               : Result<kv::ReadParams>(Status(Code::kInvalidArgument, "read without params"));
-      s = params.ok() ? conn_->StartRead(*params, job.blocks) : params.status();
+      s = params.ok() ? conn_->StartRead(*params, job.blocks, job.first_token) : params.status();
       if (s.ok()) {
         std::lock_guard<std::mutex> lock(mu_);
         read_q_.push_back(std::move(job));
@@ -226,14 +255,7 @@ bool Worker::Handle(const json& m) {
   }
   if (t == "abort") {
     std::string req;
-    if (!GetString(m, "req", &req, kv::kMaxRequestIdBytes)) return true;
-    bool known;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      known = held_.count(req) != 0;
-    }
-    // The connector ends a request it knows (and we report it then); one it never took ends here.
-    if (known && !conn_->Abort(req).ok()) EndNow(req, "aborted by the router");
+    if (GetString(m, "req", &req, kv::kMaxRequestIdBytes)) AbortRequest(req);
     return true;
   }
   if (t == "stop") {
@@ -246,6 +268,61 @@ bool Worker::Handle(const json& m) {
   return true;
 }
 
+void Worker::AbortRequest(const std::string& req) {
+  bool known, queued = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    known = held_.count(req) != 0;
+    // Not computed yet: it never reaches the connector, and its blocks are not touched again.
+    for (auto it = compute_q_.begin(); it != compute_q_.end(); ++it) {
+      if (it->req != req) continue;
+      compute_q_.erase(it);
+      queued = true;
+      break;
+    }
+    if (known && !queued && computing_ == req) {  // ComputeLoop ends it after this layer
+      cancel_ = true;
+      return;
+    }
+  }
+  // The connector ends a request it knows (and we report it then), as it may through the
+  // consumer's allocation alone; one it never took ends here.
+  if (known && !conn_->Abort(req).ok())
+    EndNow(req, queued ? "aborted by the router before its prefill" : "aborted by the router");
+}
+
+Status Worker::Compute(const Job& job, bool* cancelled, bool* saved) {
+  for (uint32_t layer = 0; layer < preset_.layers; ++layer) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      *cancelled = cancel_;
+    }
+    if (*cancelled) return Status::Ok();
+    kv::ReadyFn ready;
+    if (stream_) {
+      // The layer's kernels (a spin), then its KV (what attention would have written), both on
+      // the stream; the event marks the layer done, and the connector waits for it.
+      FERRY_RETURN_IF_ERROR(stream_->Spin(std::chrono::microseconds(cfg_.layer_us)));
+      FERRY_RETURN_IF_ERROR(
+          cache_->FillLayerOn(stream_.get(), job.n, layer, job.blocks, job.tokens));
+      FERRY_RETURN_IF_ERROR(layer_events_[layer]->Record(stream_->handle()));
+      ready = kv::EventReady(layer_events_[layer]->handle());
+    } else {
+      if (cfg_.layer_us) std::this_thread::sleep_for(std::chrono::microseconds(cfg_.layer_us));
+      FERRY_RETURN_IF_ERROR(cache_->FillLayer(job.n, layer, job.blocks, job.tokens));
+    }
+    if (!cfg_.read_mode) {
+      *saved = true;
+      FERRY_RETURN_IF_ERROR(conn_->SaveLayer(job.req, layer, job.blocks, std::move(ready)));
+    }
+  }
+  // The prefill is computed when the GPU is done with it (read mode hands the blocks over at
+  // once, so the last layer's copy must have landed too); the connector waits on each layer's
+  // event by itself.
+  if (stream_) return stream_->Sync(std::chrono::seconds(10));
+  return Status::Ok();
+}
+
 void Worker::ComputeLoop() {
   for (;;) {
     Job job;
@@ -255,15 +332,14 @@ void Worker::ComputeLoop() {
       if (compute_q_.empty()) return;
       job = std::move(compute_q_.front());
       compute_q_.pop_front();
+      computing_ = job.req;
+      cancel_ = false;
     }
-    Status s;
-    for (uint32_t layer = 0; layer < preset_.layers && s.ok(); ++layer) {
-      // The layer's compute stand-in, then its KV (what attention would have written).
-      if (cfg_.layer_us) std::this_thread::sleep_for(std::chrono::microseconds(cfg_.layer_us));
-      s = cache_->FillLayer(job.n, layer, job.blocks, job.tokens);
-      if (s.ok() && !cfg_.read_mode) s = conn_->SaveLayer(job.req, layer, job.blocks);
-    }
-    // "Exposed" time starts here: the last layer is computed.
+    bool cancelled = false, saved = false;
+    Status s = Compute(job, &cancelled, &saved);
+    if (cancelled) s = Status(Code::kAborted, "aborted by the router during its prefill");
+    // "Exposed" time starts here: the last layer is computed (with --compute gpu, Compute
+    // waited for the stream).
     const int64_t computed_ns = MonotonicNs();
     if (s.ok() && !cfg_.read_mode) {
       // Told before Seal(): once sealed, the request may end (and be reported) at any moment.
@@ -271,12 +347,23 @@ void Worker::ComputeLoop() {
       s = conn_->Seal(job.req, preset_.layers);
     } else if (s.ok()) {
       auto params = conn_->HoldForRead(job.req, job.blocks, job.tokens);
-      const int64_t ns = computed_ns;
+      saved = params.ok();
       s = params.status();
       if (s.ok())
-        Report({{"t", "held"}, {"req", job.req}, {"ns", ns}, {"params", ToHex(params->Pack())}});
+        Report({{"t", "held"},
+                {"req", job.req},
+                {"ns", computed_ns},
+                {"params", ToHex(params->Pack())}});
     }
-    if (!s.ok() && !conn_->Abort(job.req).ok()) EndNow(job.req, s.ToString());
+    {
+      // An abort that came after the last check above was left to this loop: the connector
+      // knows the request now (sealed or held), so it ends there.
+      std::lock_guard<std::mutex> lock(mu_);
+      computing_.clear();
+      if (cancel_ && s.ok()) s = Status(Code::kAborted, "aborted by the router");
+    }
+    // A request the connector knows ends through it; one it never saw ends here.
+    if (!s.ok() && (!saved || !conn_->Abort(job.req).ok())) EndNow(job.req, s.ToString());
   }
 }
 
@@ -328,7 +415,7 @@ void Worker::FinishLoop() {
       if (!known)
         Log("the connector ended request " + f.request + ", which this worker does not hold");
       if (known && !cfg_.prefill && f.outcome == kv::Outcome::kDone) {
-        auto r = cache_->Check(h.n, h.blocks, h.tokens);
+        auto r = cache_->Check(h.n, h.blocks, h.tokens, h.first_token);
         m["checked"] = r.ok() ? r->bytes_checked : 0;
         m["bad_bytes"] = r.ok() ? r->bad_bytes : 1;
         m["first_bad"] = r.ok() ? r->first_bad : r.status().ToString();
