@@ -196,6 +196,9 @@ struct ConnectorOptions {
   bool checksums = false;
   // Fetching a peer's metadata from its handshake endpoint.
   Duration handshake_timeout = std::chrono::seconds(5);
+  // Connect to a peer when it is learnt (AddPeer): a first message sets up the transport's
+  // connection and sessions to its regions are opened, so its first request pays for neither.
+  bool eager_connect = false;
 };
 
 // How a request's data becomes ready on the producer: e.g. gpu::EventWaiter(event). Called

@@ -199,9 +199,29 @@ Status Connector::Impl::LearnPeer(std::string_view bytes) {
   if (meta->id == id) return Status(Code::kInvalidArgument, "peer " + meta->id.ToString() + " has this worker's name");
   if (Status s = engine->AddPeer(meta->engine); !s.ok()) return s;
   auto shared = std::make_shared<const WorkerMetadata>(std::move(*meta));
-  MutexLock l(&mu);
-  peers[shared->id] = shared;
+  {
+    MutexLock l(&mu);
+    peers[shared->id] = shared;
+  }
+  if (options.eager_connect) Post([this, shared] { Connect(*shared); });
   return {};
+}
+
+void Connector::Impl::Connect(const WorkerMetadata& peer) {
+  Status s = Send(peer.engine.key, Base(MsgType::kPing, ""));
+  if (!s.ok()) {
+    FERRY_LOG_WARN("kv {}: connecting to {}: {}", id.ToString(), peer.id.ToString(), s.ToString());
+    return;
+  }
+  // Sessions for every pair of regions when there are few, else region i to region i.
+  const size_t local = regions.size(), remote = peer.regions.size();
+  constexpr size_t kMaxEagerSessions = 4096;
+  for (size_t i = 0; i < local; ++i) {
+    for (size_t j = 0; j < remote; ++j) {
+      if (local * remote > kMaxEagerSessions && j != i % remote) continue;
+      (void)SessionFor(peer, static_cast<uint32_t>(i), static_cast<uint32_t>(j));
+    }
+  }
 }
 
 Status Connector::AddPeer(std::string_view metadata) { return impl_->LearnPeer(metadata); }

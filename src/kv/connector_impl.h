@@ -215,6 +215,8 @@ struct Connector::Impl {
                                                                           uint32_t dp) const
       EXCLUDES(mu);
   Status LearnPeer(std::string_view metadata) EXCLUDES(mu);
+  // ConnectorOptions::eager_connect: a first message and the sessions to `peer`'s regions.
+  void Connect(const WorkerMetadata& peer);
   Status Send(const std::string& engine_key, const Message& m);
   Result<Session> SessionFor(const WorkerMetadata& peer, uint32_t local_region, uint32_t remote_region);
   void Publish(Finished f, bool producer_side) EXCLUDES(mu);

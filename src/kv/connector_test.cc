@@ -78,6 +78,24 @@ TEST_P(ConnectorTest, WriteModeMovesEveryLayer) {
   EXPECT_EQ(pd.d[0]->conn->pending(), 0u);
 }
 
+TEST_P(ConnectorTest, EagerConnectReachesThePeerBeforeTheFirstRequest) {
+  ConnectorOptions o;
+  o.eager_connect = true;
+  Pd pd = MakePd(transport(), 1, 1, TensorOrder::kKvFirst, TensorOrder::kSeparate, o);
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (pd.d[0]->conn->stats().messages_received == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_GE(pd.p[0]->conn->stats().messages_sent, 1u);
+  EXPECT_GE(pd.d[0]->conn->stats().messages_received, 1u);  // the producer's first message
+  const auto pb = Blocks({1}), db = Blocks({2});
+  ASSERT_TRUE(pd.d[0]->conn->ExpectWrite("e", "prefill", 0, db).ok());
+  SaveAll(pd, "e", 4, pb, 16);
+  ExpectDone(*pd.d[0], "e");
+  ExpectDone(*pd.p[0], "e");
+  EXPECT_EQ(CheckAll(pd, 4, db, 16), 0u);
+}
+
 TEST_P(ConnectorTest, LayersSavedBeforeTheAllocationAreDeferredThenSent) {
   Pd pd = MakePd(transport(), 1, 1, TensorOrder::kBlocksFirst, TensorOrder::kKvFirstHnd);
   const auto p_blocks = Blocks({0, 1}), d_blocks = Blocks({5, 6});
