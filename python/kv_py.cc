@@ -195,7 +195,7 @@ std::unique_ptr<PyConnector> MakeConnector(py::object engine, const CacheLayout&
                                            const std::string& role, const std::string& mode,
                                            double deferred_write_timeout_ms, double transfer_timeout_ms,
                                            double abort_timeout_ms, double liveness_interval_ms, bool checksums,
-                                           double handshake_timeout_ms) {
+                                           double handshake_timeout_ms, bool eager_connect) {
   kv::ConnectorOptions o;
   o.instance = std::move(instance);
   o.role = Parse(kRoles, role, "role");
@@ -206,6 +206,7 @@ std::unique_ptr<PyConnector> MakeConnector(py::object engine, const CacheLayout&
   o.liveness_interval = Millis(liveness_interval_ms, "liveness_interval_ms");
   o.checksums = checksums;
   o.handshake_timeout = Millis(handshake_timeout_ms, "handshake_timeout_ms");
+  o.eager_connect = eager_connect;
   std::shared_ptr<Engine> e = EngineOf(engine);
   Result<std::unique_ptr<Connector>> c = [&] {
     py::gil_scoped_release nogil;
@@ -274,7 +275,8 @@ void BindKv(py::module_& parent) {
       "One worker's KV connector: moves requests' KV blocks to and from peer workers.\n\n"
       "Connector(engine, layout, regions, *, instance, role='both', mode='write',\n"
       "deferred_write_timeout_ms=60000, transfer_timeout_ms=30000, abort_timeout_ms=480000,\n"
-      "liveness_interval_ms=1000, checksums=False, handshake_timeout_ms=5000): `regions` are the\n"
+      "liveness_interval_ms=1000, checksums=False, handshake_timeout_ms=5000, eager_connect=False):\n"
+      "`regions` are the\n"
       "engine's MemoryDescs of the layout's regions, in order (ferry.kv.register_kv_caches builds\n"
       "all three from tensors). Every call releases the GIL. Requests end on each side exactly\n"
       "once (pop_finished / wait_finished). close() (or leaving a `with` block) stops it.")
@@ -284,7 +286,7 @@ void BindKv(py::module_& parent) {
            py::arg("transfer_timeout_ms") = Ms(d.transfer_timeout),
            py::arg("abort_timeout_ms") = Ms(d.abort_timeout),
            py::arg("liveness_interval_ms") = Ms(d.liveness_interval), py::arg("checksums") = d.checksums,
-           py::arg("handshake_timeout_ms") = Ms(d.handshake_timeout))
+           py::arg("handshake_timeout_ms") = Ms(d.handshake_timeout), py::arg("eager_connect") = d.eager_connect)
       .def_property_readonly(
           "id", [](const PyConnector& s) { return Call(s, [](Connector& c) { return c.id(); }); },
           "This worker's WorkerId.")
