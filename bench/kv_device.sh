@@ -9,7 +9,7 @@ out="${OUT:-/tmp}"
 build="${FERRY_GPU_BUILD:-/tmp/build}"
 mkdir -p "$out"
 status=0
-{
+exec > >(tee "$out/kv_device.log") 2>&1
   date -u; uptime; nvidia-smi -L 2>&1 || true
   echo "== configure + build"
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_WITH_CUDA=ON -DFERRY_WITH_PYTHON=ON \
@@ -27,5 +27,4 @@ status=0
     FERRY=$build/tools/ferry bench/kv_pd.sh 2>&1 | tail -40
     FERRY=$build/tools/ferry FERRY_PD_MEMORY=gpu bench/kv_pd.sh 2>&1 | tail -40
   fi
-} 2>&1 | tee "$out/kv_device.log"
 exit $status
