@@ -60,6 +60,9 @@ void AddPdCommand(CLI::App& app, int* exit_code) {
   std::string models;
   for (const pd::Preset& p : pd::Presets()) models += fmt::format("\n  {}: {}", p.name, p.about);
   cmd->add_option("--model", f->model, "Model preset:" + models)->capture_default_str();
+  cmd->add_option("--layers", f->layers,
+                  "Layers of the model (0: the preset's): its shape with fewer or more layers")
+      ->capture_default_str();
   cmd->add_option("--prefill", f->prefill, "Prefill instances")->capture_default_str();
   cmd->add_option("--decode", f->decode, "Decode instances")->capture_default_str();
   cmd->add_option("--prefill-tp", f->prefill_tp, "TP ranks (processes) of each prefill instance")

@@ -21,6 +21,7 @@ constexpr uint64_t kMaxWorkersASide = 256;  // processes of one side, over insta
 constexpr uint32_t kMaxBlockTokens = 4096;
 constexpr uint64_t kMaxBlocks = 1 << 24;
 constexpr uint64_t kMaxTraceBytes = 64 << 20;
+constexpr uint32_t kMaxLayers = 1024;  // kv::kMaxLayers
 
 Status Bad(std::string message) { return Status(Code::kInvalidArgument, std::move(message)); }
 
@@ -99,6 +100,9 @@ Status CheckTpSplit(const Preset& p, uint32_t tp, std::string_view flag) {
 Result<PdConfig> Configure(const PdFlags& f) {
   PdConfig c;
   FERRY_ASSIGN_OR_RETURN(c.preset, FindPreset(f.model));
+  if (f.layers > kMaxLayers)
+    return Bad(fmt::format("--layers must be in 0..{}, not {}", kMaxLayers, f.layers));
+  if (f.layers != 0) c.preset.layers = f.layers;  // the model's shape with fewer or more layers
   if (f.block_tokens > kMaxBlockTokens || f.decode_block_tokens > kMaxBlockTokens)
     return Bad(fmt::format("--block-tokens and --decode-block-tokens must be at most {}",
                            kMaxBlockTokens));
@@ -203,6 +207,14 @@ std::vector<std::string> EngineTransports(const std::string& name) {
   return {name};
 }
 
+std::string Shape(const PdConfig& c) {
+  return fmt::format("{}P(dp{}, tp{}, {}) -> {}D(dp{}, tp{}, {}), blocks of {} -> {} tokens{}",
+                     c.prefill.instances, c.prefill.dp, c.prefill.tp, c.prefill.layout,
+                     c.decode.instances, c.decode.dp, c.decode.tp, c.decode.layout,
+                     c.prefill.block_tokens, c.decode.block_tokens,
+                     c.prefix_hit > 0 ? fmt::format(", prefix hit {}", c.prefix_hit) : "");
+}
+
 std::string InstanceName(bool prefill, uint32_t instance) {
   return fmt::format("{}{}", prefill ? 'p' : 'd', instance);
 }
@@ -217,6 +229,7 @@ WorkerConfig MakeWorkerConfig(const PdConfig& c, bool prefill, uint32_t instance
   w.tp_rank = tp_rank;
   w.tp_size = side.tp;
   w.model = c.preset.name;
+  w.layers = c.preset.layers;
   w.block_tokens = side.block_tokens;
   w.layout = side.layout;
   w.blocks = side.blocks;
@@ -239,6 +252,7 @@ std::string WorkerConfig::ToJson() const {
                       {"tp_rank", tp_rank},
                       {"tp_size", tp_size},
                       {"model", model},
+                      {"layers", layers},
                       {"block_tokens", block_tokens},
                       {"layout", layout},
                       {"blocks", blocks},
@@ -279,13 +293,14 @@ Result<WorkerConfig> WorkerConfig::FromJson(std::string_view text) {
   };
   if (!get("prefill", &w.prefill) || !get("instance", &w.instance) || !get("dp_rank", &w.dp_rank) ||
       !get("tp_rank", &w.tp_rank) || !get("tp_size", &w.tp_size) || !get("model", &w.model) ||
-      !get("block_tokens", &w.block_tokens) || !get("layout", &w.layout) ||
-      !get("blocks", &w.blocks) || !get("gpu", &w.gpu) || !get("gpu_compute", &w.gpu_compute) ||
-      !get("device", &w.device) || !get("transport", &w.transport) ||
-      !get("read_mode", &w.read_mode) || !get("layer_us", &w.layer_us) ||
-      !get("transfer_timeout_ms", &w.transfer_timeout_ms) || !get("checksums", &w.checksums))
+      !get("layers", &w.layers) || !get("block_tokens", &w.block_tokens) ||
+      !get("layout", &w.layout) || !get("blocks", &w.blocks) || !get("gpu", &w.gpu) ||
+      !get("gpu_compute", &w.gpu_compute) || !get("device", &w.device) ||
+      !get("transport", &w.transport) || !get("read_mode", &w.read_mode) ||
+      !get("layer_us", &w.layer_us) || !get("transfer_timeout_ms", &w.transfer_timeout_ms) ||
+      !get("checksums", &w.checksums))
     return Bad("worker config: a field is missing or of the wrong type");
-  if (w.dp_rank >= kMaxDp || (w.gpu_compute && !w.gpu) ||
+  if (w.dp_rank >= kMaxDp || w.layers < 1 || w.layers > kMaxLayers || (w.gpu_compute && !w.gpu) ||
       (w.transport != "shm" && w.transport != "ucx" && w.transport != "cuda_ipc") ||
       w.tp_size < 1 || w.tp_size > kMaxTp || w.tp_rank >= w.tp_size || w.block_tokens < 1 ||
       w.block_tokens > kMaxBlockTokens || w.blocks < 1 || w.blocks > kMaxBlocks ||

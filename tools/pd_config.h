@@ -54,6 +54,7 @@ enum class Compute : uint8_t { kSleep, kGpu };
 // The command line as given.
 struct PdFlags {
   std::string model = "tiny";
+  uint32_t layers = 0;  // 0: the preset's
   uint32_t prefill = 1;
   uint32_t decode = 1;
   uint32_t prefill_tp = 1;
@@ -133,7 +134,8 @@ struct WorkerConfig {
   uint32_t dp_rank = 0;
   uint32_t tp_rank = 0;
   uint32_t tp_size = 1;
-  std::string model;  // a preset name
+  std::string model;    // a preset name
+  uint32_t layers = 0;  // the preset's, or --layers
   uint32_t block_tokens = 16;
   std::string layout;
   uint64_t blocks = 0;
@@ -157,5 +159,8 @@ WorkerConfig MakeWorkerConfig(const PdConfig& c, bool prefill, uint32_t instance
 // notifications: the connector's messages go over shm beside it).
 std::vector<std::string> EngineTransports(const std::string& name);
 std::string InstanceName(bool prefill, uint32_t instance);
+// The run's shape for its summary: "1P(dp1, tp2, kv_first) -> 1D(dp1, tp1, kv_first), blocks of
+// 16 -> 16 tokens".
+std::string Shape(const PdConfig& c);
 
 }  // namespace ferry::tools::pd

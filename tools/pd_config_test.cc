@@ -122,6 +122,8 @@ TEST(Configure, RefusesBadFlagsNamingThem) {
   ExpectRefused(f, "--decode-dp");
   f = Small(), f.prefill = 64, f.prefill_dp = 64;
   ExpectRefused(f, "workers, over");
+  f = Small(), f.layers = 5000;
+  ExpectRefused(f, "--layers");
   f = Small(), f.compute = "fpga";
   ExpectRefused(f, "--compute must be");
   f = Small(), f.compute = "gpu";
@@ -160,6 +162,7 @@ TEST(WorkerConfig, RoundTripsAndRefusesBadInput) {
   EXPECT_EQ(back.blocks, w.blocks);
   EXPECT_EQ(back.transfer_timeout_ms, 10000u);
   EXPECT_FALSE(back.gpu_compute);
+  EXPECT_EQ(back.layers, 4u);
   PdFlags f = Small();
   f.decode_dp = 3;
   c = Configure(f).value();

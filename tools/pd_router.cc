@@ -495,12 +495,9 @@ int Router::Finish() {
   facts.mode = c_.mode == Mode::kWrite ? "write" : "read";
   facts.transport = c_.transport;
   facts.memory = c_.memory == MemoryPlace::kHost ? "host" : "gpu";
-  facts.shape = fmt::format(
-      "{}P(dp{}, tp{}, {}) -> {}D(dp{}, tp{}, {}), blocks of {} -> {} tokens{}",
-      c_.prefill.instances, c_.prefill.dp, c_.prefill.tp, c_.prefill.layout, c_.decode.instances,
-      c_.decode.dp, c_.decode.tp, c_.decode.layout, c_.prefill.block_tokens, c_.decode.block_tokens,
-      c_.prefix_hit > 0 ? fmt::format(", prefix hit {}", c_.prefix_hit) : "");
+  facts.shape = Shape(c_);
   facts.seconds = seconds;
+  facts.layers = c_.preset.layers;
   facts.fault_run = c_.fault_run();
   facts.killed = killed_;
   for (const InstanceState& inst : instances_)

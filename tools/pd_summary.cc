@@ -21,13 +21,14 @@ Summary Summarize(const std::vector<RequestRecord>& requests,
                   const std::vector<WorkerRecord>& workers, const RunFacts& facts) {
   Summary s;
   s.requests = requests.size();
-  std::vector<double> exposed;
+  std::vector<double> exposed, layer_bytes;
   for (const RequestRecord& r : requests) {
     switch (r.end) {
       case RequestEnd::kDone:
         ++s.done;
         s.bytes += r.bytes;
         if (r.exposed_us >= 0) exposed.push_back(r.exposed_us);
+        if (facts.layers != 0) layer_bytes.push_back(static_cast<double>(r.bytes) / facts.layers);
         break;
       case RequestEnd::kFailed:
         ++s.failed;
@@ -41,6 +42,7 @@ Summary Summarize(const std::vector<RequestRecord>& requests,
   s.exposed_p50_us = Percentile(exposed, 0.5);
   s.exposed_p99_us = Percentile(exposed, 0.99);
   s.exposed_max_us = exposed.empty() ? 0 : *std::max_element(exposed.begin(), exposed.end());
+  s.layer_bytes_p50 = Percentile(layer_bytes, 0.5);
   s.bytes_per_s = facts.seconds > 0 ? static_cast<double>(s.bytes) / facts.seconds : 0;
   s.blocks_leaked = facts.blocks_leaked;
   for (const WorkerRecord& w : workers) {
@@ -81,6 +83,8 @@ nlohmann::json ToJson(const Summary& s, const std::vector<WorkerRecord>& workers
        {{"p50", s.exposed_p50_us}, {"p99", s.exposed_p99_us}, {"max", s.exposed_max_us}}},
       {"bytes", s.bytes},
       {"bytes_per_s", s.bytes_per_s},
+      {"layers", facts.layers},
+      {"layer_bytes_p50", s.layer_bytes_p50},
       {"killed", facts.killed},
       {"problems", s.problems},
   };

@@ -41,6 +41,7 @@ struct RunFacts {
   std::string transport;
   std::string memory;
   std::string shape;  // "1P(tp2) -> 1D(tp1)"
+  uint32_t layers = 0;
   double seconds = 0;
   uint64_t blocks_leaked = 0;  // instance blocks not back in their free lists (instances all alive)
   bool fault_run = false;
@@ -59,6 +60,7 @@ struct Summary {
   double exposed_max_us = 0;
   uint64_t bytes = 0;
   double bytes_per_s = 0;
+  double layer_bytes_p50 = 0;  // KV bytes one layer of a done request moved (median)
   bool ok = false;
   std::vector<std::string> problems;  // why not ok, for humans
 };

@@ -92,6 +92,9 @@ class Worker {
   void AbortRequest(const std::string& req);
   void ReadLoop();
   void FinishLoop();
+  // Decode: verifies each request done (FinishLoop queues them) and reports it, so that a long
+  // check does not delay the end time taken for the requests that end meanwhile.
+  void CheckLoop();
   void Stop(milliseconds wait);
 
   LineChannel ch_;
@@ -111,6 +114,12 @@ class Worker {
   std::map<std::string, Held> held_;
   std::deque<Job> compute_q_;
   std::deque<Job> read_q_;
+  struct Ended {
+    std::string req;
+    Held held;
+    json report;  // the "end" message, without the check's fields
+  };
+  std::deque<Ended> check_q_;
   std::string computing_;  // the request ComputeLoop runs, "" when none
   bool cancel_ = false;    // the router aborted `computing_`
   bool stopping_ = false;
@@ -126,6 +135,7 @@ Status Worker::Setup() {
   FERRY_ASSIGN_OR_RETURN(cfg_, WorkerConfig::FromJson(lines[0]["config"].dump()));
   name_ = fmt::format("{}/dp{}/tp{}", cfg_.instance, cfg_.dp_rank, cfg_.tp_rank);
   FERRY_ASSIGN_OR_RETURN(preset_, FindPreset(cfg_.model));
+  preset_.layers = cfg_.layers;
   kv::CacheLayout id;
   id.model = preset_.name;
   id.dtype_bytes = preset_.dtype_bytes;
@@ -415,10 +425,10 @@ void Worker::FinishLoop() {
       if (!known)
         Log("the connector ended request " + f.request + ", which this worker does not hold");
       if (known && !cfg_.prefill && f.outcome == kv::Outcome::kDone) {
-        auto r = cache_->Check(h.n, h.blocks, h.tokens, h.first_token);
-        m["checked"] = r.ok() ? r->bytes_checked : 0;
-        m["bad_bytes"] = r.ok() ? r->bad_bytes : 1;
-        m["first_bad"] = r.ok() ? r->first_bad : r.status().ToString();
+        std::lock_guard<std::mutex> lock(mu_);
+        check_q_.push_back({f.request, std::move(h), std::move(m)});
+        cv_.notify_all();
+        continue;
       }
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -426,6 +436,29 @@ void Worker::FinishLoop() {
       }
       Report(std::move(m));
     }
+  }
+}
+
+void Worker::CheckLoop() {
+  for (;;) {
+    Ended e;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !check_q_.empty(); });
+      if (check_q_.empty()) return;
+      e = std::move(check_q_.front());
+      check_q_.pop_front();
+    }
+    const Held& h = e.held;
+    auto r = cache_->Check(h.n, h.blocks, h.tokens, h.first_token);
+    e.report["checked"] = r.ok() ? r->bytes_checked : 0;
+    e.report["bad_bytes"] = r.ok() ? r->bad_bytes : 1;
+    e.report["first_bad"] = r.ok() ? r->first_bad : r.status().ToString();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held_.erase(e.req);  // its blocks are the router's again once it hears
+    }
+    Report(std::move(e.report));
   }
 }
 
@@ -463,6 +496,7 @@ int Worker::Run() {
   }
   threads_.emplace_back([this] { FinishLoop(); });
   if (cfg_.prefill) threads_.emplace_back([this] { ComputeLoop(); });
+  if (!cfg_.prefill) threads_.emplace_back([this] { CheckLoop(); });
   if (!cfg_.prefill && cfg_.read_mode) threads_.emplace_back([this] { ReadLoop(); });
   for (;;) {
     std::vector<json> lines;
