@@ -1,9 +1,11 @@
 // `ferry pd`: a prefill/decode (P/D) simulator that shows the KV connector (ferry/kv.h) doing
-// its job. N prefill and M decode instances (each of TP ranks, one process per rank) run on
-// this host; requests arrive (Poisson or a trace), prefill computes each layer (a stand-in of
-// a given time) and hands its KV to decode through the connector, in write or read mode; every
-// decode rank checks every byte it holds, and the run ends with a summary. `ferry pd-worker` is
-// the hidden command each worker process runs.
+// its job. N prefill and M decode instances (each of DP ranks of TP ranks, one process per
+// rank) run on this host; requests arrive (Poisson or a trace), prefill computes each layer (a
+// stand-in of a given time: a sleep, or a kernel on the GPU) and hands its KV to decode through
+// the connector, in write or read mode, after any prefix the decode side already holds; every
+// decode rank checks every byte it received, and the run ends with a summary. Fault runs kill a
+// prefill or a decode worker mid-request. `ferry pd-worker` is the hidden command each worker
+// process runs.
 #include <fmt/format.h>
 #include <signal.h>
 
