@@ -23,8 +23,9 @@ exec > >(tee "$out/kv_device.log") 2>&1
   "$build/bench/ferry_bench_kv_connector" --benchmark_repetitions=7 --benchmark_enable_random_interleaving=true \
     --benchmark_report_aggregates_only=true 2>&1 | grep -E "median|cv|Benchmark|---"
   FERRY_BENCH_TRANSPORT=local "$build/bench/ferry_bench_kv_connector" --benchmark_filter=seal 2>&1 | grep seal_to
-  if [ -x bench/kv_pd.sh ]; then
-    FERRY=$build/tools/ferry bench/kv_pd.sh 2>&1 | tail -40
-    FERRY=$build/tools/ferry FERRY_PD_MEMORY=gpu bench/kv_pd.sh 2>&1 | tail -40
-  fi
+  echo "== ferry pd: exposed time after the last layer (host/shm, then gpu/cuda_ipc)"
+  for memory in host gpu; do
+    OUT=/tmp/kv_pd_$memory ROUNDS=${ROUNDS:-2} REQUESTS=${REQUESTS:-20} RATE=${RATE:-4} \
+      bench/kv_pd.sh "$build/tools/ferry" "$memory" 2>&1 | tail -20
+  done
 exit $status
