@@ -8,11 +8,13 @@
 //  - control_path: small requests (one block, two layers of a tiny model) from allocation to
 //    done on both sides, 64 in flight. Target: >= 10,000 requests per second.
 // The model of the layer pushes is llama-3.1-8b on one TP rank: 32 layers, 8 KV heads, head dim
-// 128, bf16, blocks of 16 tokens, KV-first; a request of 2048 tokens in scattered blocks.
+// 128, bf16, blocks of 16 tokens, KV-first; requests of 1024 tokens in scattered blocks, one or
+// four in flight at once (/1, /4).
 // Run: build/<preset>/bench/ferry_bench_kv_connector (results in bench/results/kv_connector.md).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <map>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -45,6 +47,8 @@ struct Side {
   std::unique_ptr<ferry::kv::Connector> conn;
 };
 
+constexpr uint64_t kBlocksPerSide = 320;  // room for 5 requests' disjoint blocks
+
 CacheLayout Model(bool tiny, uint32_t tp_rank) {
   CacheLayout l;
   l.model = tiny ? "tiny" : "llama-3.1-8b";
@@ -55,7 +59,7 @@ CacheLayout Model(bool tiny, uint32_t tp_rank) {
   l.tp_rank = tp_rank;
   l.tp_size = 1;
   l.block_tokens = 16;
-  l.num_blocks = tiny ? 1024 : 160;
+  l.num_blocks = tiny ? 1024 : kBlocksPerSide;
   return l;
 }
 
@@ -108,64 +112,93 @@ std::vector<uint64_t> Scattered(uint64_t n, uint64_t of, uint64_t seed) {
   return ids;
 }
 
-constexpr uint64_t kTokens = 2048;
+constexpr uint64_t kTokens = 1024;  // a request: 64 blocks of 16 tokens, 4 MiB a layer
 
+// The blocks of request `i` of a batch: disjoint, scattered over the cache.
+std::vector<uint64_t> RequestBlocks(int i, uint64_t seed) {
+  const auto all = Scattered(kBlocksPerSide, kBlocksPerSide, seed);
+  const uint64_t n = kTokens / 16;
+  return std::vector<uint64_t>(all.begin() + i * n, all.begin() + (i + 1) * n);
+}
+
+// state.range(0) requests in flight at once: 1 shows a request's whole cost, 4 the rate at
+// which requests that overlap move (as in serving).
 void BM_LayerPushEngine(benchmark::State& state) {
   auto pair = Pair::Make(false);
   if (!pair) return state.SkipWithError("setup failed");
-  const auto pb = Scattered(kTokens / 16, 160, 1), db = Scattered(kTokens / 16, 160, 2);
-  ferry::kv::PlanInput in;
-  in.src = &pair->p->layout;
-  in.dst = &pair->d->layout;
-  in.src_blocks = pb;
-  in.dst_blocks = db;
-  ferry::kv::Plan plan;
-  if (!ferry::kv::BuildPlan(in, &plan).ok()) return state.SkipWithError("plan failed");
-  std::vector<ferry::Session> sessions;
-  for (const auto& g : plan.groups) {
+  const int in_flight = static_cast<int>(state.range(0));
+  std::vector<ferry::kv::Plan> plans(in_flight);
+  std::vector<std::vector<uint64_t>> pbs, dbs;
+  for (int i = 0; i < in_flight; ++i) {
+    pbs.push_back(RequestBlocks(i, 1));
+    dbs.push_back(RequestBlocks(i, 2));
+    ferry::kv::PlanInput in;
+    in.src = &pair->p->layout;
+    in.dst = &pair->d->layout;
+    in.src_blocks = pbs.back();
+    in.dst_blocks = dbs.back();
+    if (!ferry::kv::BuildPlan(in, &plans[i]).ok()) return state.SkipWithError("plan failed");
+  }
+  std::map<std::pair<uint32_t, uint32_t>, ferry::Session> sessions;
+  for (const auto& g : plans[0].groups) {
     auto s = pair->p->engine->OpenSession(pair->p->regions[g.local_region], pair->d->regions[g.remote_region]);
     if (!s.ok()) return state.SkipWithError(s.status().ToString().c_str());
-    sessions.push_back(*s);
+    sessions[{g.local_region, g.remote_region}] = *s;
   }
+  uint64_t bytes = 0;
   for (auto _ : state) {
     std::vector<ferry::Transfer> ts;
-    for (size_t i = 0; i < plan.groups.size(); ++i) {
-      const auto& g = plan.groups[i];
-      ts.push_back(sessions[i].Post(ferry::Op::kWrite,
-                                    std::span<const ferry::TransferOp>(plan.ops.data() + g.begin, g.end - g.begin)));
+    for (const auto& plan : plans) {
+      for (const auto& g : plan.groups) {
+        ts.push_back(sessions[{g.local_region, g.remote_region}].Post(
+            ferry::Op::kWrite, std::span<const ferry::TransferOp>(plan.ops.data() + g.begin, g.end - g.begin)));
+      }
+      bytes += plan.bytes;
     }
     if (!ferry::WaitAll(ts).ok()) return state.SkipWithError("write failed");
   }
-  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(plan.bytes));
+  state.SetBytesProcessed(int64_t(bytes));
 }
 
 void BM_LayerPushConnector(benchmark::State& state) {
   auto pair = Pair::Make(false);
   if (!pair) return state.SkipWithError("setup failed");
-  const auto pb = Scattered(kTokens / 16, 160, 1), db = Scattered(kTokens / 16, 160, 2);
+  const int in_flight = static_cast<int>(state.range(0));
   const uint32_t layers = pair->p->layout.num_layers;
+  std::vector<std::vector<uint64_t>> pbs, dbs;
+  for (int i = 0; i < in_flight; ++i) {
+    pbs.push_back(RequestBlocks(i, 1));
+    dbs.push_back(RequestBlocks(i, 2));
+  }
   uint64_t n = 0;
-  auto one = [&]() -> bool {
-    const std::string id = "r" + std::to_string(n++);
-    if (!pair->d->conn->ExpectWrite(id, "prefill", 0, db).ok()) return false;
-    for (uint32_t l = 0; l < layers; ++l) (void)pair->p->conn->SaveLayer(id, l, pb);
-    (void)pair->p->conn->Seal(id, layers);
+  auto batch = [&]() -> bool {
+    for (int i = 0; i < in_flight; ++i) {
+      const std::string id = "r" + std::to_string(n++);
+      if (!pair->d->conn->ExpectWrite(id, "prefill", 0, dbs[i]).ok()) return false;
+      for (uint32_t l = 0; l < layers; ++l) (void)pair->p->conn->SaveLayer(id, l, pbs[i]);
+      (void)pair->p->conn->Seal(id, layers);
+    }
     // Blocking waits (as WaitAll in the engine case): a spinning waiter would take a core from
     // the copy threads.
     for (auto* side : {pair->d.get(), pair->p.get()}) {
-      std::vector<ferry::kv::Finished> f;
+      int ended = 0;
       const auto until = std::chrono::steady_clock::now() + 30s;
-      while (f.empty() && std::chrono::steady_clock::now() < until) f = side->conn->WaitFinished(100ms);
-      if (f.size() != 1 || f[0].outcome != ferry::kv::Outcome::kDone) return false;
+      while (ended < in_flight && std::chrono::steady_clock::now() < until) {
+        for (const auto& f : side->conn->WaitFinished(100ms)) {
+          if (f.outcome != ferry::kv::Outcome::kDone) return false;
+          ++ended;
+        }
+      }
+      if (ended < in_flight) return false;
     }
     return true;
   };
-  // The first request opens the sessions (and maps the peer's regions): as the engine case
+  // The first batch opens the sessions (and maps the peer's regions): as the engine case
   // does before its loop.
-  if (!one()) return state.SkipWithError("warm-up request failed");
+  if (!batch()) return state.SkipWithError("warm-up requests failed");
   const uint64_t bytes_before = pair->p->conn->stats().bytes;
   for (auto _ : state) {
-    if (!one()) return state.SkipWithError("request failed");
+    if (!batch()) return state.SkipWithError("request failed");
   }
   state.SetBytesProcessed(int64_t(pair->p->conn->stats().bytes - bytes_before));
 }
@@ -238,8 +271,8 @@ void BM_SealToDone(benchmark::State& state) {
   }
 }
 
-BENCHMARK(BM_LayerPushEngine)->Name("layer_push/engine")->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_LayerPushConnector)->Name("layer_push/connector")->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LayerPushEngine)->Name("layer_push/engine")->Arg(1)->Arg(4)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LayerPushConnector)->Name("layer_push/connector")->Arg(1)->Arg(4)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SealToDone)->Name("seal_to_done")->UseRealTime()->Iterations(300)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_ControlPath)->Name("control_path")->UseRealTime()->MinTime(2.0)->Unit(benchmark::kMillisecond);
 
