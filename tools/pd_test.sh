@@ -96,7 +96,7 @@ run dp-write-shm "$dp_check" "${small[@]}" --requests 12 --mode write --transpor
 gpu=(--memory gpu --transport cuda_ipc --compute gpu)
 if timeout 60 "$ferry" pd "${small[@]}" "${gpu[@]}" --requests 1 > "$tmp/gpu-probe" 2>&1; then
   run gpu-compute-write "$all_done" "${small[@]}" "${gpu[@]}" --layer-us 1000 --mode write
-  run gpu-compute-read "$all_done" "${small[@]}" "${gpu[@]}" --mode read --transport ucx --decode-tp 2
+  run gpu-compute-read "$all_done" "${small[@]}" "${gpu[@]}" --mode read --decode-tp 2
 elif grep -q "no usable GPU" "$tmp/gpu-probe"; then
   echo "skipped: the GPU runs ($(tail -1 "$tmp/gpu-probe"))"
 else
