@@ -72,6 +72,23 @@ Status CheckRequestId(std::string_view request) {
   return {};
 }
 
+// The producer ranks (of `ranks`, one instance's TP ranks in order) a consumer rank of `layout`
+// exchanges a request's messages with.
+Result<std::vector<internal::Source>> SourcesFor(const CacheLayout& layout,
+                                                 const std::vector<std::shared_ptr<const WorkerMetadata>>& ranks) {
+  TpPair pair{layout.total_kv_heads, layout.mla, ranks[0]->layout.tp_size, layout.tp_size};
+  if (Status s = ValidateTpPair(pair); !s.ok()) return s;
+  std::vector<internal::Source> sources;
+  for (uint32_t r : SourcesOf(pair, layout.tp_rank)) {
+    internal::Source src;
+    src.rank = r;
+    src.producer = ranks[r]->id;
+    src.engine_key = ranks[r]->engine.key;
+    sources.push_back(std::move(src));
+  }
+  return sources;
+}
+
 Status CheckBlocks(const CacheLayout& layout, std::span<const uint64_t> blocks) {
   if (blocks.size() > kMaxMessageBlocks) return Status(Code::kOutOfRange, "too many blocks for one request");
   for (uint64_t b : blocks) {
@@ -437,16 +454,8 @@ Status Connector::ExpectWrite(std::string_view request, std::string_view produce
   }
   auto ranks = impl_->InstanceRanks(producer, producer_dp);
   if (!ranks.ok()) return ranks.status();
-  TpPair pair{impl_->layout.total_kv_heads, impl_->layout.mla, (*ranks)[0]->layout.tp_size, impl_->layout.tp_size};
-  if (Status s = ValidateTpPair(pair); !s.ok()) return s;
-  std::vector<internal::Source> sources;
-  for (uint32_t r : SourcesOf(pair, impl_->layout.tp_rank)) {
-    internal::Source src;
-    src.rank = r;
-    src.producer = (*ranks)[r]->id;
-    src.engine_key = (*ranks)[r]->engine.key;
-    sources.push_back(std::move(src));
-  }
+  auto sources = SourcesFor(impl_->layout, *ranks);
+  if (!sources.ok()) return sources.status();
   std::string id(request);
   {
     MutexLock l(&impl_->mu);
@@ -454,7 +463,7 @@ Status Connector::ExpectWrite(std::string_view request, std::string_view produce
       return Status(Code::kAlreadyExists, "request " + id + " is already pending here");
     }
   }
-  impl_->Post([impl = impl_.get(), id, sources = std::move(sources), b = std::vector<uint64_t>(blocks.begin(), blocks.end()),
+  impl_->Post([impl = impl_.get(), id, sources = std::move(*sources), b = std::vector<uint64_t>(blocks.begin(), blocks.end()),
                num_tokens, first_token]() mutable {
     impl->OnExpectWrite(id, std::move(sources), std::move(b), num_tokens, first_token);
   });
@@ -478,16 +487,8 @@ Status Connector::StartRead(const ReadParams& params, std::span<const uint64_t> 
   for (uint64_t b : params.blocks) {
     if (b >= (*ranks)[0]->layout.num_blocks) return Status(Code::kOutOfRange, "the read parameters name a block beyond the producer's cache");
   }
-  TpPair pair{impl_->layout.total_kv_heads, impl_->layout.mla, params.producer_tp_size, impl_->layout.tp_size};
-  if (Status s = ValidateTpPair(pair); !s.ok()) return s;
-  std::vector<internal::Source> sources;
-  for (uint32_t r : SourcesOf(pair, impl_->layout.tp_rank)) {
-    internal::Source src;
-    src.rank = r;
-    src.producer = (*ranks)[r]->id;
-    src.engine_key = (*ranks)[r]->engine.key;
-    sources.push_back(std::move(src));
-  }
+  auto sources = SourcesFor(impl_->layout, *ranks);
+  if (!sources.ok()) return sources.status();
   {
     MutexLock l(&impl_->mu);
     if (!impl_->consumer_ids.emplace(params.request, true).second) {
@@ -497,7 +498,7 @@ Status Connector::StartRead(const ReadParams& params, std::span<const uint64_t> 
     board.landed.assign(impl_->layout.num_layers, false);
     impl_->boards[params.request] = std::move(board);
   }
-  impl_->Post([impl = impl_.get(), params, ranks = std::move(*ranks), sources = std::move(sources),
+  impl_->Post([impl = impl_.get(), params, ranks = std::move(*ranks), sources = std::move(*sources),
                b = std::vector<uint64_t>(blocks.begin(), blocks.end()), first_token]() mutable {
     impl->OnStartRead(std::move(params), std::move(ranks), std::move(sources), std::move(b), first_token);
   });
