@@ -16,6 +16,17 @@ Result<std::unique_ptr<ThreadPool>> ThreadPool::Create(int threads, std::string 
   return pool;
 }
 
+Result<std::thread> StartThread(const std::string& name, std::function<void()> fn) {
+  std::thread t;
+  try {
+    t = std::thread(std::move(fn));
+  } catch (const std::system_error& e) {
+    return Status(Code::kResourceExhausted, "cannot start thread " + name + ": " + e.what());
+  }
+  pthread_setname_np(t.native_handle(), name.substr(0, 15).c_str());
+  return t;
+}
+
 ThreadPool::ThreadPool(int threads, std::string name) {
   Status s = Start(threads < 1 ? 1 : threads, name);
   if (!s.ok()) std::abort();  // tests only (see the header); the library uses Create

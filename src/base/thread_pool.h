@@ -16,6 +16,10 @@
 
 namespace ferry {
 
+// Starts a thread named `name` (at most 15 characters are kept) running `fn`; a thread the
+// system cannot give is kResourceExhausted, not an exception.
+Result<std::thread> StartThread(const std::string& name, std::function<void()> fn);
+
 class ThreadPool {
  public:
   // The most workers one pool may have.

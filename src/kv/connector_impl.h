@@ -138,6 +138,7 @@ class ReadyQueue {
   using Done = std::function<void(Status)>;
   explicit ReadyQueue(Duration timeout) : timeout_(timeout) {}
   ~ReadyQueue();
+  Status Start();
   void Push(ReadyFn ready, Done done) EXCLUDES(mu_);
 
  private:
@@ -147,7 +148,7 @@ class ReadyQueue {
   CondVar cv_;
   std::deque<std::pair<ReadyFn, Done>> items_ GUARDED_BY(mu_);
   bool stop_ GUARDED_BY(mu_) = false;
-  std::thread thread_;  // started by the first Push
+  std::thread thread_;  // started by Start()
 };
 
 }  // namespace ferry::kv::internal

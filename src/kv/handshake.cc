@@ -7,6 +7,8 @@
 // Every socket call goes through the OS seam (base/os.h).
 #include "kv/handshake.h"
 
+#include "base/thread_pool.h"
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -302,7 +304,7 @@ Result<std::unique_ptr<HandshakeServer>> HandshakeServer::Start(std::string meta
   impl->address = host + ":" + std::to_string(impl->port);
   FERRY_ASSIGN_OR_RETURN(impl->wake, os::MakeWakeFd());
   Impl* raw = impl.get();
-  impl->thread = std::thread([raw] { raw->Run(); });
+  FERRY_ASSIGN_OR_RETURN(impl->thread, StartThread("kv-handshake", [raw] { raw->Run(); }));
   return std::unique_ptr<HandshakeServer>(new HandshakeServer(std::move(impl)));
 }
 
