@@ -105,14 +105,12 @@ Result<std::unique_ptr<Connector>> Connector::Create(Engine* engine, const Cache
                      options.liveness_interval, options.handshake_timeout}) {
     if (d <= Duration::zero()) return Status(Code::kInvalidArgument, "connector timeouts must be positive");
   }
+  std::unique_ptr<Checksummer> checksummer;  // host memory hashed on the CPU, GPU memory on the GPU
   if (options.checksums) {
-    for (const auto& r : regions) {
-      if (r.kind != MemoryKind::kHost) {
-        return Status(Code::kUnsupported, "per-layer checksums need the cache in host memory");
-      }
-    }
+    FERRY_ASSIGN_OR_RETURN(checksummer, Checksummer::Create(layout, regions));
   }
   auto impl = std::make_unique<Impl>(engine, layout, std::move(regions), options);
+  impl->checksummer = std::move(checksummer);
   for (const auto& r : impl->regions) impl->bases.push_back(reinterpret_cast<const std::byte*>(r.address));
   WorkerMetadata meta;
   meta.id = impl->id;

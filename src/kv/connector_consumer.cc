@@ -197,10 +197,16 @@ Status Connector::Impl::VerifyChecksums(const ConsumerRequest& r, const Source& 
   if (m.num_tokens > capacity) return Status(Code::kDataLoss, "the completion of " + r.id + " names more tokens than its blocks hold");
   const HeadRange heads = RouteHeads(TpPair{layout.total_kv_heads, layout.mla, peer->layout.tp_size, layout.tp_size},
                                      s.rank, layout.tp_rank);
+  // Every layer is started before any is waited for, so GPU layers hash back to back.
+  std::vector<PendingChecksum> jobs(layout.num_layers);
   for (uint32_t layer = 0; layer < layout.num_layers; ++layer) {
     if (m.checksums[layer] == 0) continue;  // not written (a hybrid model's skipped layer)
-    const uint64_t here = LayerChecksum(layout, bases, r.blocks, m.num_tokens, heads, layer);
-    if (here != m.checksums[layer]) {
+    FERRY_ASSIGN_OR_RETURN(jobs[layer], checksummer->Start(r.blocks, m.num_tokens, heads, layer));
+  }
+  std::vector<uint64_t> here;
+  FERRY_RETURN_IF_ERROR(checksummer->FinishAll(jobs, Deadline::After(options.transfer_timeout), &here));
+  for (uint32_t layer = 0; layer < layout.num_layers; ++layer) {
+    if (here[layer] != m.checksums[layer]) {
       return Status(Code::kDataLoss, "layer " + std::to_string(layer) + " of " + r.id + " from " + s.producer.ToString() +
                                          " does not match its checksum");
     }

@@ -45,6 +45,7 @@ struct Target {
   uint64_t first_token = 0;  // after the consumer's prefix hit
   std::vector<uint64_t> src_blocks;  // the producer's blocks that move (after the prefix hit)
   std::vector<uint64_t> checksums;   // per layer, with options.checksums (0: not written)
+  std::vector<PendingChecksum> checksum_jobs;  // per layer, until the completion collects them
   Plan plan;                // write mode: every layer's ops to this consumer
   bool planned = false;
   std::vector<size_t> layer_group;  // write mode: the first group of each layer in `plan`
@@ -188,6 +189,7 @@ struct Connector::Impl {
   std::unique_ptr<internal::ReadyQueue> ready;
 
   // ---- the worker thread's own ----
+  std::unique_ptr<Checksummer> checksummer;  // with options.checksums
   std::unordered_map<std::string, ProducerRequest> producing;
   std::unordered_map<std::string, ConsumerRequest> consuming;
   std::map<std::tuple<std::string, uint32_t, uint32_t>, Session> sessions;

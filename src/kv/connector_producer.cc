@@ -192,9 +192,16 @@ void Connector::Impl::PostLayers(ProducerRequest& r, Target& t) {
     const uint32_t layer = r.saved[t.posted++];
     t.groups_left.resize(layout.num_layers, 0);
     t.groups_left[layer] = static_cast<uint32_t>(t.layer_group[layer + 1] - t.layer_group[layer]);
-    if (options.checksums) {
-      t.checksums.resize(layout.num_layers, 0);
-      t.checksums[layer] = LayerChecksum(layout, bases, t.src_blocks, t.plan.tokens, t.plan.heads, layer);
+    if (options.checksums) {  // on the GPU: enqueued here, collected before the completion
+      t.checksum_jobs.resize(layout.num_layers);
+      auto job = checksummer->Start(t.src_blocks, t.plan.tokens, t.plan.heads, layer);
+      if (!job.ok()) {
+        t.state = TState::kFailed;
+        t.failed_owed = true;
+        if (r.error.ok()) r.error = job.status();
+        return;
+      }
+      t.checksum_jobs[layer] = std::move(*job);
     }
     for (size_t g = t.layer_group[layer]; g < t.layer_group[layer + 1]; ++g) {
       const OpGroup& grp = t.plan.groups[g];
@@ -219,6 +226,15 @@ void Connector::Impl::PostLayers(ProducerRequest& r, Target& t) {
     Message m = Base(MsgType::kCompletion, r.id);
     m.layers = *r.sealed;
     m.num_tokens = t.plan.tokens;
+    if (options.checksums) {
+      Status c = checksummer->FinishAll(t.checksum_jobs, Deadline::After(options.transfer_timeout), &t.checksums);
+      if (!c.ok()) {
+        t.state = TState::kFailed;
+        t.failed_owed = true;
+        if (r.error.ok()) r.error = c;
+        return;
+      }
+    }
     m.checksums = t.checksums;
     TransferOptions o;
     o.deadline = options.transfer_timeout;
