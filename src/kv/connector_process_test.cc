@@ -289,5 +289,152 @@ TEST_P(StoppedConsumer, HeldBlocksAreKeptUntilTheAbortTimeoutWhileOthersContinue
 
 INSTANTIATE_TEST_SUITE_P(Transports, StoppedConsumer, ::testing::Values("shm", "ucx"));
 
+// Two hosts on one machine, as ucx_netns_test.cc makes them: two network namespaces joined by a
+// veth pair; a child in each (through `ip netns exec`). Needs root; skips with the reason
+// otherwise.
+struct CutRun;
+class CutLink : public ::testing::Test {
+ protected:
+  static int Sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
+  static void SetUpTestSuite() {
+    if (geteuid() != 0) {
+      skip_ = "needs root to create network namespaces";
+      return;
+    }
+    const std::string tag = std::to_string(getpid() % 100000);
+    ns1_ = "ferry-kv1-" + tag;
+    ns2_ = "ferry-kv2-" + tag;
+    veth1_ = "fkv1-" + tag;
+    const std::string v2 = "fkv2-" + tag;
+    bool ok = Sh("ip netns add " + ns1_) == 0 && Sh("ip netns add " + ns2_) == 0 &&
+              Sh("ip link add " + veth1_ + " type veth peer name " + v2) == 0 &&
+              Sh("ip link set " + veth1_ + " netns " + ns1_) == 0 && Sh("ip link set " + v2 + " netns " + ns2_) == 0 &&
+              Sh("ip -n " + ns1_ + " addr add " + kIp1 + "/24 dev " + veth1_) == 0 &&
+              Sh("ip -n " + ns2_ + " addr add " + kIp2 + "/24 dev " + v2) == 0 &&
+              Sh("ip -n " + ns1_ + " link set " + veth1_ + " up") == 0 && Sh("ip -n " + ns2_ + " link set " + v2 + " up") == 0 &&
+              Sh("ip -n " + ns1_ + " link set lo up") == 0 && Sh("ip -n " + ns2_ + " link set lo up") == 0;
+    if (!ok) skip_ = "cannot create network namespaces and a veth pair here (ip netns / ip link failed)";
+  }
+  static void TearDownTestSuite() {
+    if (ns1_.empty()) return;
+    Sh("ip netns del " + ns1_);
+    Sh("ip netns del " + ns2_);
+  }
+  void SetUp() override {
+    if (!skip_.empty()) GTEST_SKIP() << skip_;
+    ASSERT_EQ(Sh("ip -n " + ns1_ + " link set " + veth1_ + " up"), 0);  // a case before cut it
+  }
+  // A child in namespace `ns`. UCX_TLS=tcp: the namespaces share this machine's memory, and
+  // UCX's shared-memory transports would carry the bytes around the link that is cut.
+  static std::unique_ptr<Child> In(const std::string& ns) {
+    return Child::Start({"ip", "netns", "exec", ns}, {"UCX_TLS=tcp"});
+  }
+  // Sets up the two sides and cuts the link with requests in flight (below).
+  static void CutInFlight(CutRun* r);
+  static inline const std::string kIp1 = "10.232.0.1", kIp2 = "10.232.0.2";
+  static inline std::string skip_, ns1_, ns2_, veth1_;
+};
+
+// Write mode over ucx between the namespaces: a request that crosses, then two requests with a
+// layer each on the way when the link goes down; the rest of their layers are saved after the
+// cut. Both sides must end both requests within their timeouts (the consumer's:
+// transfer_timeout, then abort_timeout at most for the confirmation that cannot come; the
+// producer's: its writes' deadline or abort_timeout), each once with its blocks.
+struct CutRun {
+  std::unique_ptr<Child> p, d;
+  Ledger lp, ld;
+};
+
+void CutLink::CutInFlight(CutRun* r) {
+  r->p = In(ns1_);
+  r->d = In(ns2_);
+  ASSERT_TRUE(r->p && r->d);
+  Child &p = *r->p, &d = *r->d;
+  const std::string mp = p.Make(Args("ucx", "p", Mode::kWrite, kAbort, kIp1));
+  const std::string md = d.Make(Args("ucx", "d", Mode::kWrite, kAbort, kIp2));
+  ASSERT_FALSE(mp.empty() || md.empty());
+  ASSERT_EQ(p.Call("peer " + ToHex(md)), "OK");
+  ASSERT_EQ(d.Call("peer " + ToHex(mp)), "OK");
+  // The link carries a request.
+  ASSERT_EQ(d.Call("expect ok p 1,2 32"), "OK");
+  r->ld.Lend("ok", Blocks({1, 2}));
+  r->lp.Lend("ok", Blocks({1, 2}));
+  ASSERT_EQ(p.Call("save ok 7 0 3 1,2 32 seal"), "OK");
+  auto de = Ends(d, r->ld, "d", 1, milliseconds(5000));
+  ASSERT_EQ(de.size(), 1u);
+  ASSERT_EQ(de[0].f.outcome, Outcome::kDone);
+  ASSERT_EQ(d.Call("check 7 1,2 32"), "BAD 0");
+  ASSERT_EQ(Ends(p, r->lp, "p", 1, milliseconds(5000)).size(), 1u);
+
+  ASSERT_EQ(d.Call("mark"), "OK");
+  ASSERT_EQ(p.Call("mark"), "OK");
+  for (const auto& [id, blocks] : {std::pair<std::string, std::string>{"x1", "4,5"}, {"x2", "6,7"}}) {
+    ASSERT_EQ(d.Call("expect " + id + " p " + blocks + " 32"), "OK");
+    r->ld.Lend(id, ParseCsv(blocks));
+    r->lp.Lend(id, ParseCsv(blocks));
+    ASSERT_EQ(p.Call("save " + id + " 8 0 1 " + blocks + " 32"), "OK");
+  }
+  ASSERT_EQ(Sh("ip -n " + ns1_ + " link set " + veth1_ + " down"), 0);
+  for (const auto& [id, blocks] : {std::pair<std::string, std::string>{"x1", "4,5"}, {"x2", "6,7"}}) {
+    const std::string s = p.Call("save " + id + " 8 1 3 " + blocks + " 32 seal");
+    EXPECT_TRUE(s == "OK" || s.rfind("ERR", 0) == 0) << s;
+  }
+
+  const milliseconds bound = kTransfer + kAbort + milliseconds(500);
+  for (auto [c, ledger, name] : {std::tuple{&d, &r->ld, "consumer"}, std::tuple{&p, &r->lp, "producer"}}) {
+    auto ends = Ends(*c, *ledger, name, 2, bound + milliseconds(1000));
+    ASSERT_EQ(ends.size(), 2u) << "the " << name << " did not end every request over the cut link";
+    for (const auto& e : ends) {
+      EXPECT_NE(e.f.outcome, Outcome::kDone) << name << ": " << e.f.request;
+      EXPECT_LT(milliseconds(e.ms), bound) << e.f.request << " ended late on the " << name;
+    }
+  }
+  EXPECT_EQ(r->ld.outstanding() + r->lp.outstanding(), 0u);
+}
+
+// Nothing ends twice, nothing stays pending.
+void ExpectSettled(CutRun& r) {
+  EXPECT_TRUE(Ends(*r.d, r.ld, "d", 1, milliseconds(100)).empty());
+  EXPECT_TRUE(Ends(*r.p, r.lp, "p", 1, milliseconds(100)).empty());
+  EXPECT_EQ(r.d->Call("stats").substr(0, 8), "STATS 0 ");
+  EXPECT_EQ(r.p->Call("stats").substr(0, 8), "STATS 0 ");
+}
+
+TEST_F(CutLink, RequestsOverTheCutLinkEndOnBothSidesWithinTheirTimeouts) {
+  CutRun r;
+  CutInFlight(&r);
+  if (HasFatalFailure()) return;
+  // While the link stays down nothing lands in the blocks the consumer handed back.
+  ASSERT_EQ(r.d->Call("fill 51"), "OK");
+  EXPECT_TRUE(Ends(*r.d, r.ld, "d", 1, milliseconds(300)).empty());
+  EXPECT_EQ(r.d->Call("verify 51"), "DIFF 0");
+  ExpectSettled(r);
+}
+
+// DISABLED: fails (a defect; see the report of issue 14). Layers 1 and 2 of x1 and x2, posted by
+// the producer after the cut, hit their write deadline (transfer_timeout); the producer ends the
+// requests as if those writes could no longer land, and the consumer hands its blocks back at
+// abort_timeout. The writes stay queued in UCX's TCP connection, and when the link comes back
+// (immediately, or seconds after both ends) they land in the consumer's returned blocks: every
+// byte of layers 1 and 2 of both requests (check: 512 words off the pattern per request, those
+// of layer 0, which crossed before the cut and which the fill overwrote).
+TEST_F(CutLink, DISABLED_NothingLandsInReturnedBlocksWhenTheLinkComesBack) {
+  CutRun r;
+  CutInFlight(&r);
+  if (HasFatalFailure()) return;
+  ASSERT_EQ(r.d->Call("fill 51"), "OK");
+  ASSERT_EQ(Sh("ip -n " + ns1_ + " link set " + veth1_ + " up"), 0);
+  // An absence: watched for a bounded while after the link is back (TCP retransmits what it
+  // holds at its next backoff step, up to seconds later).
+  std::string diff;
+  for (auto until = Clock::now() + milliseconds(4000); Clock::now() < until;) {
+    if ((diff = r.d->Call("verify 51")) != "DIFF 0") break;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_EQ(diff, "DIFF 0") << "a write landed in blocks the consumer handed back; x1 " << r.d->Call("check 8 4,5 32")
+                            << ", x2 "
+      << r.d->Call("check 8 6,7 32");
+  ExpectSettled(r);
+}
 }  // namespace
 }  // namespace ferry::kv::testing
