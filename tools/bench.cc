@@ -3,8 +3,8 @@
 // Link (link.h), so a two-process link can be added without touching either.
 #include <fmt/format.h>
 
-#include <fstream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -13,8 +13,10 @@
 #include "buffers.h"
 #include "commands.h"
 #include "ferry/system.h"
+#include "json_out.h"
 #include "link.h"
 #include "report.h"
+#include "transport_flag.h"
 #include "units.h"
 
 namespace ferry::tools {
@@ -33,7 +35,11 @@ struct BenchFlags {
   int threads = 0;
   std::string parallel_bytes = "1M";
   double deadline_s = 30;
-  std::string json;
+  JsonFlag json;
+  // Two processes: seconds --peer waits for the listener (dialling and its descriptors), and
+  // --listen for its peer; unset: 30 s and an hour.
+  double timeout_s = 30;
+  bool timeout_given = false;
   std::string listen;     // two processes: serve a buffer here ("host:port")
   std::string peer;       // two processes: measure against the buffer served there
   std::vector<std::string> transports;  // restrict the engines' transports (e.g. ucx)
@@ -42,11 +48,13 @@ struct BenchFlags {
   int ucx_lanes = 1;
   int ucx_workers = 1;
   int ucx_post_batch = UcxOptions{}.post_batch;
-  int pings = 0;  // notification round trips to time (two processes)
+  int64_t pings = 0;  // notification round trips to time (two processes)
   int ping_cpu = -1;  // CPU of the thread that pings or answers (-1: any)
   uint64_t run = 1;      // pieces lie in runs of this many adjacent slots on both sides
   bool no_merge = false;  // EngineOptions::merge_adjacent_ops off
 };
+
+constexpr int64_t kMaxPings = 10'000'000;
 
 struct Grid {
   std::vector<PointSpec> points;
@@ -59,6 +67,11 @@ Result<Grid> MakeGrid(const BenchFlags& f) {
   FERRY_ASSIGN_OR_RETURN(std::vector<uint64_t> batches, ParseCountList(f.batches));
   FERRY_ASSIGN_OR_RETURN(uint64_t max_bytes, ParseBytes(f.max_bytes));
   if (f.iters == 0) return Status(Code::kInvalidArgument, "--iters must be at least 1");
+  // Checked before the sweep: a bad --pings would otherwise fail only after it.
+  if (f.pings < 0 || f.pings > kMaxPings)
+    return Status(Code::kInvalidArgument, fmt::format("--pings must be in 0..{}, not {}", kMaxPings, f.pings));
+  if (f.pings > 0 && f.peer.empty())
+    return Status(Code::kInvalidArgument, "--pings times notifications to another process: it needs --peer");
   PointSpec base;
   FERRY_ASSIGN_OR_RETURN(base.min_time, ParseSeconds(f.min_time_s, "--min-time", /*allow_zero=*/true));
   FERRY_ASSIGN_OR_RETURN(base.deadline, ParseSeconds(f.deadline_s, "--deadline"));
@@ -91,7 +104,7 @@ std::string Micros(double us) {
   return fmt::format("{:.0f}", us);
 }
 
-void PrintTable(const std::vector<PointResult>& results) {
+void PrintTable(std::FILE* out, const std::vector<PointResult>& results) {
   Table table;
   for (const char* title :
        {"piece", "batch", "bytes/batch", "iters", "GB/s", "median us", "p99 us"})
@@ -102,11 +115,11 @@ void PrintTable(const std::vector<PointResult>& results) {
                   fmt::format("{:.2f}", r.gbps), Micros(r.latency.median_us),
                   Micros(r.latency.p99_us)});
   }
-  table.Print(stdout);
+  table.Print(out);
 }
 
-Status WriteJson(const std::string& path, const BenchFlags& f, const Link& link, const Grid& grid,
-                 const std::vector<PointResult>& results) {
+nlohmann::ordered_json JsonReport(const BenchFlags& f, const Link& link, const Grid& grid,
+                                  const std::vector<PointResult>& results, const LatencySummary* pings) {
   nlohmann::ordered_json points = nlohmann::ordered_json::array();
   for (const PointResult& r : results) {
     points.push_back({{"op", f.op},
@@ -143,11 +156,20 @@ Status WriteJson(const std::string& path, const BenchFlags& f, const Link& link,
                                   {"merge_adjacent_ops", !f.no_merge}}},
                                 {"points", points},
                                 {"skipped", skipped}};
-  std::ofstream out(path);
-  out << doc.dump(2) << "\n";
-  out.close();
-  if (!out) return Status(Code::kUnavailable, "cannot write " + path);
-  return Status::Ok();
+  if (pings != nullptr)
+    doc["notification_one_way_us"] = {{"round_trips", f.pings},
+                                      {"min", pings->min_us},
+                                      {"median", pings->median_us},
+                                      {"p99", pings->p99_us},
+                                      {"max", pings->max_us},
+                                      {"mean", pings->mean_us}};
+  return doc;
+}
+
+std::chrono::milliseconds TimeoutOr(const BenchFlags& f, std::chrono::milliseconds unset) {
+  if (!f.timeout_given) return unset;
+  auto t = ParseSeconds(f.timeout_s, "--timeout");  // checked in Run
+  return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(*t));
 }
 
 Result<EngineOptions> MakeEngineOptions(const BenchFlags& f) {
@@ -181,6 +203,11 @@ Result<std::unique_ptr<Link>> MakeLink(const BenchFlags& f, uint64_t bytes) {
   FERRY_ASSIGN_OR_RETURN(EngineOptions engine, MakeEngineOptions(f));
   FERRY_ASSIGN_OR_RETURN(HostAlloc alloc, ParseHostAlloc(f.alloc));
   if (!f.peer.empty()) {
+    const auto timeout = TimeoutOr(f, RemoteLinkOptions{}.connect_timeout);
+    // Dialling a listener that is not there is silent until the timeout: say what it waits for.
+    fmt::print(stderr, "ferry bench: connecting to the listener at {}, for up to {:g} s (--timeout)\n", f.peer,
+               timeout.count() / 1e3);
+    std::fflush(stderr);
     RemoteLinkOptions r;
     r.alloc = alloc;
     r.peer = f.peer;
@@ -189,7 +216,12 @@ Result<std::unique_ptr<Link>> MakeLink(const BenchFlags& f, uint64_t bytes) {
     r.bytes = bytes;
     r.engine = engine;
     r.ping_cpu = f.ping_cpu;
-    return MakeRemoteLink(r);
+    r.connect_timeout = timeout;
+    auto link = MakeRemoteLink(r);
+    if (!link.ok() && link.status().code() == Code::kUnavailable)
+      return link.status().WithContext(
+          fmt::format("no `ferry bench --listen` answered at {} within {:g} s (--timeout)", f.peer, timeout.count() / 1e3));
+    return link;
   }
   FERRY_ASSIGN_OR_RETURN(uint64_t parallel_bytes, ParseBytes(f.parallel_bytes));
   InProcessLinkOptions o;
@@ -200,6 +232,7 @@ Result<std::unique_ptr<Link>> MakeLink(const BenchFlags& f, uint64_t bytes) {
   o.engine.copy_threads = f.threads;
   o.engine.parallel_copy_bytes = parallel_bytes;
   o.engine.merge_adjacent_ops = engine.merge_adjacent_ops;
+  o.engine.transports = f.transports;  // both engines: the path is one they share
   return MakeInProcessLink(o);
 }
 
@@ -221,6 +254,7 @@ int Serve(const BenchFlags& f) {
   o.bytes = *bytes;
   o.engine = *engine;
   o.ping_cpu = f.ping_cpu;
+  o.wait = TimeoutOr(f, std::chrono::duration_cast<std::chrono::milliseconds>(o.wait));
   Status s = ServeBench(o, [&](const std::string& address) {
     fmt::print("ferry bench: serving {} of {} memory; side channel on {}\n", FormatBytes(*bytes), f.kind,
                address);
@@ -231,16 +265,30 @@ int Serve(const BenchFlags& f) {
   return 0;
 }
 
-int Run(const BenchFlags& f) {
+// Flags that every mode shares, checked before anything starts.
+Status CheckCommon(const BenchFlags& f) {
   if (!f.listen.empty() && !f.peer.empty())
-    return Fail("bench", Status(Code::kInvalidArgument, "--listen and --peer exclude each other"));
+    return Status(Code::kInvalidArgument, "--listen and --peer exclude each other");
+  if (f.timeout_given) FERRY_RETURN_IF_ERROR(ParseSeconds(f.timeout_s, "--timeout").status());
+  if (f.timeout_given && f.listen.empty() && f.peer.empty())
+    return Status(Code::kInvalidArgument, "--timeout is how long one process waits for the other: it needs --listen or --peer");
+  FERRY_RETURN_IF_ERROR(CheckTransportFlag(f.transports));
+  if (f.kind == "host") FERRY_RETURN_IF_ERROR(CheckTransportAlloc(f.transports, f.alloc == "shared"));
+  if (!f.listen.empty() && f.json.given())
+    return Status(Code::kInvalidArgument, "--json: the --peer side measures and reports; --listen has no figures");
+  return CheckJsonTarget(f.json);
+}
+
+int Run(const BenchFlags& f) {
+  if (Status s = CheckCommon(f); !s.ok()) return Fail("bench", s);
   if (!f.listen.empty()) return Serve(f);
   auto grid = MakeGrid(f);
   if (!grid.ok()) return Fail("bench", grid.status());
   auto link = MakeLink(f, grid->largest_batch_bytes);
   if (!link.ok()) return Fail("bench", link.status());
-  fmt::print("ferry bench: {}, {}\n", f.op, (*link)->Describe());
-  std::fflush(stdout);
+  std::FILE* out = TextStream(f.json);
+  fmt::print(out, "ferry bench: {}, {}\n", f.op, (*link)->Describe());
+  std::fflush(out);
 
   std::vector<PointResult> results;
   Progress progress("bench", grid->points.size());
@@ -257,24 +305,24 @@ int Run(const BenchFlags& f) {
     results.push_back(std::move(r).value());
   }
   progress.Done();
-  PrintTable(results);
+  PrintTable(out, results);
+  std::optional<LatencySummary> pings;
   if (f.pings > 0) {
-    auto lat = (*link)->NotificationLatencyUs(f.pings);
+    auto lat = (*link)->NotificationLatencyUs(static_cast<int>(f.pings));
     if (!lat.ok()) return Fail("bench", lat.status().WithContext("notification latency"));
-    LatencySummary s = Summarize(*lat);
-    fmt::print("notification one-way latency ({} round trips / 2): median {} us, p99 {} us\n", f.pings,
-               Micros(s.median_us), Micros(s.p99_us));
+    pings = Summarize(*lat);
+    fmt::print(out, "notification one-way latency ({} round trips / 2): median {} us, p99 {} us\n", f.pings,
+               Micros(pings->median_us), Micros(pings->p99_us));
   }
   if (!grid->skipped.empty()) {
     std::vector<std::string> names;
     for (auto [piece, batch] : grid->skipped)
       names.push_back(fmt::format("{} x {}", FormatBytes(piece), batch));
-    fmt::print("skipped (over --max-bytes {}): {}\n", f.max_bytes, fmt::join(names, ", "));
+    fmt::print(out, "skipped (over --max-bytes {}): {}\n", f.max_bytes, fmt::join(names, ", "));
   }
-  if (!f.json.empty()) {
-    Status s = WriteJson(f.json, f, **link, *grid, results);
-    if (!s.ok()) return Fail("bench", s);
-  }
+  std::fflush(out);
+  Status s = WriteJson(f.json, JsonReport(f, **link, *grid, results, pings ? &*pings : nullptr));
+  if (!s.ok()) return Fail("bench", s);
   return 0;
 }
 
@@ -318,7 +366,7 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
   cmd->add_flag("--no-merge", f->no_merge, "Keep adjacent ops apart (EngineOptions::merge_adjacent_ops off)");
-  cmd->add_option("--json", f->json, "Write every point to this JSON file");
+  AddJsonFlag(cmd, &f->json, "Every point (and --pings' latency)");
   cmd->add_option("--listen", f->listen,
                   "Two processes: serve a buffer of --max-bytes for one --peer run; side channel "
                   "on HOST:PORT (port 0 = any; the bound address is printed)");
@@ -338,11 +386,18 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--ucx-workers", f->ucx_workers, "ucx workers (progress threads); a peer's lanes are dealt over them")
       ->capture_default_str();
   cmd->add_option("--pings", f->pings,
-                  "Two processes: also time this many notification round trips (one-way = half)");
+                  "Two processes (--peer): also time this many notification round trips (one-way = half)");
+  CLI::Option* timeout =
+      cmd->add_option("--timeout", f->timeout_s,
+                      "Two processes: seconds --peer waits for the listener (default 30), or --listen for its "
+                      "peer (default 3600)");
   cmd->add_option("--ping-cpu", f->ping_cpu,
                   "Two processes: the CPU of the thread that pings (--peer) or answers (--listen); -1 = any")
       ->capture_default_str();
-  cmd->callback([f, exit_code] { *exit_code = Run(*f); });
+  cmd->callback([f, timeout, exit_code] {
+    f->timeout_given = timeout->count() > 0;
+    *exit_code = Run(*f);
+  });
 }
 
 }  // namespace ferry::tools

@@ -26,11 +26,15 @@
 
 #include "commands.h"
 #include "embed_flags.h"
+#include "embed_json.h"
 #include "ferry/embed.h"
 #include "ferry/embed_server.h"
 #include "ferry/embed_service.h"
 #include "ferry/embed_stats.h"
 #include "ferry/gpu.h"
+#include "ferry/engine.h"
+#include "json_out.h"
+#include "report.h"
 
 namespace ferry::tools {
 namespace {
@@ -53,6 +57,7 @@ struct BenchFlags {
   std::vector<std::string> steps = {"8192x8", "256x256"};
   std::vector<std::string> uva;  // empty: off for host, off always auto for cuda
   uint64_t copy_min_kib = 1024;
+  JsonFlag json;
 };
 
 struct StepShape {
@@ -155,7 +160,7 @@ struct Baselines {
 Result<std::vector<Baselines>> RunBaselines(const BenchFlags& f, const embed::Config& c,
                                             const std::vector<StepShape>& shapes,
                                             const std::vector<svc::ServedLayer>& layers,
-                                            uint64_t token_bytes, bool cuda) {
+                                            uint64_t token_bytes, bool cuda, Progress& progress) {
   embed::GatherOptions go;
   go.threads = f.threads;
   go.chunk_tokens = f.chunk_tokens;
@@ -182,6 +187,7 @@ Result<std::vector<Baselines>> RunBaselines(const BenchFlags& f, const embed::Co
   }
   std::vector<Baselines> result;
   for (const StepShape& s : shapes) {
+    progress.Step(fmt::format("in-process {}x{}", s.tokens, s.reqs));
     Inputs in = MakeInputs(s, c, s.tokens);
     embed::StepInput step{in.tokens, in.qsl, in.ctx};
     std::vector<double> gather_ms, naive_ms, copy_ms;
@@ -230,7 +236,7 @@ Result<std::vector<ServiceRun>> RunService(const BenchFlags& f, const embed::Con
                                            const std::vector<StepShape>& shapes,
                                            const std::vector<uint32_t>& layer_ids,
                                            uint64_t token_bytes, bool cuda,
-                                           const std::string& uva) {
+                                           const std::string& uva, Progress& progress) {
   uint32_t max_tokens = 0, max_reqs = 0;
   for (auto& s : shapes) {
     max_tokens = std::max(max_tokens, s.tokens);
@@ -277,6 +283,7 @@ Result<std::vector<ServiceRun>> RunService(const BenchFlags& f, const embed::Con
   const int warmup = uva == "auto" ? 8 : 1;
   std::vector<ServiceRun> runs;
   for (const StepShape& s : shapes) {
+    progress.Step(fmt::format("service uva {} {}x{}", uva, s.tokens, s.reqs));
     Inputs in = MakeInputs(s, c, s.tokens);
     std::vector<double> service_ms;
     for (int it = 0; it < f.iters + warmup; ++it) {
@@ -327,6 +334,10 @@ Status Run(const BenchFlags& f) {
     modes =
         cuda ? std::vector<std::string>{"off", "always", "auto"} : std::vector<std::string>{"off"};
   for (const auto& m : modes) FERRY_RETURN_IF_ERROR(svc::ParseUvaMode(m).status());
+  FERRY_RETURN_IF_ERROR(CheckJsonTarget(f.json));
+  std::FILE* out = TextStream(f.json);
+  // Building the tables and spawning a service per mode takes a while: a bar on a terminal.
+  Progress progress("bench-embed", shapes.size() * (1 + modes.size()));
 
   // The same layers in this process for the side-by-side gathers.
   std::vector<uint32_t> layer_ids;
@@ -336,19 +347,21 @@ Status Run(const BenchFlags& f) {
   const uint64_t token_bytes =
       static_cast<uint64_t>(layers[0].layout.num_heads()) * layers[0].table->row_bytes();
   FERRY_ASSIGN_OR_RETURN(std::vector<Baselines> base,
-                         RunBaselines(f, c, shapes, layers, token_bytes, cuda));
+                         RunBaselines(f, c, shapes, layers, token_bytes, cuda, progress));
   layers.clear();  // the service processes hold their own tables
 
   std::vector<std::vector<ServiceRun>> runs;
   for (const auto& m : modes) {
-    FERRY_ASSIGN_OR_RETURN(auto r, RunService(f, c, shapes, layer_ids, token_bytes, cuda, m));
+    FERRY_ASSIGN_OR_RETURN(auto r, RunService(f, c, shapes, layer_ids, token_bytes, cuda, m, progress));
     runs.push_back(std::move(r));
   }
-  fmt::print(
+  progress.Done();
+  fmt::print(out,
       "| step (tokens x requests) | layers | tp | uva | service step ms (median / min) | "
       "layer steps cpu / uva | in-process Gatherer ms | naive 1-thread ms | pinned H2D copy ms "
       "| service GB/s |\n");
-  fmt::print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  fmt::print(out, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (size_t i = 0; i < shapes.size(); ++i) {
     const StepShape& s = shapes[i];
     for (size_t m = 0; m < modes.size(); ++m) {
@@ -358,7 +371,24 @@ Status Run(const BenchFlags& f) {
         if (b.bucket == svc::TokenBucket(s.tokens)) cpu = b.cpu_steps, uva = b.uva_steps;
       double gbps =
           static_cast<double>(s.tokens) * token_bytes * f.layers / (r.step.median_ms * 1e6);
-      fmt::print(
+      svc::ServerStats only = r.stats;
+      std::erase_if(only.buckets, [&](const svc::BucketStats& b) { return b.bucket != svc::TokenBucket(s.tokens); });
+      nlohmann::ordered_json row = {{"tokens", s.tokens},
+                                    {"requests", s.reqs},
+                                    {"layers", f.layers},
+                                    {"tp", f.tp},
+                                    {"uva", modes[m]},
+                                    {"service_step_ms", {{"median", r.step.median_ms}, {"min", r.step.min_ms},
+                                                         {"mean", r.step.mean_ms}}},
+                                    {"cpu_steps", cpu},
+                                    {"uva_steps", uva},
+                                    {"in_process_gatherer_ms", base[i].gather_ms},
+                                    {"naive_one_thread_ms", base[i].naive_ms},
+                                    {"service_gbps", gbps},
+                                    {"service_stats", EmbedStatsJson(only)}};
+      if (cuda) row["pinned_h2d_copy_ms"] = base[i].copy_ms;
+      rows.push_back(std::move(row));
+      fmt::print(out,
           "| {} x {} | {} | {} | {} | {:.3f} / {:.3f} | {} / {} | {:.3f} | {:.3f} | {} | "
           "{:.2f} |\n",
           s.tokens, s.reqs, f.layers, f.tp, modes[m], r.step.median_ms, r.step.min_ms, cpu, uva,
@@ -368,7 +398,7 @@ Status Run(const BenchFlags& f) {
   }
   for (size_t i = 0; i < shapes.size(); ++i)
     for (size_t m = 0; m < modes.size(); ++m) {
-      fmt::print(
+      fmt::print(out,
           "\nservice phases, {} x {}, uva {} (median (mean) us per layer step; "
           "the bucket of this step shape):\n",
           shapes[i].tokens, shapes[i].reqs, modes[m]);
@@ -376,9 +406,21 @@ Status Run(const BenchFlags& f) {
       std::erase_if(only.buckets, [&](const svc::BucketStats& b) {
         return b.bucket != svc::TokenBucket(shapes[i].tokens);
       });
-      fmt::print("{}", svc::FormatStats(only));
+      fmt::print(out, "{}", svc::FormatStats(only));
     }
-  return Status::Ok();
+  std::fflush(out);
+  nlohmann::ordered_json config = {{"kind", f.kind},
+                                   {"iters", f.iters},
+                                   {"threads", f.threads},
+                                   {"chunk_tokens", f.chunk_tokens},
+                                   {"synthetic_rows", f.synthetic_rows},
+                                   {"base_vocab", f.model.base_vocab},
+                                   {"embed_dim", f.model.embed_dim},
+                                   {"heads", f.model.heads},
+                                   {"ngram", f.model.ngram},
+                                   {"token_bytes", token_bytes}};
+  nlohmann::ordered_json doc = {{"ferry_version", std::string(Version())}, {"config", config}, {"rows", rows}};
+  return WriteJson(f.json, doc);
 }
 
 }  // namespace
@@ -413,6 +455,7 @@ void AddEmbedBenchCommand(CLI::App& app, int* exit_code) {
                   "host, all three for cuda)");
   cmd->add_option("--copy-min-kib", f->copy_min_kib, "The service's least KiB per copy to the GPU")
       ->capture_default_str();
+  AddJsonFlag(cmd, &f->json, "Every step shape and UVA mode, with the service's phase timings");
   cmd->callback([f, exit_code] {
     Status s = Run(*f);
     *exit_code = s.ok() ? 0 : Fail(kCmd, s);

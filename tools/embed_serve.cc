@@ -25,10 +25,12 @@
 
 #include "commands.h"
 #include "embed_flags.h"
+#include "embed_json.h"
 #include "ferry/embed.h"
 #include "ferry/embed_server.h"
 #include "ferry/embed_service.h"
 #include "ferry/embed_stats.h"
+#include "json_out.h"
 
 namespace ferry::tools {
 namespace {
@@ -53,6 +55,7 @@ struct ServeFlags {
   int uva_probes = 3;
   int uva_reprobe_every = 64;
   uint64_t max_connections = 256;
+  JsonFlag json;  // the counters and phase timings at exit
 };
 
 // Every flag's value, checked before anything is built: the server's options, the socket path
@@ -96,6 +99,7 @@ Result<embed::service::ServerOptions> CheckFlags(const ServeFlags& f) {
   o.max_connections = f.max_connections;
   FERRY_RETURN_IF_ERROR(svc::ValidateServerOptions(o));
   FERRY_RETURN_IF_ERROR(svc::CheckListenPath(f.socket).WithContext("--socket"));
+  FERRY_RETURN_IF_ERROR(CheckJsonTarget(f.json));
   if (!f.ready_file.empty()) {
     const size_t slash = f.ready_file.rfind('/');
     const std::string dir = slash == std::string::npos ? "."
@@ -136,6 +140,7 @@ Status Serve(const ServeFlags& f) {
   const embed::service::UvaMode uva = o.policy.mode;
   std::vector<embed::service::ServedLayer> layers;
   Status pinned;
+  std::FILE* out = TextStream(f.json);
   {
     FERRY_ASSIGN_OR_RETURN(embed::Workers pool, embed::MakeWorkers(f.threads, "embed-fill"));
     Result<std::vector<embed::service::ServedLayer>> made = embed::service::MakeServedLayers(
@@ -151,7 +156,7 @@ Status Serve(const ServeFlags& f) {
   if (!pinned.ok()) {
     if (uva == embed::service::UvaMode::kAlways)
       return pinned.WithContext("--uva always needs a pinned table");
-    fmt::print("ferry embed-serve: no UVA path (the table is not pinned: {})\n", pinned.ToString());
+    fmt::print(out, "ferry embed-serve: no UVA path (the table is not pinned: {})\n", pinned.ToString());
   }
   // Signals are taken synchronously below; block them before any thread starts.
   sigset_t set;
@@ -160,21 +165,27 @@ Status Serve(const ServeFlags& f) {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   FERRY_ASSIGN_OR_RETURN(auto server, embed::service::Server::Create(o, std::move(layers)));
-  fmt::print("ferry embed-serve: listening on {} ({} layers, {} table)\n", f.socket,
+  fmt::print(out, "ferry embed-serve: listening on {} ({} layers, {} table)\n", f.socket,
              f.layers.size(), f.tables.empty() ? "synthetic" : "file");
-  std::fflush(stdout);
+  std::fflush(out);
   if (!f.ready_file.empty()) FERRY_RETURN_IF_ERROR(WriteReadyFile(f.ready_file, f.socket));
   int sig = 0;
   sigwait(&set, &sig);
   server->Stop();
   auto st = server->stats();
-  fmt::print("ferry embed-serve: stopped by signal {}: {} registrations, {} steps, {} failed\n",
+  fmt::print(out, "ferry embed-serve: stopped by signal {}: {} registrations, {} steps, {} failed\n",
              sig, st.registrations, st.steps_ok + st.steps_failed, st.steps_failed);
   if (!st.buckets.empty())
-    fmt::print("layer steps by token bucket (median (mean) us per phase, uva {}):\n{}",
+    fmt::print(out, "layer steps by token bucket (median (mean) us per phase, uva {}):\n{}",
                embed::service::UvaModeName(uva), embed::service::FormatStats(st));
-  std::fflush(stdout);
-  return Status::Ok();
+  std::fflush(out);
+  nlohmann::ordered_json doc = {{"socket", f.socket},
+                                {"layers", f.layers},
+                                {"table", f.tables.empty() ? "synthetic" : "file"},
+                                {"uva", embed::service::UvaModeName(uva)},
+                                {"stopped_by_signal", sig},
+                                {"stats", EmbedStatsJson(st)}};
+  return WriteJson(f.json, doc);
 }
 
 }  // namespace
@@ -223,6 +234,7 @@ void AddEmbedServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--max-connections", f->max_connections,
                   "Connections served at once (GPU worker ranks and monitors); more are refused")
       ->capture_default_str();
+  AddJsonFlag(cmd, &f->json, "The counters and per-bucket phase timings at exit");
   cmd->callback([f, exit_code] {
     Status s = Serve(*f);
     *exit_code = s.ok() ? 0 : Fail(kCmd, s);

@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "ferry/system.h"
+#include "json_out.h"
 #include "units.h"
 
 namespace ferry::tools {
@@ -70,16 +71,19 @@ void PrintText(const SystemInfo& info) {
 
 void AddInfoCommand(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand("info", "Version, transports, CUDA and GPUs seen here");
-  auto json = std::make_shared<bool>(false);
-  cmd->add_flag("--json", *json, "Print machine-readable JSON");
+  auto json = std::make_shared<JsonFlag>();
+  AddJsonFlag(cmd, json.get(), "What was found");
   cmd->callback([json, exit_code] {
-    SystemInfo info = Probe();
-    if (*json) {
-      fmt::print("{}\n", ToJson(info).dump(2));
-    } else {
-      PrintText(info);
+    if (Status s = CheckJsonTarget(*json); !s.ok()) {
+      *exit_code = Fail("info", s);
+      return;
     }
-    *exit_code = 0;
+    SystemInfo info = Probe();
+    // With --json the document replaces the text (`ferry info --json` prints JSON alone); with
+    // --json FILE the text is printed too.
+    if (!json->to_stdout()) PrintText(info);
+    Status s = WriteJson(*json, ToJson(info));
+    *exit_code = s.ok() ? 0 : Fail("info", s);
   });
 }
 

@@ -1,9 +1,12 @@
-// `ferry`: the command-line front end (info, bench, demo, pd). Logging follows FERRY_LOG
-// ("debug", "info", "warn", ...), read once here.
+// `ferry`: the command-line front end (info, bench, demo, pd, embed-serve, bench-embed). Exit
+// status: 0 success, 1 a failed operation or check, 2 bad usage (a parse error included).
+// Logging follows FERRY_LOG ("debug", "info", "warn", ...), read once here.
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <iostream>
 
+#include "cli_errors.h"
 #include "commands.h"
 #include "ferry/engine.h"
 #include "ferry/log.h"
@@ -30,6 +33,8 @@ int main(int argc, char** argv) {
   ferry::tools::AddEmbedServeCommand(app, &exit_code);
   ferry::tools::AddEmbedBenchCommand(app, &exit_code);
   ferry::tools::AddPdCommand(app, &exit_code);
-  CLI11_PARSE(app, argc, argv);
+  // Not CLI11_PARSE: its exit codes (105, 106, 109, ...) are not the documented 2 of bad usage.
+  if (std::optional<int> parse_exit = ferry::tools::ParseCommandLine(app, argc, argv, std::cout, std::cerr))
+    return *parse_exit;
   return exit_code;
 }
