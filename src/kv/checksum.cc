@@ -137,10 +137,9 @@ Result<std::unique_ptr<Checksummer>> Checksummer::Create(const CacheLayout& layo
     c->device_ = k.device;
     c->gpu_layer_[layer] = true;
   }
-  if (c->device_ < 0) return c;
-  if (!cuda::Built()) return Status(Code::kUnsupported, "checksums of GPU memory need ferry built with CUDA");
-  FERRY_RETURN_IF_ERROR(cuda::SetDevice(c->device_));
-  FERRY_ASSIGN_OR_RETURN(c->stream_, cuda::StreamCreate());
+  if (c->device_ >= 0 && !cuda::Built()) {
+    return Status(Code::kUnsupported, "checksums of GPU memory need ferry built with CUDA");
+  }
   return c;
 }
 
@@ -195,6 +194,10 @@ Result<std::shared_ptr<internal::GpuSlot>> Checksummer::FreeSlot(size_t blocks) 
 Result<PendingChecksum> Checksummer::StartGpu(std::span<const uint64_t> blocks, uint64_t tokens, HeadRange heads,
                                               uint32_t layer) {
   FERRY_RETURN_IF_ERROR(cuda::SetDevice(device_));
+  // Made here, on the thread that uses it, so that Create leaves its caller's device alone.
+  if (stream_ == nullptr) {
+    FERRY_ASSIGN_OR_RETURN(stream_, cuda::StreamCreate());
+  }
   FERRY_ASSIGN_OR_RETURN(std::shared_ptr<internal::GpuSlot> slot, FreeSlot(blocks.size()));
   slot->host[1] = 0;
   if (!blocks.empty()) std::memcpy(slot->host + 2, blocks.data(), blocks.size_bytes());

@@ -57,8 +57,8 @@ class Checksummer {
  public:
   // `regions`: the layout's regions in this process, in order. Each layer's tensors must lie in
   // host memory, or all in GPU memory of one device (the same for every GPU layer); otherwise,
-  // or for GPU memory in a build without CUDA, kUnsupported. GPU memory gets a stream of its
-  // own now (kInternal or kUnavailable when CUDA cannot give one).
+  // or for GPU memory in a build without CUDA, kUnsupported. The stream of GPU checksums is
+  // made by the first Start of a GPU layer, on its thread.
   static Result<std::unique_ptr<Checksummer>> Create(const CacheLayout& layout, std::span<const MemoryDesc> regions);
   ~Checksummer();
   Checksummer(const Checksummer&) = delete;
