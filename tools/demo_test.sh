@@ -2,7 +2,9 @@
 # ctest demo_test: `ferry demo` with a small cache, in one process and as a producer and a
 # consumer process over each host transport that reaches another process (shm with shared
 # caches, ucx); each run must end with every byte verified on the consumer's side. Then
-# `ferry bench --listen/--peer` over the same transports, writes and reads.
+# `ferry bench --listen/--peer` over the same transports, writes and reads. `--json -` puts the
+# JSON document alone on stdout (demo, bench, info), and `--transport` in one process runs on
+# the transport named.
 # Usage: tools/demo_test.sh FERRY_BINARY
 set -euo pipefail
 ferry=$1
@@ -15,6 +17,32 @@ source "$(dirname "$0")/../bench/two_process_lib.sh"
 
 "$ferry" demo "${shape[@]}" > "$tmp/one" || { cat "$tmp/one"; exit 1; }
 grep -q "verified" "$tmp/one" || { cat "$tmp/one"; echo "one process: nothing verified"; exit 1; }
+
+# --json -: stdout holds the document alone; the text report goes to stderr.
+"$ferry" demo "${shape[@]}" --rounds 2 --json - > "$tmp/demo.json" 2> "$tmp/demo.err" || { cat "$tmp/demo.err"; exit 1; }
+python3 - "$tmp/demo.json" <<'PY' || { cat "$tmp/demo.json" "$tmp/demo.err"; exit 1; }
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["config"]["layers"] == 3 and len(d["rounds"]) == 2, d
+assert all(r["verified"] and r["gbps"] > 0 for r in d["rounds"]), d["rounds"]
+assert d["total"]["gbps"] > 0, d["total"]
+PY
+grep -q "OK: notification received" "$tmp/demo.err" || { cat "$tmp/demo.err"; echo "demo --json -: no text on stderr"; exit 1; }
+[ ! -e ./- ] || { echo "--json - wrote a file named -"; exit 1; }
+"$ferry" info --json | python3 -c 'import json, sys; assert "transports_usable" in json.load(sys.stdin)' ||
+  { echo "info --json: not JSON"; exit 1; }
+
+# In one process, --transport picks the path (it was once ignored there).
+for transport in local ucx; do
+  how=(--transport "$transport")
+  "$ferry" bench "${how[@]}" --sizes 4K --batches 1 --min-time 0.01 --json - > "$tmp/b.json" 2> "$tmp/b.err" ||
+    { cat "$tmp/b.err"; exit 1; }
+  grep -q "in-process, host -> host, $transport (direct)" "$tmp/b.err" || { cat "$tmp/b.err"; echo "bench --transport $transport: another path ran"; exit 1; }
+  python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["points"][0]["gbps"] > 0' "$tmp/b.json" ||
+    { cat "$tmp/b.json"; exit 1; }
+  "$ferry" demo "${how[@]}" "${shape[@]}" > "$tmp/d" 2>&1 || { cat "$tmp/d"; exit 1; }
+  grep -q "^path $transport" "$tmp/d" || { cat "$tmp/d"; echo "demo --transport $transport: another path ran"; exit 1; }
+done
 
 for transport in shm ucx; do
   how=(--transport "$transport")
@@ -45,7 +73,7 @@ for transport in shm ucx; do
     extra=()
     [ "$transport" = ucx ] && extra=(--ucx-lanes 2 --ucx-post-batch 4)
     timeout 60 "$ferry" bench --peer "$address" "${how[@]}" "${extra[@]}" --op "$op" --sizes 4K,64K --batches 1,16 \
-      --max-bytes 4M --min-time 0.02 --json "$tmp/bench.json" > "$tmp/bench" 2>&1 ||
+      --max-bytes 4M --min-time 0.02 --pings 20 --timeout 10 --json "$tmp/bench.json" > "$tmp/bench" 2>&1 ||
       { cat "$tmp/bench" "$tmp/listener"; echo "bench $transport $op: the peer failed"; exit 1; }
     wait "$listener" || { cat "$tmp/listener"; echo "bench $transport $op: the listener failed"; exit 1; }
     grep -q "two processes, .*, $transport (direct)" "$tmp/bench" ||
@@ -56,6 +84,8 @@ points = json.load(open(sys.argv[1]))["points"]
 assert len(points) == 4, f"{len(points)} points, expected 4"
 for p in points:
     assert p["op"] == sys.argv[2] and p["iters"] > 0 and p["gbps"] > 0, p
+pings = json.load(open(sys.argv[1]))["notification_one_way_us"]
+assert pings["round_trips"] == 20 and pings["median"] > 0, pings
 PY
     echo "bench $transport $op: $(grep -c 'KiB' "$tmp/bench") points"
   done
