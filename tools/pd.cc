@@ -126,6 +126,13 @@ void AddPdCommand(CLI::App& app, int* exit_code) {
                   "Fault run: SIGKILL a decode worker with a request in flight after N requests "
                   "ended (0: never)")
       ->capture_default_str();
+  cmd->add_option("--stop-prefill-after", f->stop_prefill_after,
+                  "Fault run: SIGSTOP a prefill worker after N requests ended (0: never)")
+      ->capture_default_str();
+  cmd->add_option("--stop-ms", f->stop_ms,
+                  "How long --stop-prefill-after keeps it stopped before SIGCONT, ms (0: until "
+                  "the run ends)")
+      ->capture_default_str();
   cmd->add_option("--prefix-hit", f->prefix_hit,
                   "Share of each prompt the decode side already holds (0..1; whole blocks of "
                   "both sides): only the rest moves")

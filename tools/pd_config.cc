@@ -171,8 +171,13 @@ Result<PdConfig> Configure(const PdFlags& f) {
                          ParseSeconds(f.transfer_timeout_s, "--transfer-timeout"));
   c.kill_prefill_after = f.kill_prefill_after;
   c.kill_decode_after = f.kill_decode_after;
+  c.stop_prefill_after = f.stop_prefill_after;
+  if (!(f.stop_ms >= 0 && f.stop_ms <= 1e7))
+    return Bad(fmt::format("--stop-ms must be in [0, 1e7] milliseconds, not {}", f.stop_ms));
+  c.stop_time = std::chrono::milliseconds(static_cast<int64_t>(std::llround(f.stop_ms)));
   for (auto [n, flag] : {std::pair{c.kill_prefill_after, "--kill-prefill-after"},
-                         std::pair{c.kill_decode_after, "--kill-decode-after"}})
+                         std::pair{c.kill_decode_after, "--kill-decode-after"},
+                         std::pair{c.stop_prefill_after, "--stop-prefill-after"}})
     if (n >= c.arrivals.size() && n != 0)
       return Bad(
           fmt::format("{} {} must be less than the {} requests", flag, n, c.arrivals.size()));

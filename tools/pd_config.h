@@ -81,6 +81,8 @@ struct PdFlags {
   double transfer_timeout_s = 10;
   uint64_t kill_prefill_after = 0;  // 0 = never
   uint64_t kill_decode_after = 0;   // 0 = never
+  uint64_t stop_prefill_after = 0;  // 0 = never
+  double stop_ms = 0;               // how long it stays stopped; 0 = until the run ends
   double prefix_hit = 0;            // the share of each prompt the decode side already holds
   bool checksums = false;
   bool json = false;
@@ -112,11 +114,17 @@ struct PdConfig {
   std::chrono::nanoseconds transfer_timeout{};
   uint64_t kill_prefill_after = 0;
   uint64_t kill_decode_after = 0;
+  // SIGSTOP a prefill worker after this many requests ended, SIGCONT after stop_time (zero:
+  // when the run ends).
+  uint64_t stop_prefill_after = 0;
+  std::chrono::milliseconds stop_time{0};
   double prefix_hit = 0;
   bool checksums = false;
   bool json = false;
 
-  bool fault_run() const { return kill_prefill_after != 0 || kill_decode_after != 0; }
+  bool fault_run() const {
+    return kill_prefill_after != 0 || kill_decode_after != 0 || stop_prefill_after != 0;
+  }
   // The tokens of a `tokens`-token prompt that the decode side already holds: floor(prefix_hit
   // * tokens / L) * L, L the least common multiple of both sides' block sizes (the connector
   // moves whole blocks of both from the first token on).

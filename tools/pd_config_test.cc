@@ -73,6 +73,14 @@ TEST(Configure, TakesTheDefaultsOfThePreset) {
   EXPECT_EQ(c.decode.block_tokens, 8u);
   EXPECT_EQ(c.prefill.layout, "mla");
   EXPECT_EQ(c.decode.layout, "mla");
+  EXPECT_FALSE(c.fault_run());
+  f = Small();
+  f.stop_prefill_after = 2;
+  f.stop_ms = 1500.4;
+  c = Configure(f).value();
+  EXPECT_TRUE(c.fault_run());
+  EXPECT_EQ(c.stop_prefill_after, 2u);
+  EXPECT_EQ(c.stop_time, std::chrono::milliseconds(1500));
 }
 
 // refused(flags, text): Configure fails with kInvalidArgument and a message holding `text`.
@@ -114,6 +122,12 @@ TEST(Configure, RefusesBadFlagsNamingThem) {
   ExpectRefused(f, "--kill-prefill-after");
   f = Small(), f.kill_decode_after = 4;
   ExpectRefused(f, "--kill-decode-after");
+  f = Small(), f.stop_prefill_after = 4;
+  ExpectRefused(f, "--stop-prefill-after");
+  f = Small(), f.stop_ms = std::nan("");
+  ExpectRefused(f, "--stop-ms");
+  f = Small(), f.stop_ms = -1;
+  ExpectRefused(f, "--stop-ms");
   f = Small(), f.prefix_hit = 1.5;
   ExpectRefused(f, "--prefix-hit");
   f = Small(), f.prefix_hit = std::nan("");

@@ -47,6 +47,21 @@ Result<ChildProcess> SpawnWorker() {
   return child;
 }
 
+void Stopper::Stop(pid_t pid, std::chrono::milliseconds stop) {
+  if (pid <= 0 || kill(pid, SIGSTOP) != 0) return;
+  pid_ = pid;
+  until_ = std::chrono::steady_clock::now() + stop;
+  until_run_ends_ = stop.count() == 0;
+}
+
+void Stopper::Tick(bool run_ends) {
+  if (pid_ <= 0) return;
+  if (!run_ends && (until_run_ends_ || std::chrono::steady_clock::now() < until_)) return;
+  std::fprintf(stderr, "ferry pd: continuing the stopped worker (pid %d)\n", static_cast<int>(pid_));
+  (void)kill(pid_, SIGCONT);
+  pid_ = -1;
+}
+
 bool Exited(pid_t pid) {
   if (pid <= 0) return true;
   int status = 0;

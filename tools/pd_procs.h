@@ -25,6 +25,21 @@ struct ChildProcess {
 // process's stderr, so the router's stdout holds only the summary.
 Result<ChildProcess> SpawnWorker();
 
+// --stop-prefill-after: one worker stopped (SIGSTOP) and continued (SIGCONT) after a while, so
+// that its peers see a process that lives but answers nothing meanwhile.
+class Stopper {
+ public:
+  // Stops `pid`; Tick() continues it once `stop` passed (zero: only at the run's end).
+  void Stop(pid_t pid, std::chrono::milliseconds stop);
+  // Continues the stopped worker when its time is up, or now when `run_ends`.
+  void Tick(bool run_ends = false);
+
+ private:
+  pid_t pid_ = -1;
+  std::chrono::steady_clock::time_point until_{};
+  bool until_run_ends_ = false;
+};
+
 // Whether `pid` has exited (reaped here); never blocks.
 bool Exited(pid_t pid);
 // Waits until `pid` exits, up to `timeout`, then kills it (SIGKILL) and reaps it.

@@ -37,6 +37,7 @@ class Router {
   void CheckDeadlines(Clock::time_point now);
   void Send(size_t w, const json& m);
   void Kill(bool prefill);
+  void StopPrefill();
   void Stop();
   void PrintProgress(Clock::time_point now);
   int Finish();
@@ -51,7 +52,8 @@ class Router {
   size_t arrived_ = 0, running_ = 0, ended_ = 0, done_ = 0, failed_ = 0;
   size_t rr_p_ = 0, rr_d_ = 0;
   std::string killed_;  // the workers killed, ", " between them
-  bool killed_prefill_ = false, killed_decode_ = false;
+  bool killed_prefill_ = false, killed_decode_ = false, stopped_prefill_ = false;
+  Stopper stopper_;
   std::string setup_error_;
   Clock::time_point t0_, last_end_, last_progress_;
   uint64_t bytes_done_ = 0;
@@ -374,6 +376,8 @@ void Router::MaybeFinish(RequestState& r) {
     Kill(/*prefill=*/true);
   if (c_.kill_decode_after != 0 && !killed_decode_ && ended_ >= c_.kill_decode_after)
     Kill(/*prefill=*/false);
+  if (c_.stop_prefill_after != 0 && !stopped_prefill_ && ended_ >= c_.stop_prefill_after)
+    StopPrefill();
 }
 
 void Router::CheckDeadlines(Clock::time_point now) {
@@ -406,6 +410,18 @@ void Router::Kill(bool prefill) {
   fmt::print(stderr, "ferry pd: killing {} worker {} (pid {}) after {} requests\n",
              prefill ? "prefill" : "decode", wk.id, wk.proc.pid, ended_);
   (void)kill(wk.proc.pid, SIGKILL);
+}
+
+// --stop-prefill-after: SIGSTOP a prefill worker (ChooseVictim) for --stop-ms; it stays in the
+// run (the router cannot tell a stopped worker from a slow one).
+void Router::StopPrefill() {
+  stopped_prefill_ = true;
+  const size_t victim = ChooseVictim(requests_, workers_, /*prefill=*/true);
+  if (victim == SIZE_MAX) return;
+  killed_ += (killed_.empty() ? "" : ", ") + workers_[victim].id + " (stopped)";
+  fmt::print(stderr, "ferry pd: stopping prefill worker {} (pid {}) after {} requests\n",
+             workers_[victim].id, workers_[victim].proc.pid, ended_);
+  stopper_.Stop(workers_[victim].proc.pid, c_.stop_time);
 }
 
 void Router::PrintProgress(Clock::time_point now) {
@@ -468,6 +484,7 @@ int Router::Run() {
       queue_.push_back(arrived_++);
     Dispatch(now);
     CheckDeadlines(now);
+    stopper_.Tick();
     PrintProgress(now);
     milliseconds wait(20);
     if (arrived_ < requests_.size()) {
@@ -489,6 +506,7 @@ int Router::Finish() {
     }
   }
   const double seconds = std::chrono::duration<double>(last_end_ - t0_).count();
+  stopper_.Tick(/*run_ends=*/true);
   Stop();
   RunFacts facts;
   facts.model = c_.preset.name;

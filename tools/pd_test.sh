@@ -2,8 +2,8 @@
 # ctest pd_test: short `ferry pd` runs with --json, each summary checked with python3: write and
 # read mode, over shm and ucx, hetero TP (1 prefill of TP 2 -> 1 decode of TP 1 and back),
 # different block sizes and tensor orders on the two sides, an MLA model, a trace file, prefix
-# hits (partial and full), DP ranks, the fault runs (--kill-prefill-after, --kill-decode-after:
-# every request ends, no block leaks on the survivors), the GPU compute stand-in where a GPU is
+# hits (partial and full), DP ranks, the fault runs (--kill-prefill-after, --kill-decode-after,
+# --stop-prefill-after: every request ends, no block leaks on the survivors), the GPU compute stand-in where a GPU is
 # usable (else its clean refusal), and bad flags refused with exit status 2 and a message naming
 # the flag.
 # Usage: tools/pd_test.sh FERRY_BINARY
@@ -71,6 +71,16 @@ run kill-decode-write "$kill_decode" "${small[@]}" --requests 16 --layer-us 1000
   --mode write --transport shm --kill-decode-after 3
 run kill-decode-read "$kill_decode" "${small[@]}" --requests 16 --layer-us 10000 --decode 2 --decode-tp 2 \
   --mode read --transport ucx --kill-decode-after 3
+# A prefill worker stopped (SIGSTOP) with requests in flight for 1.5 s, longer than the transfer
+# timeout, then continued: the decode side fails what it is owed but keeps the blocks until the
+# continued worker confirms the aborts (none expire); every request ends, none stuck, no block
+# leaks, and every worker ends alive with nothing pending.
+stopped=(--model tiny --requests 16 --prompt-tokens 10..70 --layer-us 10000 --timeout 40
+  --transfer-timeout 1 --prefill 2 --stop-prefill-after 3 --stop-ms 1500)
+stop_check='s["killed"].endswith("(stopped)") and s["done"] >= 3 and all(w["alive"] for w in s["workers"])'
+run stop-write "$stop_check"' and s["failed"] >= 1 and all(w["stats"]["blocks_expired"] == 0 for w in s["workers"])' \
+  "${stopped[@]}" --mode write --transport shm
+run stop-read "$stop_check" "${stopped[@]}" --mode read --transport ucx
 
 # Prefix hits: decode holds whole blocks of both sides (here lcm(16, 8) = 16 and lcm(16, 32) = 32
 # tokens) and checks only the tokens that moved.
@@ -128,6 +138,8 @@ refuses "--decode-layout" --decode-layout mla
 refuses "--trace: cannot open" --trace "$tmp/missing"
 refuses "--kill-prefill-after 10 must be less than" --requests 10 --kill-prefill-after 10
 refuses "--kill-decode-after 10 must be less than" --requests 10 --kill-decode-after 10
+refuses "--stop-prefill-after 10 must be less than" --requests 10 --stop-prefill-after 10
+refuses "--stop-ms must be in" --stop-ms -1
 refuses "--prefix-hit must be in [0, 1]" --prefix-hit 1.5
 refuses "--decode-dp must be in" --decode-dp 0
 refuses "--compute gpu runs on the KV cache's GPU" --compute gpu
