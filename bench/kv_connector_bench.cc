@@ -7,6 +7,8 @@
 //    engine's bytes per second, same run.
 //  - control_path: small requests (one block, two layers of a tiny model) from allocation to
 //    done on both sides, 64 in flight. Target: >= 10,000 requests per second.
+//  - checksum/host: one layer's checksum (ConnectorOptions::checksums) over host memory, one
+//    thread, no transfer: its cost per MiB.
 // The model of the layer pushes is llama-3.1-8b on one TP rank: 32 layers, 8 KV heads, head dim
 // 128, bf16, blocks of 16 tokens, KV-first; requests of 1024 tokens in scattered blocks, one or
 // four in flight at once (/1, /4).
@@ -27,6 +29,7 @@
 #include "ferry/engine.h"
 #include "ferry/kv.h"
 #include "ferry/shared_memory.h"
+#include "kv/checksum.h"
 #include "kv/planner.h"
 
 namespace {
@@ -271,10 +274,37 @@ void BM_SealToDone(benchmark::State& state) {
   }
 }
 
+// One layer of a request (kTokens tokens in scattered blocks) hashed as a producer does it.
+void BM_ChecksumHost(benchmark::State& state) {
+  auto layout = ferry::kv::MakeLayout(Model(false, 0), ferry::kv::TensorOrder::kKvFirst);
+  if (!layout.ok()) return state.SkipWithError(layout.status().ToString().c_str());
+  std::vector<std::vector<std::byte>> buffers;
+  std::vector<const std::byte*> bases;
+  std::mt19937_64 rng(7);
+  for (uint64_t bytes : layout->region_bytes) {
+    buffers.emplace_back(bytes);
+    for (auto& b : buffers.back()) b = static_cast<std::byte>(rng());
+    bases.push_back(buffers.back().data());
+  }
+  const auto blocks = Scattered(kTokens / 16, kBlocksPerSide, 11);
+  const ferry::kv::HeadRange heads{0, layout->total_kv_heads};
+  const uint64_t bytes = kTokens * heads.size() * 2 * layout->head_bytes();
+  uint32_t layer = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(ferry::kv::LayerChecksum(*layout, bases, blocks, kTokens, heads, layer));
+    layer = (layer + 1) % layout->num_layers;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * bytes));
+  // Seconds a MiB (printed with an SI prefix: "250u" is 250 us).
+  state.counters["s_per_MiB"] = benchmark::Counter(static_cast<double>(state.iterations()) * bytes / (1 << 20),
+                                                   benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
 BENCHMARK(BM_LayerPushEngine)->Name("layer_push/engine")->Arg(1)->Arg(4)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_LayerPushConnector)->Name("layer_push/connector")->Arg(1)->Arg(4)->UseRealTime()->MinTime(1.0)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_SealToDone)->Name("seal_to_done")->UseRealTime()->Iterations(300)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_ControlPath)->Name("control_path")->UseRealTime()->MinTime(2.0)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ChecksumHost)->Name("checksum/host")->MinTime(0.5)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
