@@ -258,6 +258,8 @@ int Serve(const BenchFlags& f) {
   Status s = ServeBench(o, [&](const std::string& address) {
     fmt::print("ferry bench: serving {} of {} memory; side channel on {}\n", FormatBytes(*bytes), f.kind,
                address);
+    fmt::print(stderr, "ferry bench: waiting up to {:g} s for a `ferry bench --peer` (--timeout)\n",
+               o.wait.count() / 1e3);
     std::fflush(stdout);
   });
   if (!s.ok()) return Fail("bench", s);

@@ -142,6 +142,9 @@ Status Serve(const ServeFlags& f) {
   Status pinned;
   std::FILE* out = TextStream(f.json);
   {
+    // A large table takes a while to fill (or read) and pin: say so rather than stay silent.
+    fmt::print(stderr, "ferry embed-serve: building {} table{} for {} layer(s)\n",
+               f.tables.empty() ? "the synthetic" : "the", f.tables.empty() ? "" : "s", f.layers.size());
     FERRY_ASSIGN_OR_RETURN(embed::Workers pool, embed::MakeWorkers(f.threads, "embed-fill"));
     Result<std::vector<embed::service::ServedLayer>> made = embed::service::MakeServedLayers(
         c, f.layers, dtype, f.tables, f.synthetic_rows, pool.get(),
