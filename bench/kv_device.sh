@@ -25,7 +25,9 @@ exec > >(tee "$out/kv_device.log") 2>&1
   FERRY_BENCH_TRANSPORT=local "$build/bench/ferry_bench_kv_connector" --benchmark_filter=seal 2>&1 | grep seal_to
   echo "== ferry pd: exposed time after the last layer (host/shm, then gpu/cuda_ipc)"
   for memory in host gpu; do
-    OUT=/tmp/kv_pd_$memory ROUNDS=${ROUNDS:-2} REQUESTS=${REQUESTS:-20} RATE=${RATE:-4} \
-      bench/kv_pd.sh "$build/tools/ferry" "$memory" 2>&1 | tail -20
+    for busy in 0 1; do
+      OUT=/tmp/kv_pd_${memory}_$busy ROUNDS=${ROUNDS:-2} REQUESTS=${REQUESTS:-20} RATE=${RATE:-4} BUSY_POLL=$busy \
+        bench/kv_pd.sh "$build/tools/ferry" "$memory" 2>&1 | tail -20
+    done
   done
 exit $status

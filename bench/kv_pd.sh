@@ -21,7 +21,8 @@
 #   gpu: KV in GPU memory over cuda_ipc, the per-layer stand-in a GPU kernel (--compute gpu)
 #        whose write waits on the layer's CUDA event (GPU machines).
 # Environment: REQUESTS (40), RATE (2 per second), TOKENS (1024 a prompt), ROUNDS (3), OUT (a
-# folder for the JSON summaries; default a temporary one). Prints one markdown row per round.
+# folder for the JSON summaries; default a temporary one), BUSY_POLL=1 (the connectors poll
+# instead of sleeping: --busy-poll). Prints one markdown row per round.
 set -euo pipefail
 ferry=${1:-build/release/tools/ferry}
 memory=${2:-host}
@@ -45,6 +46,11 @@ esac
 common=(pd --model llama-3.1-8b --prefill 1 --decode 1 --mode write "${side[@]}"
   --prompt-tokens "$tokens" --requests "$requests" --rate "$rate" --blocks $((3 * (tokens + 15) / 16))
   --timeout 600 --json)
+threads=sleep
+if [ "${BUSY_POLL:-0}" = 1 ]; then
+  common+=(--busy-poll)
+  threads=busy-poll
+fi
 
 run() {
   local name=$1
@@ -56,18 +62,18 @@ run() {
     exit 1
   }
 }
-echo "| memory | transport | round | requests | one layer | exposed p50 us | exposed p99 us |" \
+echo "| memory | transport | connector threads | round | requests | one layer | exposed p50 us | exposed p99 us |" \
   "layer run p50 us | overhead p50 us | one layer's transfer us | GB/s | pipelining target |" \
   "strict target |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for round in $(seq 1 "$rounds"); do
   echo "-- round $round: $(uptime)" >&2
   run "main-$round" --layer-us 1000
   run "layer-$round" --layer-us 0 --layers 1
   run "overhead-$round" --layer-us 0 --layers 1 --prefix-hit 1
-  python3 - "$out" "$memory" "$round" <<'PY'
+  python3 - "$out" "$memory" "$round" "$threads" <<'PY'
 import json, sys
-out, memory, rnd = sys.argv[1], sys.argv[2], sys.argv[3]
+out, memory, rnd, threads = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 s = {n: json.load(open(f"{out}/{n}-{rnd}.json")) for n in ("main", "layer", "overhead")}
 for n, v in s.items():
     assert v["ok"] and v["done"] == v["requests"], (n, v["problems"])
@@ -79,7 +85,7 @@ target = transfer + 50
 p50, p99 = main["exposed_us"]["p50"], main["exposed_us"]["p99"]
 pipelined = layer["exposed_us"]["p50"] + 50
 gbps = layer_bytes / transfer / 1e3 if transfer > 0 else float("nan")
-print(f"| {memory} | {main['transport']} | {rnd} | {main['requests']} | {layer_bytes / 2**20:.1f} MiB | "
+print(f"| {memory} | {main['transport']} | {threads} | {rnd} | {main['requests']} | {layer_bytes / 2**20:.1f} MiB | "
       f"{p50:.0f} | {p99:.0f} | {layer['exposed_us']['p50']:.0f} | {over['exposed_us']['p50']:.0f} | "
       f"{transfer:.0f} | {gbps:.1f} | {'met' if p50 <= pipelined else 'missed'} "
       f"({p50:.0f} vs {pipelined:.0f}) | {'met' if p50 <= target else 'missed'} ({p50:.0f} vs {target:.0f}) |")

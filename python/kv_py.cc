@@ -195,7 +195,7 @@ std::unique_ptr<PyConnector> MakeConnector(py::object engine, const CacheLayout&
                                            const std::string& role, const std::string& mode,
                                            double deferred_write_timeout_ms, double transfer_timeout_ms,
                                            double abort_timeout_ms, double liveness_interval_ms, bool checksums,
-                                           double handshake_timeout_ms, bool eager_connect) {
+                                           double handshake_timeout_ms, bool eager_connect, bool busy_poll) {
   kv::ConnectorOptions o;
   o.instance = std::move(instance);
   o.role = Parse(kRoles, role, "role");
@@ -207,6 +207,7 @@ std::unique_ptr<PyConnector> MakeConnector(py::object engine, const CacheLayout&
   o.checksums = checksums;
   o.handshake_timeout = Millis(handshake_timeout_ms, "handshake_timeout_ms");
   o.eager_connect = eager_connect;
+  o.busy_poll = busy_poll;
   std::shared_ptr<Engine> e = EngineOf(engine);
   Result<std::unique_ptr<Connector>> c = [&] {
     py::gil_scoped_release nogil;
@@ -263,6 +264,12 @@ void BindKv(py::module_& parent) {
       .def_readonly("blocks", &kv::Finished::blocks,
                     "The local blocks; on a consumer failure, those to recompute.")
       .def_readonly("producer", &kv::Finished::producer, "True when this worker produced the request.")
+      .def_property_readonly(
+          "at_ns",
+          [](const kv::Finished& f) {
+            return std::chrono::duration_cast<std::chrono::nanoseconds>(f.at.time_since_epoch()).count();
+          },
+          "When the connector ended it, in ns of the monotonic clock (time.monotonic_ns()).")
       .def("__repr__", [](const kv::Finished& f) {
         std::string s = "<ferry.kv.Finished " + f.request + " " + NameOf(kOutcomes, f.outcome);
         if (!f.status.ok()) s += " " + f.status.ToString();
@@ -275,7 +282,8 @@ void BindKv(py::module_& parent) {
       "One worker's KV connector: moves requests' KV blocks to and from peer workers.\n\n"
       "Connector(engine, layout, regions, *, instance, role='both', mode='write',\n"
       "deferred_write_timeout_ms=60000, transfer_timeout_ms=30000, abort_timeout_ms=480000,\n"
-      "liveness_interval_ms=1000, checksums=False, handshake_timeout_ms=5000, eager_connect=False):\n"
+      "liveness_interval_ms=1000, checksums=False, handshake_timeout_ms=5000, eager_connect=False,\n"
+      "busy_poll=False):\n"
       "`regions` are the\n"
       "engine's MemoryDescs of the layout's regions, in order (ferry.kv.register_kv_caches builds\n"
       "all three from tensors). Every call releases the GIL. Requests end on each side exactly\n"
@@ -286,7 +294,8 @@ void BindKv(py::module_& parent) {
            py::arg("transfer_timeout_ms") = Ms(d.transfer_timeout),
            py::arg("abort_timeout_ms") = Ms(d.abort_timeout),
            py::arg("liveness_interval_ms") = Ms(d.liveness_interval), py::arg("checksums") = d.checksums,
-           py::arg("handshake_timeout_ms") = Ms(d.handshake_timeout), py::arg("eager_connect") = d.eager_connect)
+           py::arg("handshake_timeout_ms") = Ms(d.handshake_timeout), py::arg("eager_connect") = d.eager_connect,
+           py::arg("busy_poll") = d.busy_poll)
       .def_property_readonly(
           "id", [](const PyConnector& s) { return Call(s, [](Connector& c) { return c.id(); }); },
           "This worker's WorkerId.")

@@ -138,6 +138,8 @@ void AddPdCommand(CLI::App& app, int* exit_code) {
                   "both sides): only the rest moves")
       ->capture_default_str();
   cmd->add_flag("--checksums", f->checksums, "Per-layer checksums in the connector");
+  cmd->add_flag("--busy-poll", f->busy_poll,
+                "Connector threads poll instead of sleeping while requests are open (lowest latency, a core each)");
   cmd->add_flag("--json", f->json, "Print the summary as one JSON object");
   cmd->callback([f, exit_code] { *exit_code = Run(*f); });
 

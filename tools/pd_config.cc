@@ -196,6 +196,7 @@ Result<PdConfig> Configure(const PdFlags& f) {
                       s->blocks, longest, per_request, s->block_tokens));
   }
   c.checksums = f.checksums;
+  c.busy_poll = f.busy_poll;
   c.json = f.json;
   return c;
 }
@@ -247,6 +248,7 @@ WorkerConfig MakeWorkerConfig(const PdConfig& c, bool prefill, uint32_t instance
   w.transfer_timeout_ms = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(c.transfer_timeout).count());
   w.checksums = c.checksums;
+  w.busy_poll = c.busy_poll;
   return w;
 }
 
@@ -268,7 +270,8 @@ std::string WorkerConfig::ToJson() const {
                       {"read_mode", read_mode},
                       {"layer_us", layer_us},
                       {"transfer_timeout_ms", transfer_timeout_ms},
-                      {"checksums", checksums}};
+                      {"checksums", checksums},
+                      {"busy_poll", busy_poll}};
   return j.dump();
 }
 
@@ -303,7 +306,7 @@ Result<WorkerConfig> WorkerConfig::FromJson(std::string_view text) {
       !get("gpu_compute", &w.gpu_compute) || !get("device", &w.device) ||
       !get("transport", &w.transport) || !get("read_mode", &w.read_mode) ||
       !get("layer_us", &w.layer_us) || !get("transfer_timeout_ms", &w.transfer_timeout_ms) ||
-      !get("checksums", &w.checksums))
+      !get("checksums", &w.checksums) || !get("busy_poll", &w.busy_poll))
     return Bad("worker config: a field is missing or of the wrong type");
   if (w.dp_rank >= kMaxDp || w.layers < 1 || w.layers > kMaxLayers || (w.gpu_compute && !w.gpu) ||
       (w.transport != "shm" && w.transport != "ucx" && w.transport != "cuda_ipc") ||

@@ -85,6 +85,7 @@ struct PdFlags {
   double stop_ms = 0;               // how long it stays stopped; 0 = until the run ends
   double prefix_hit = 0;            // the share of each prompt the decode side already holds
   bool checksums = false;
+  bool busy_poll = false;
   bool json = false;
 };
 
@@ -120,6 +121,7 @@ struct PdConfig {
   std::chrono::milliseconds stop_time{0};
   double prefix_hit = 0;
   bool checksums = false;
+  bool busy_poll = false;
   bool json = false;
 
   bool fault_run() const {
@@ -155,6 +157,7 @@ struct WorkerConfig {
   uint64_t layer_us = 0;
   uint64_t transfer_timeout_ms = 0;
   bool checksums = false;
+  bool busy_poll = false;
 
   std::string ToJson() const;
   // Rejects malformed input and values out of range (it comes from another process).

@@ -177,6 +177,10 @@ TEST(WorkerConfig, RoundTripsAndRefusesBadInput) {
   EXPECT_EQ(back.transfer_timeout_ms, 10000u);
   EXPECT_FALSE(back.gpu_compute);
   EXPECT_EQ(back.layers, 4u);
+  EXPECT_FALSE(back.busy_poll);
+  PdFlags busy = Small();
+  busy.busy_poll = true;
+  EXPECT_TRUE(WorkerConfig::FromJson(MakeWorkerConfig(Configure(busy).value(), true, 0, 0, 0).ToJson())->busy_poll);
   PdFlags f = Small();
   f.decode_dp = 3;
   c = Configure(f).value();

@@ -171,13 +171,20 @@ void Router::OnMessage(size_t w, const json& m) {
     (void)GetU64(m, "pending", &wk.rec.pending);
     (void)GetU64(m, "held_blocks", &wk.rec.held_blocks);
     if (m.contains("stats") && m["stats"].is_object()) wk.rec.stats = m["stats"];
-  } else if (t == "sealed" || t == "held") {
+  } else if (t == "sealed") {
+    // Told after Seal(): the rank's end may have come first.
+    RequestState* r = Find(m);
+    int64_t ns = 0;
+    if (r == nullptr || !GetI64(m, "ns", &ns)) return;
+    r->computed_ns = std::max(r->computed_ns, ns);
+    if (r->p_left.count(w)) r->computed.insert(w);
+  } else if (t == "held") {
     RequestState* r = Find(m);
     int64_t ns = 0;
     if (r == nullptr || !r->p_left.count(w) || !GetI64(m, "ns", &ns)) return;
     r->computed.insert(w);
     r->computed_ns = std::max(r->computed_ns, ns);
-    if (t == "held" && r->params.empty()) (void)GetString(m, "params", &r->params);
+    if (r->params.empty()) (void)GetString(m, "params", &r->params);
     TellDecode(*r);
   } else if (t == "end") {
     if (RequestState* r = Find(m)) OnEnd(*r, w, m);

@@ -177,6 +177,7 @@ Status Worker::Setup() {
   co.abort_timeout = 2 * co.transfer_timeout;
   co.liveness_interval = milliseconds(250);
   co.checksums = cfg_.checksums;
+  co.busy_poll = cfg_.busy_poll;
   FERRY_ASSIGN_OR_RETURN(
       conn_, kv::Connector::Create(engine_.get(), cache_->layout(), cache_->regions(), co));
   FERRY_ASSIGN_OR_RETURN(std::string addr, conn_->ServeHandshake());
@@ -352,9 +353,10 @@ void Worker::ComputeLoop() {
     // waited for the stream).
     const int64_t computed_ns = MonotonicNs();
     if (s.ok() && !cfg_.read_mode) {
-      // Told before Seal(): once sealed, the request may end (and be reported) at any moment.
-      Report({{"t", "sealed"}, {"req", job.req}, {"ns", computed_ns}});
+      // Sealed first, told after: the report is the simulator's bookkeeping, kept off the
+      // request's path (the router takes it before or after the request's end).
       s = conn_->Seal(job.req, preset_.layers);
+      if (s.ok()) Report({{"t", "sealed"}, {"req", job.req}, {"ns", computed_ns}});
     } else if (s.ok()) {
       auto params = conn_->HoldForRead(job.req, job.blocks, job.tokens);
       saved = params.ok();
@@ -408,7 +410,9 @@ void Worker::FinishLoop() {
       if (stopping_) return;
     }
     for (kv::Finished& f : conn_->WaitFinished(milliseconds(50))) {
-      const int64_t ns = MonotonicNs();
+      // When the connector ended it (steady_clock is CLOCK_MONOTONIC, as MonotonicNs), not when
+      // this thread woke: a server polls its finished requests on its own schedule.
+      const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(f.at.time_since_epoch()).count();
       Held h;
       bool known;
       {

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "base/log.h"
+#include "base/spin.h"
 #include "base/thread_pool.h"
 #include "ferry/gpu.h"
 #include "kv/connector_impl.h"
@@ -305,6 +306,7 @@ void Connector::Impl::Publish(Finished f, bool producer_side) {
       }
     }
   }
+  f.at = std::chrono::steady_clock::now();
   finished.push_back(std::move(f));
   finished_cv.NotifyAll();
 }
@@ -373,6 +375,7 @@ void Connector::Impl::PeerLost(const std::string& engine_key, const Status& why)
 void Connector::Impl::Run() {
   using namespace std::chrono_literals;
   TimePoint next_sweep{};
+  TimePoint next_timers{};
   for (;;) {
     std::deque<internal::Command> batch;
     bool woken = false;
@@ -384,22 +387,34 @@ void Connector::Impl::Run() {
       mailbox->woken = false;
     }
     for (auto& c : batch) c.run();
+    const bool busy = !producing.empty() || !consuming.empty();
+    const bool polling = busy && options.busy_poll;
     // Messages are taken when the engine's watcher said one arrived (and now and then, for any
     // that came before the watcher was set). Not on every pass: PopNotifications on an empty
     // inbox counts as an application thread polling, and a transport whose receiver polls
     // stops waking itself for arrivals (shm), which would leave them to this thread's tick.
+    // Busy polling does poll on every pass: this thread then receives them itself, with no
+    // receiver thread to wake.
     std::vector<Notification> notes;
-    if (woken || Clock::now() >= next_sweep) {
+    TimePoint now = Clock::now();
+    if (polling || woken || now >= next_sweep) {
       notes = engine->PopNotifications(kTopic);
-      if (!woken) next_sweep = Clock::now() + 50ms;
+      if (!woken && !polling) next_sweep = now + 50ms;
     }
     for (const auto& n : notes) HandleNotification(n);
-    const TimePoint now = Clock::now();
-    Timers(now);
+    if (!notes.empty()) now = Clock::now();
+    // Deadlines are checked every millisecond while requests are open.
+    if (now >= next_timers) {
+      Timers(now);
+      next_timers = now + 1ms;
+    }
     if (!batch.empty() || !notes.empty()) continue;
+    if (polling) {
+      CpuRelax();
+      continue;
+    }
     // Sleep until a command (a call, a transfer's end), a message (the engine's watcher) or the
-    // timers' granularity: deadlines are checked every millisecond while requests are open.
-    const bool busy = !producing.empty() || !consuming.empty();
+    // timers' granularity.
     const auto wait = busy ? 1ms : 20ms;
     MutexLock l(&mailbox->mu);
     mailbox->cv.WaitUntil(&mailbox->mu, now + wait, [&]() REQUIRES(mailbox->mu) {

@@ -10,10 +10,17 @@
 namespace ferry::kv::testing {
 namespace {
 
+// "shm_busy_poll": shm with ConnectorOptions::busy_poll on every worker.
+constexpr std::string_view kBusy = "_busy_poll";
+
 class ConnectorTest : public ::testing::TestWithParam<std::string> {
  protected:
   std::string transport() const { return GetParam(); }
 };
+
+std::string BaseTransport(const std::string& t) {
+  return t.ends_with(kBusy) ? t.substr(0, t.size() - kBusy.size()) : t;
+}
 
 // One producer and one consumer instance, each of `tp` ranks.
 struct Pd {
@@ -29,8 +36,10 @@ struct Pd {
 Pd MakePd(const std::string& transport, uint32_t p_tp, uint32_t d_tp, TensorOrder p_order, TensorOrder d_order,
           ConnectorOptions options = {}, uint32_t p_block = 16, uint32_t d_block = 16, bool mla = false) {
   Pd pd;
-  for (uint32_t r = 0; r < p_tp; ++r) pd.p.push_back(MakeWorker(transport, "prefill", Identity(r, p_tp, p_block, mla), p_order, options));
-  for (uint32_t r = 0; r < d_tp; ++r) pd.d.push_back(MakeWorker(transport, "decode", Identity(r, d_tp, d_block, mla), d_order, options));
+  if (transport.ends_with(kBusy)) options.busy_poll = true;
+  const std::string base = BaseTransport(transport);
+  for (uint32_t r = 0; r < p_tp; ++r) pd.p.push_back(MakeWorker(base, "prefill", Identity(r, p_tp, p_block, mla), p_order, options));
+  for (uint32_t r = 0; r < d_tp; ++r) pd.d.push_back(MakeWorker(base, "decode", Identity(r, d_tp, d_block, mla), d_order, options));
   for (auto* w : pd.all()) EXPECT_NE(w, nullptr);
   Introduce(pd.all());
   return pd;
@@ -54,6 +63,8 @@ void ExpectDone(Worker& w, const std::string& id, size_t n = 1) {
   for (const auto& x : f) {
     EXPECT_EQ(x.request, id);
     EXPECT_EQ(x.outcome, Outcome::kDone) << x.status.ToString();
+    EXPECT_NE(x.at, std::chrono::steady_clock::time_point{});
+    EXPECT_LE(x.at, std::chrono::steady_clock::now());
   }
 }
 
@@ -326,7 +337,7 @@ TEST_P(ConnectorTest, BadCallsAreRefusedWithClearErrors) {
   EXPECT_EQ(pd.p[0]->conn->SaveLayer("y", 3, Blocks({1})).code(), Code::kOutOfRange);
   EXPECT_EQ(pd.p[0]->conn->HoldForRead("y", Blocks({1})).status().code(), Code::kFailedPrecondition);
   // A peer whose model differs is refused naming the field.
-  auto other = MakeWorker(transport(), "other", [] { auto l = Identity(0, 1); l.head_dim = 16; return l; }(),
+  auto other = MakeWorker(BaseTransport(transport()), "other", [] { auto l = Identity(0, 1); l.head_dim = 16; return l; }(),
                           TensorOrder::kKvFirst);
   ASSERT_NE(other, nullptr);
   Status s = d.AddPeer(other->conn->Metadata());
@@ -335,7 +346,7 @@ TEST_P(ConnectorTest, BadCallsAreRefusedWithClearErrors) {
   ASSERT_TRUE(d.Abort("x").ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, ConnectorTest, ::testing::Values("local", "shm"),
+INSTANTIATE_TEST_SUITE_P(Transports, ConnectorTest, ::testing::Values("local", "shm", "shm_busy_poll"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
