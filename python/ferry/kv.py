@@ -93,6 +93,13 @@ class _View:
 def _view(name: str, t) -> _View:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(t, torch.Tensor):
+        strided = getattr(torch, "strided", None)
+        if strided is not None and getattr(t, "layout", strided) != strided:
+            raise _invalid(f"{name}: a {t.layout} tensor has no strided memory to register")
+        for lazy, fix in (("is_conj", "resolve_conj"), ("is_neg", "resolve_neg")):
+            if getattr(t, lazy, None) is not None and getattr(t, lazy)():
+                raise _invalid(f"{name}: a view whose values are not in its memory ({lazy}()): "
+                               f"pass t.{fix}()")
         dev = t.device.type
         if dev == "cuda":
             kind, device = "cuda", t.get_device()
@@ -134,6 +141,16 @@ def _view(name: str, t) -> _View:
     if v.strides[-1] != v.itemsize:
         raise _invalid(f"{name}: the last axis (head dim) must be contiguous, its stride is "
                        f"{v.strides[-1]} bytes for {v.itemsize}-byte elements")
+    # Entries that share memory (an expanded view, overlapping as_strided strides) would take
+    # the bytes of several blocks, tokens or heads: each axis, from the innermost out, must step
+    # past everything inside it.
+    inside = v.itemsize
+    for stride, n, axis in sorted((s, n, a) for a, (n, s) in enumerate(zip(v.shape, v.strides)) if n > 1):
+        if stride < inside:
+            what = "stride 0 (an expanded view)" if stride == 0 else f"stride {stride} bytes"
+            raise _invalid(f"{name}: axis {axis} has {what}, inside the {inside} bytes the axes within it "
+                           "span: its entries would share memory")
+        inside = stride * (n - 1) + inside
     return v
 
 

@@ -133,6 +133,10 @@ def test_shapes_it_cannot_read_are_refused_naming_the_tensor_and_axis():
         "layer 0: expected a torch tensor or a numpy array, not str": ["kv"],
         "caches: no layers": [],
         "layer 0: dtype |O is not plain data": [np.empty((2, N, BS, H, D), object)],
+        # Writable but overlapping: heads 4 elements apart, each 8 long.
+        "layer 0: axis 3 has stride 8 bytes, inside the 16 bytes": [np.lib.stride_tricks.as_strided(
+            np.zeros(2 * N * BS * H * D, np.uint16), (2, N, BS, H, D), (N * BS * H * D * 2, BS * H * D * 2, H * D * 2,
+                                                                      8, 2))],
     }
     for expected, caches in cases.items():
         assert expected in invalid(kv.read_layout, caches, **IDENTITY), expected
