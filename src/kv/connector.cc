@@ -112,7 +112,6 @@ Result<std::unique_ptr<Connector>> Connector::Create(Engine* engine, const Cache
   }
   auto impl = std::make_unique<Impl>(engine, layout, std::move(regions), options);
   impl->checksummer = std::move(checksummer);
-  for (const auto& r : impl->regions) impl->bases.push_back(reinterpret_cast<const std::byte*>(r.address));
   WorkerMetadata meta;
   meta.id = impl->id;
   meta.engine = engine->Describe();

@@ -206,7 +206,6 @@ struct Connector::Impl {
   bool EndedHere(const std::string& request) EXCLUDES(mu);
   TimePoint next_liveness{};
   std::thread thread;
-  std::vector<const std::byte*> bases;  // the regions' addresses here (host memory)
 
   // connector.cc
   void Run();
