@@ -2,7 +2,8 @@
 # The KV connector on the GPU machine, in one call: build everything with CUDA, run the kv, pd,
 # engine-completion and CUDA tests (the GPU cases run instead of skipping), then the KV
 # benchmarks (planner, connector against the engine, seal-to-done, the control path) and
-# bench/kv_pd.sh over shm and over cuda_ipc. Logs go to "${OUT:-/tmp}/". From the repo root:
+# bench/kv_pd.sh over shm and over cuda_ipc, with the connectors sleeping and busy polling
+# (PD_BUSY="0 1"; ROUNDS=2). Logs go to "${OUT:-/tmp}/". From the repo root:
 #     source .device/unpack.sh; bench/kv_device.sh
 set -u
 out="${OUT:-/tmp}"
@@ -18,6 +19,9 @@ exec > >(tee "$out/kv_device.log") 2>&1
   grep -q "ferry: CUDA ON" "$out/kv_build.log" || echo "warning: CMake did not find CUDA"
   echo "== tests"
   (cd "$build" && ctest --output-on-failure -j 8 -R "${FERRY_KV_TESTS:-kv_|pd_|tools_test|completion_test|cuda|runtime_test|layering}") || status=1
+  echo "== python: ferry.kv with torch (CUDA tensors where torch sees the GPU)"
+  PYTHONPATH="$build/python" python3 -m pytest -q -rs -p no:cacheprovider tests/python/test_kv.py \
+    tests/python/test_kv_torch.py 2>&1 | tail -25 || status=1
   echo "== benchmarks"
   "$build/bench/ferry_bench_kv_plan" 2>&1 | tail -12
   "$build/bench/ferry_bench_kv_connector" --benchmark_repetitions=7 --benchmark_enable_random_interleaving=true \
@@ -25,7 +29,7 @@ exec > >(tee "$out/kv_device.log") 2>&1
   FERRY_BENCH_TRANSPORT=local "$build/bench/ferry_bench_kv_connector" --benchmark_filter=seal 2>&1 | grep seal_to
   echo "== ferry pd: exposed time after the last layer (host/shm, then gpu/cuda_ipc)"
   for memory in host gpu; do
-    for busy in 0 1; do
+    for busy in ${PD_BUSY:-0 1}; do
       OUT=/tmp/kv_pd_${memory}_$busy ROUNDS=${ROUNDS:-2} REQUESTS=${REQUESTS:-20} RATE=${RATE:-4} BUSY_POLL=$busy \
         bench/kv_pd.sh "$build/tools/ferry" "$memory" 2>&1 | tail -20
     done
