@@ -112,6 +112,9 @@ struct EngineOptions {
   size_t max_notification_bytes = 64 * 1024;
   size_t max_pending_notifications = 1 << 16;
   size_t max_pending_notification_bytes = 64 << 20;
+  // Port of an HTTP endpoint serving GET /metrics (Prometheus text) on listen host 127.0.0.1;
+  // 0 = off, -1 = pick a free port (Engine::MetricsPort() says which); 1..65535 = that port.
+  int metrics_port = 0;
   UcxOptions ucx;
   ShmOptions shm;
 };
