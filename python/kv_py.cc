@@ -59,8 +59,11 @@ double Ms(Duration d) { return std::chrono::duration<double, std::milli>(d).coun
 
 // Block ids from a sequence of ints or an integer array (1-D); a negative id is refused.
 std::vector<uint64_t> BlockIds(const py::handle& obj, const char* what) {
-  py::array arr = py::array::ensure(obj);
-  if (!arr) ThrowInvalid(std::string(what) + " must be a sequence of block ids");
+  // A tensor on a GPU (torch's block tables often are) is copied to the host first.
+  py::object host = py::reinterpret_borrow<py::object>(obj);
+  if (py::hasattr(obj, "__cuda_array_interface__") && py::hasattr(obj, "cpu")) host = obj.attr("cpu")();
+  py::array arr = py::array::ensure(host);
+  if (!arr) ThrowInvalid(std::string(what) + " must be a sequence of block ids (ints, an integer array or tensor)");
   if (arr.size() == 0) return {};
   if (arr.ndim() != 1) ThrowInvalid(std::string(what) + " must be one-dimensional");
   const char kind = arr.dtype().kind();

@@ -191,8 +191,9 @@ struct ConnectorOptions {
   // How often a side with requests outstanding on a peer checks that the peer is alive; a peer
   // that cannot be reached ends those requests.
   Duration liveness_interval = std::chrono::seconds(1);
-  // A per-layer checksum of host-memory KV, computed by the producer and checked by the
-  // consumer; a mismatch fails the request.
+  // A per-layer checksum of the KV moved (host or GPU memory: on the GPU a kernel on the
+  // connector's own stream computes it), computed by the producer where the data is and
+  // checked by the consumer over its own blocks; a mismatch fails the request (kDataLoss).
   bool checksums = false;
   // Fetching a peer's metadata from its handshake endpoint.
   Duration handshake_timeout = std::chrono::seconds(5);

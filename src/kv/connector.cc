@@ -2,6 +2,7 @@
 // in connector_calls.cc, the request state machines in connector_producer.cc and
 // connector_consumer.cc.
 #include <algorithm>
+#include <thread>
 #include <utility>
 
 #include "base/log.h"
@@ -375,6 +376,7 @@ void Connector::Impl::Run() {
   using namespace std::chrono_literals;
   TimePoint next_sweep{};
   TimePoint next_timers{};
+  uint64_t idle_passes = 0;
   for (;;) {
     std::deque<internal::Command> batch;
     bool woken = false;
@@ -409,7 +411,13 @@ void Connector::Impl::Run() {
     }
     if (!batch.empty() || !notes.empty()) continue;
     if (polling) {
-      CpuRelax();
+      // Now and then the core is offered to the scheduler: where cores are few, the transports'
+      // and the application's threads need it (sched_yield returns at once on an idle core).
+      if (++idle_passes % 64 == 0) {
+        std::this_thread::yield();
+      } else {
+        CpuRelax();
+      }
       continue;
     }
     // Sleep until a command (a call, a transfer's end), a message (the engine's watcher) or the

@@ -4,6 +4,7 @@
 import pickle
 import sys
 import threading
+import time
 import types
 
 import numpy as np
@@ -290,8 +291,10 @@ def pd(request):
         w.close()
 
 
-def test_write_mode_moves_every_byte_of_every_layer(pd):
-    p, d = pd("blocks_first", "kv_first_hnd")
+@pytest.mark.parametrize("busy_poll", [False, True])
+def test_write_mode_moves_every_byte_of_every_layer(pd, busy_poll):
+    p, d = pd("blocks_first", "kv_first_hnd", busy_poll=busy_poll)
+    before = time.monotonic_ns()
     pb, db, ntok = [3, 4, 6], [7, 0, 2], 40
     d.conn.expect_write("r1", "prefill", 0, db, ntok)
     for layer in range(LAYERS):
@@ -302,6 +305,8 @@ def test_write_mode_moves_every_byte_of_every_layer(pd):
     for f in (fd, fp):
         assert (f.request, f.outcome, f.code, f.message) == ("r1", "done", "OK", ""), f
     assert (fd.producer, fd.blocks, fp.producer, fp.blocks) == (False, db, True, pb)
+    # When each side ended it, on the clock of time.monotonic_ns().
+    assert before <= fd.at_ns <= time.monotonic_ns() and before <= fp.at_ns <= time.monotonic_ns()
     for layer in range(LAYERS):
         for got, want in zip(d.tokens(layer, db, ntok), p.tokens(layer, pb, ntok)):
             np.testing.assert_array_equal(got, want)
