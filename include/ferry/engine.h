@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ferry/descriptors.h"
+#include "ferry/metrics.h"
 #include "ferry/options.h"
 #include "ferry/status.h"
 #include "ferry/system.h"
@@ -230,6 +231,13 @@ class Engine {
   void WatchNotifications(std::string_view topic, std::function<void()> on_arrival);
 
   EngineStats stats() const;
+  // Counters, latency histograms and gauges of this engine's transfers and notifications
+  // (ferry/metrics.h; RenderPrometheus for the text form). Cheap enough to scrape each second.
+  MetricsSnapshot Metrics() const;
+  // Every transfer still running, oldest first (RenderInFlight prints them).
+  std::vector<InFlightTransfer> InFlight() const;
+  // The port of the GET /metrics endpoint (EngineOptions::metrics_port); 0 when it is off.
+  int MetricsPort() const;
 
  private:
   explicit Engine(std::shared_ptr<internal::EngineCore> core);

@@ -55,6 +55,8 @@ Status CheckOptions(const EngineOptions& o) {
     return invalid("max_pending_notification_bytes must be at most " + std::to_string(kMaxPendingNotificationBytes) +
                    ", not " + std::to_string(o.max_pending_notification_bytes));
   constexpr auto kMaxWait = std::chrono::hours(24);
+  if (o.metrics_port < -1 || o.metrics_port > 65535)
+    return invalid("metrics_port must be in -1..65535 (0: off, -1: a free port), not " + std::to_string(o.metrics_port));
   if (o.shm.revoke_timeout <= Duration::zero() || o.shm.revoke_timeout > kMaxWait)
     return invalid("shm.revoke_timeout must be in (0, 24 h], not " + std::to_string(o.shm.revoke_timeout.count()) + " ms");
   if (o.shm.call_timeout <= Duration::zero() || o.shm.call_timeout > kMaxWait)
@@ -70,7 +72,11 @@ bool Carries(const Capabilities& caps, MemoryKind kind) {
 
 EngineCore::EngineCore(const EngineOptions& options) : options_(options) {}
 
-EngineCore::~EngineCore() { Shutdown(); }
+EngineCore::~EngineCore() {
+  // First: the server's thread reads the engine's state.
+  metrics_server_.reset();
+  Shutdown();
+}
 
 Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& options) {
   return Create(options, RegisteredTransports());
@@ -119,6 +125,13 @@ Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& opti
     return Status(Code::kUnavailable, "transport '" + wanted + "' is not in this build");
   }
   if (core->transports_.empty()) return Status(Code::kUnavailable, "no transport is usable");
+  if (options.metrics_port != 0) {
+    // The core outlives its server: ~EngineCore stops the server first.
+    EngineCore* raw = core.get();
+    FERRY_ASSIGN_OR_RETURN(core->metrics_server_,
+                           MetricsServer::Start(options.metrics_port < 0 ? 0 : options.metrics_port,
+                                                [raw] { return RenderPrometheus(raw->metrics_snapshot()); }));
+  }
   std::stable_sort(core->transports_.begin(), core->transports_.end(),
                    [](const auto& a, const auto& b) { return a->caps().cost < b->caps().cost; });
 
@@ -171,6 +184,31 @@ EngineStats EngineCore::stats() const {
   s.dropped_notifications = inbox_->dropped();
   s.merged_ops = merged_ops_.load(std::memory_order_relaxed);
   return s;
+}
+
+MetricsSnapshot EngineCore::metrics_snapshot() const {
+  MetricsSnapshot m;
+  m.engine = options_.key;
+  m.series = metrics_->SnapshotSeries();
+  for (const char* cause : {"peer_dead", "deadline", "rejected", "out_of_range", "aborted", "other"})
+    m.failures[cause] = 0;
+  for (const SeriesSnapshot& s : m.series) {
+    for (const auto& [name, n] : s.results) {
+      for (int c = 1; c <= static_cast<int>(Code::kInProgress); ++c)
+        if (CodeName(static_cast<Code>(c)) == name) m.failures[std::string(FailureCause(static_cast<Code>(c)))] += n;
+    }
+  }
+  m.transfers_in_flight = metrics_->in_flight();
+  {
+    MutexLock lock(&mu_);
+    m.peers = peers_.size();
+    m.registered_regions = regions_.size();
+    for (const auto& [id, entry] : regions_) m.registered_bytes += entry.region->size;
+  }
+  const EngineStats s = stats();
+  m.dropped_notifications = s.dropped_notifications;
+  m.rejected_messages = s.rejected_messages;
+  return m;
 }
 
 std::vector<std::string> EngineCore::transport_names() const {
@@ -435,6 +473,9 @@ Result<Session> Engine::OpenSession(const MemoryDesc& local, const MemoryDesc& r
 }
 TransferId Engine::AllocateTransferId() { return core_->AllocateTransferId(); }
 EngineStats Engine::stats() const { return core_->stats(); }
+MetricsSnapshot Engine::Metrics() const { return core_->metrics_snapshot(); }
+std::vector<InFlightTransfer> Engine::InFlight() const { return core_->in_flight(); }
+int Engine::MetricsPort() const { return core_->metrics_port(); }
 
 std::string_view Version() { return FERRY_VERSION; }
 

@@ -17,6 +17,8 @@
 
 #include "base/mutex.h"
 #include "engine/completions.h"
+#include "engine/metrics.h"
+#include "engine/metrics_server.h"
 #include "ferry/engine.h"
 #include "transport/transport.h"
 
@@ -61,6 +63,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
     return static_cast<TransferId>(next_transfer_.fetch_add(1, std::memory_order_relaxed));
   }
   Status Notify(std::string_view peer_key, std::string_view message, std::string_view topic = {});
+  Status NotifyUncounted(std::string_view peer_key, std::string_view message, std::string_view topic);
   Transfer NotifyAfter(std::string_view peer_key, std::string_view message,
                        std::span<const Transfer> after, const TransferOptions& options);
   // On an empty inbox, lets each transport progress once from this thread (Transport::Poll),
@@ -73,10 +76,16 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   Result<std::shared_ptr<Endpoint>> NotifyEndpointFor(std::string_view peer_key) EXCLUDES(mu_);
   // Hands `state` out as a Transfer: attaches `on_complete` (if set), and has the transfers
   // of `after` (already gated on) finish at their deadlines.
+  // `series` (null: none) counts it in the metrics when it ends, with `ops` ops.
   Transfer Issue(std::shared_ptr<TransferState> state, const std::function<void(const Status&)>& on_complete,
-                 std::span<const Transfer> after = {});
+                 std::span<const Transfer> after = {}, Series* series = nullptr, uint64_t ops = 0);
   Completions& completions() { return *completions_; }
   EngineStats stats() const;
+  Metrics& metrics() { return *metrics_; }
+  MetricsSnapshot metrics_snapshot() const EXCLUDES(mu_);
+  std::vector<InFlightTransfer> in_flight() const { return metrics_->InFlight(); }
+  // The port of the metrics endpoint (EngineOptions::metrics_port), 0 when off.
+  int metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
   // Ops that Session::Post merged into the op before them (EngineStats::merged_ops).
   void CountMerged(uint64_t n) { merged_ops_.fetch_add(n, std::memory_order_relaxed); }
 
@@ -103,6 +112,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // message (max_notification_bytes + kNotifyFrameOverhead).
   EngineOptions transport_options_;
   std::shared_ptr<Completions> completions_;
+  // Shared with the transfers' observers: a transfer may finish after the engine is gone.
+  std::shared_ptr<Metrics> metrics_ = std::make_shared<Metrics>();
+  std::unique_ptr<MetricsServer> metrics_server_;  // when options_.metrics_port != 0
   EngineDesc desc_;
   std::shared_ptr<Inbox> inbox_;
   // Shared by the transports (TransportContext::copy_engines); declared before transports_ so
@@ -114,7 +126,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::atomic<uint64_t> next_transfer_{1};
   std::atomic<uint64_t> merged_ops_{0};
 
-  Mutex mu_;
+  mutable Mutex mu_;
   std::unordered_map<uint64_t, RegionEntry> regions_ GUARDED_BY(mu_);
   std::unordered_map<std::string, EngineDesc> peers_ GUARDED_BY(mu_);
   std::map<std::pair<std::string, size_t>, std::shared_ptr<Endpoint>> endpoints_ GUARDED_BY(mu_);
@@ -139,7 +151,8 @@ class SessionCore {
               std::unique_ptr<Channel> channel, std::shared_ptr<Endpoint> notify)
       : engine_(std::move(engine)), local_(std::move(local)), remote_(std::move(remote)),
         local_region_(std::move(local_region)), endpoint_(std::move(endpoint)),
-        channel_(std::move(channel)), notify_(std::move(notify)), path_(channel_->path()) {}
+        channel_(std::move(channel)), notify_(std::move(notify)), path_(channel_->path()),
+        series_(engine_->metrics().SeriesFor("transfer", path_.transport, remote_.engine_key)) {}
 
   // Copies the caller's `ops` once, then posts the copy (PostOwned): another thread that
   // changes the caller's array meanwhile changes nothing that is checked or moved.
@@ -161,6 +174,7 @@ class SessionCore {
   std::unique_ptr<Channel> channel_;
   std::shared_ptr<Endpoint> notify_;
   TransferPath path_;
+  Series* series_;  // this session's counters (engine_->metrics())
   // Writes posted and not yet finished, oldest first: a batch's notification leaves only once
   // every write posted before it has finished (its data is in place), so that a receiver that
   // has the notification has every byte the session wrote before it, whatever the order in

@@ -48,6 +48,14 @@ Result<std::shared_ptr<Endpoint>> EngineCore::NotifyEndpointFor(std::string_view
 }
 
 Status EngineCore::Notify(std::string_view peer_key, std::string_view message, std::string_view topic) {
+  const Clock::time_point start = Clock::now();
+  Status s = NotifyUncounted(peer_key, message, topic);
+  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+  metrics_->SeriesFor("notification", "", peer_key)->Record(s, message.size(), ns);
+  return s;
+}
+
+Status EngineCore::NotifyUncounted(std::string_view peer_key, std::string_view message, std::string_view topic) {
   if (closed()) return Status(Code::kAborted, "the engine was shut down");
   if (!NeedsNotifyFrame(topic, message) && message.size() <= options_.max_notification_bytes) {
     // The default topic: the message's own bytes, without a copy.
@@ -69,7 +77,8 @@ std::vector<Notification> EngineCore::PopNotifications(std::string_view topic) {
 
 Transfer EngineCore::Issue(std::shared_ptr<TransferState> state,
                           const std::function<void(const Status&)>& on_complete,
-                          std::span<const Transfer> after) {
+                          std::span<const Transfer> after, Series* series, uint64_t ops) {
+  if (series) metrics_->Track(state, series, ops);
   if (on_complete) completions_->Attach(state, on_complete);
   // A transfer that others wait on through `after` finishes at its deadline even if nobody
   // waits on it, so that they fail with its error rather than later at their own.
@@ -81,7 +90,10 @@ Transfer EngineCore::Issue(std::shared_ptr<TransferState> state,
 Transfer EngineCore::NotifyAfter(std::string_view peer_key, std::string_view message,
                                  std::span<const Transfer> after, const TransferOptions& options) {
   const TransferId id = options.id ? *options.id : AllocateTransferId();
-  auto fail = [&](Status s) { return Issue(TransferState::Failed(std::move(s), id), options.on_complete); };
+  Series* series = metrics_->SeriesFor("notification", "", peer_key);
+  auto fail = [&](Status s) {
+    return Issue(TransferState::Failed(std::move(s), id), options.on_complete, {}, series);
+  };
   if (closed()) return fail(Status(Code::kAborted, "the engine was shut down"));
   if (options.notification || !options.after.empty())
     return fail(Status(Code::kInvalidArgument,
@@ -104,7 +116,7 @@ Transfer EngineCore::NotifyAfter(std::string_view peer_key, std::string_view mes
   auto state = std::make_shared<TransferState>(id, 0, TransferPath{}, Deadline::After(deadline));
   InstallAfterGate(state, std::move(inputs), std::move(endpoint).value(), std::move(wire).value());
   state->PartDone(Status::Ok());  // nothing to post: the gate (or the notification) follows
-  return Issue(std::move(state), options.on_complete, after);
+  return Issue(std::move(state), options.on_complete, after, series);
 }
 
 }  // namespace internal

@@ -30,7 +30,7 @@ Transfer SessionCore::Post(Op op, std::span<const TransferOp> ops, const Transfe
 Transfer SessionCore::PostOwned(Op op, std::span<TransferOp> ops, const TransferOptions& options) const {
   TransferId id = options.id ? *options.id : engine_->AllocateTransferId();
   auto fail = [&](Status s) {
-    return engine_->Issue(TransferState::Failed(std::move(s), id, path_), options.on_complete);
+    return engine_->Issue(TransferState::Failed(std::move(s), id, path_), options.on_complete, {}, series_);
   };
   if (engine_->closed()) return fail(Status(Code::kAborted, "the engine was shut down"));
   if (options.deadline && *options.deadline <= Duration::zero())
@@ -110,7 +110,7 @@ Transfer SessionCore::PostOwned(Op op, std::span<TransferOp> ops, const Transfer
     if (!posted.ok()) state->Finish(std::move(posted));
   }
   state->PartDone(Status::Ok());  // the poster's own part
-  return engine_->Issue(std::move(state), options.on_complete, options.after);
+  return engine_->Issue(std::move(state), options.on_complete, options.after, series_, ops.size());
 }
 
 }  // namespace internal
