@@ -26,6 +26,9 @@ TEST(KvChild, Serve) {
 
 constexpr milliseconds kTransfer{300};
 constexpr milliseconds kAbort{1000};
+// How late an end may come after the moment it is due, on a loaded machine or under a
+// sanitizer: generous, and still well short of any other timeout that could explain it.
+constexpr milliseconds kLate{600};
 // What a child is told: "T NAME w|r transfer_ms abort_ms liveness_ms listen_host".
 std::string Args(const std::string& transport, const std::string& name, Mode mode, milliseconds abort = kAbort,
                  const std::string& host = "-") {
@@ -170,7 +173,7 @@ TEST_P(StoppedProducer, OwedRequestEndsAtTheConfirmationOrTheAbortTimeoutWhileOt
   if (resume) {
     // Held until p1 ran again, and handed back on its confirmation, well before abort_timeout.
     EXPECT_GE(a->at, resumed_at);
-    EXPECT_LT(a->at - resumed_at, milliseconds(300));
+    EXPECT_LT(a->at - resumed_at, kLate);
     EXPECT_EQ(d.w->conn->stats().blocks_expired, 0u);
     // No late write: the consumer's cache is overwritten; p1's late saves must not land.
     FillBytes(*d.w, std::byte{0x33});
@@ -185,7 +188,7 @@ TEST_P(StoppedProducer, OwedRequestEndsAtTheConfirmationOrTheAbortTimeoutWhileOt
   } else {
     // Never confirmed: handed back at abort_timeout after the failure, counted as expired.
     EXPECT_GE(a->at - start, kTransfer + kAbort);
-    EXPECT_LT(a->at - start, kTransfer + kAbort + milliseconds(400));
+    EXPECT_LT(a->at - start, kTransfer + kAbort + kLate);
     EXPECT_EQ(d.w->conn->stats().blocks_expired, a_blocks.size());
   }
   d.Pump(milliseconds(200));  // a second end of anything would show in the ledger
@@ -262,7 +265,7 @@ TEST_P(StoppedConsumer, HeldBlocksAreKeptUntilTheAbortTimeoutWhileOthersContinue
   EXPECT_EQ(r->f.outcome, Outcome::kFailed);
   EXPECT_EQ(r->f.status.code(), Code::kDeadlineExceeded) << r->f.status.ToString();
   EXPECT_GE(r->at - start, kAbort);
-  EXPECT_LT(r->at - start, kAbort + milliseconds(400));
+  EXPECT_LT(r->at - start, kAbort + kLate);
   EXPECT_EQ(p.w->conn->stats().blocks_expired, 2u);
   EXPECT_GE(others, 5) << "c2's reads did not go on while c1 was stopped";
 
@@ -380,7 +383,7 @@ void CutLink::CutInFlight(CutRun* r) {
     EXPECT_TRUE(s == "OK" || s.rfind("ERR", 0) == 0) << s;
   }
 
-  const milliseconds bound = kTransfer + kAbort + milliseconds(500);
+  const milliseconds bound = kTransfer + kAbort + 2 * kLate;
   for (auto [c, ledger, name] : {std::tuple{&d, &r->ld, "consumer"}, std::tuple{&p, &r->lp, "producer"}}) {
     auto ends = Ends(*c, *ledger, name, 2, bound + milliseconds(1000));
     ASSERT_EQ(ends.size(), 2u) << "the " << name << " did not end every request over the cut link";
