@@ -1,9 +1,9 @@
 // `ferry`: the command-line front end (info, bench, demo, pd, embed-serve, bench-embed). Exit
 // status: 0 success, 1 a failed operation or check, 2 bad usage (a parse error included).
-// Logging follows FERRY_LOG ("debug", "info", "warn", ...), read once here.
+// Logging: the library reads FERRY_LOG ("debug", "info", "warn", ...) itself; --log-level,
+// given before the command, overrides it.
 #include <fmt/format.h>
 
-#include <cstdlib>
 #include <iostream>
 
 #include "cli_errors.h"
@@ -22,9 +22,16 @@ int Fail(std::string_view command, const Status& status) {
 }  // namespace ferry::tools
 
 int main(int argc, char** argv) {
-  if (const char* level = std::getenv("FERRY_LOG")) ferry::SetLogLevel(level);
   CLI::App app{"ferry: moves LLM inference state (KV caches) between GPUs, processes and hosts"};
   app.set_version_flag("--version", std::string(ferry::Version()));
+  // Applied while parsing, before any command runs; a bad name is bad usage (exit 2).
+  app.add_option_function<std::string>(
+         "--log-level",
+         [](const std::string& level) {
+           if (ferry::Status s = ferry::SetLogLevel(level); !s.ok())
+             throw CLI::ValidationError("--log-level", std::string(s.message()));
+         },
+         "trace, debug, info, warn, error or off (default: FERRY_LOG, else warn)");
   app.require_subcommand(1);
   int exit_code = 0;
   ferry::tools::AddInfoCommand(app, &exit_code);

@@ -1,6 +1,19 @@
 // The settings of an engine and of its transports, with their defaults and bounds. Values
 // outside the bounds fail Engine::Create with kInvalidArgument.
 //
+// From the environment: every field can be set by a variable FERRY_<FIELD> (nested:
+// FERRY_UCX_<FIELD>, FERRY_SHM_<FIELD>), named after the member in capitals; the table in
+// docs/configuration.md lists them. Engine::Create does not read the environment: explicit is
+// better. The `ferry` CLI and Python's ferry.Engine() call EngineOptions::FromEnv (their flags and
+// keyword arguments override it); a C++ program that wants the variables calls it itself:
+//
+//   FERRY_ASSIGN_OR_RETURN(EngineOptions options, EngineOptions::FromEnv());
+//   options.key = "prefill-0";  // code overrides the environment
+//
+// Values: durations in milliseconds or with a unit (500ms, 2s, 250us, 1min; whole numbers);
+// sizes in bytes or with K, M or G (binary); booleans 0, 1, true, false; lists comma-separated.
+// A bad value is kInvalidArgument naming the variable, never a silent default.
+//
 // Thread safety: plain values.
 #pragma once
 
@@ -11,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/status.h"
 #include "ferry/types.h"
 
 namespace ferry {
@@ -65,6 +79,10 @@ struct UcxOptions {
   uint64_t max_am_bytes = 8 << 20;
   // How long a connection may take to come up before its transfers fail with kUnavailable.
   std::chrono::milliseconds connect_timeout = std::chrono::seconds(10);
+
+  // `base` with the FERRY_UCX_* variables that are set applied (see the top of this file).
+  static Result<UcxOptions> FromEnv(const UcxOptions& base);
+  static Result<UcxOptions> FromEnv();  // from the defaults
 };
 
 // Settings of the `shm` transport: host memory of this host's processes, reached in buffers
@@ -75,6 +93,10 @@ struct ShmOptions {
   std::chrono::milliseconds revoke_timeout = std::chrono::seconds(5);
   // How long a round trip to a peer (mapping its region, Engine::Notify) may take.
   std::chrono::milliseconds call_timeout = std::chrono::seconds(10);
+
+  // `base` with the FERRY_SHM_* variables that are set applied (see the top of this file).
+  static Result<ShmOptions> FromEnv(const ShmOptions& base);
+  static Result<ShmOptions> FromEnv();  // from the defaults
 };
 
 // Bounds of EngineOptions' counts; values outside them fail Engine::Create (kInvalidArgument).
@@ -117,6 +139,11 @@ struct EngineOptions {
   int metrics_port = 0;
   UcxOptions ucx;
   ShmOptions shm;
+
+  // `base` with every FERRY_* variable that is set applied, FERRY_UCX_* and FERRY_SHM_*
+  // included (see the top of this file); the first bad value is kInvalidArgument naming it.
+  static Result<EngineOptions> FromEnv(const EngineOptions& base);
+  static Result<EngineOptions> FromEnv();  // from the defaults
 };
 
 }  // namespace ferry

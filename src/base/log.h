@@ -1,5 +1,5 @@
-// Logging: ferry's messages go through one spdlog logger named "ferry". The level is set once,
-// at the edge (the CLI reads FERRY_LOG; libraries embedding ferry call SetLogLevel).
+// Logging: ferry's messages go through one spdlog logger named "ferry". Its level starts from
+// FERRY_LOG, read once when the logger is first used (ferry/log.h has the public calls).
 #pragma once
 
 #include <spdlog/spdlog.h>
@@ -11,7 +11,12 @@
 namespace ferry {
 
 spdlog::logger& Log();
-// SetLogLevel: ferry/log.h.
+// SetLogLevel, GetLogLevel, SetLogSink: ferry/log.h.
+
+// What the first use of Log() does with FERRY_LOG's value (null: unset): a known level is set;
+// an unknown one leaves the level as it was and logs a warning that names the variable.
+// Exposed for tests.
+void ApplyLogEnv(const char* value);
 
 }  // namespace ferry
 
