@@ -78,7 +78,10 @@ void RunLookup(const std::shared_ptr<Lookup>& l, const std::string& host) {
   l->cv.notify_all();
 }
 
+// Letters, digits, '-', '.', '_'; and not only digits and dots, which getaddrinfo would read
+// as a short IPv4 form ("1.2.3" = 1.2.0.3) that inet_pton refused on purpose.
 bool ValidName(std::string_view host) {
+  if (host.find_first_not_of("0123456789.") == std::string_view::npos) return false;
   for (char c : host) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                     c == '-' || c == '.' || c == '_';

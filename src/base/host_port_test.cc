@@ -71,6 +71,8 @@ TEST(ResolveHostTest, RefusesMalformedHostsWithoutALookup) {
   EXPECT_EQ(ResolveHost("", 1).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(ResolveHost("bad host", 1).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(ResolveHost("a/b", 1).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ResolveHost("1.2.3", 1).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ResolveHost("1.2.3.4.5", 1).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(ResolveHost(std::string(300, 'a'), 1).status().code(), Code::kInvalidArgument);
 }
 

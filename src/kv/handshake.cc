@@ -23,6 +23,7 @@
 
 #include "base/deadline.h"
 #include "base/endian.h"
+#include "base/host_port.h"
 #include "base/log.h"
 #include "base/mutex.h"
 #include "base/unique_fd.h"
@@ -38,32 +39,17 @@ constexpr std::string_view kRequest = "ferrykv1";
 constexpr size_t kHeaderBytes = 4;
 constexpr int kSocketFlags = SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC;
 
-Result<sockaddr_in> ParseHost(std::string_view host, uint16_t port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  // Numeric IPv4 only: a name lookup could block past any deadline.
-  const std::string h = host == "localhost" ? "127.0.0.1" : std::string(host);
-  if (h.empty() || ::inet_pton(AF_INET, h.c_str(), &addr.sin_addr) != 1) {
-    std::string message(host);
-    message += " is not an IPv4 address";
-    return Status(Code::kInvalidArgument, std::move(message));
-  }
-  return addr;
+// How long a name in an address may take to resolve (numeric addresses need no lookup).
+std::chrono::milliseconds ResolveTimeout(Duration timeout) {
+  return std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(timeout),
+                    std::chrono::milliseconds(1), kDefaultResolveTimeout);
 }
 
-// "a.b.c.d:port" with a port in 1..65535.
-Result<sockaddr_in> ParseAddress(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos)
-    return Status(Code::kInvalidArgument, "handshake address '" + address + "' is not host:port");
-  const std::string_view port_str = std::string_view(address).substr(colon + 1);
-  unsigned port = 0;
-  auto [end, ec] = std::from_chars(port_str.data(), port_str.data() + port_str.size(), port);
-  if (port_str.empty() || ec != std::errc() || end != port_str.data() + port_str.size() ||
-      port == 0 || port > 65535)
-    return Status(Code::kInvalidArgument, "handshake address '" + address + "': bad port");
-  return ParseHost(std::string_view(address).substr(0, colon), static_cast<uint16_t>(port));
+// "host:port" (IPv4, "[IPv6]" or a name) with a port in 1..65535.
+Result<SocketAddress> ParseAddress(const std::string& address, Duration timeout) {
+  FERRY_ASSIGN_OR_RETURN(HostPort hp, SplitHostPort(address));
+  if (hp.port == 0) return Status(Code::kInvalidArgument, "handshake address '" + address + "': port 0");
+  return ResolveHost(hp.host, hp.port, ResolveTimeout(timeout));
 }
 
 // Milliseconds for poll() until `d`, rounded up so that a wait never ends before its deadline.
@@ -85,9 +71,9 @@ Status WaitFd(int fd, short events, const Deadline& d, std::string_view what) {
   }
 }
 
-Status Connect(int fd, const sockaddr_in& addr, const Deadline& d) {
+Status Connect(int fd, const SocketAddress& addr, const Deadline& d) {
   Env* env = Env::Current();
-  if (env->Connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0)
+  if (env->Connect(fd, addr.get(), addr.len) == 0)
     return Status::Ok();
   int err = errno;
   if (err == EINPROGRESS || err == EINTR) {
@@ -276,7 +262,7 @@ Result<std::unique_ptr<HandshakeServer>> HandshakeServer::Start(std::string meta
   if (options.max_connections == 0 || options.io_timeout <= std::chrono::milliseconds(0))
     return Status(Code::kInvalidArgument,
                   "handshake server: max_connections and io_timeout must be positive");
-  FERRY_ASSIGN_OR_RETURN(sockaddr_in addr, ParseHost(options.host, options.port));
+  FERRY_ASSIGN_OR_RETURN(SocketAddress addr, ResolveHost(options.host, options.port));
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   {
@@ -284,24 +270,25 @@ Result<std::unique_ptr<HandshakeServer>> HandshakeServer::Start(std::string meta
     impl->metadata = std::make_shared<const std::string>(std::move(metadata));
   }
   Env* env = Env::Current();
-  impl->listener = UniqueFd(env->Socket(AF_INET, kSocketFlags, 0));
+  impl->listener = UniqueFd(env->Socket(addr.family(), kSocketFlags, 0));
   if (!impl->listener.valid()) return os::ErrnoStatus("handshake socket", errno);
   const int one = 1;
   (void)::setsockopt(impl->listener.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  const std::string where = options.host + ":" + std::to_string(options.port);
-  if (env->Bind(impl->listener.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0)
+  const std::string where = JoinHostPort(options.host, options.port);
+  if (env->Bind(impl->listener.get(), addr.get(), addr.len) != 0)
     return os::ErrnoStatus("handshake bind " + where, errno);
   const int backlog =
       static_cast<int>(std::min<size_t>(std::max<size_t>(options.max_connections, 128), SOMAXCONN));
   if (env->Listen(impl->listener.get(), backlog) != 0)
     return os::ErrnoStatus("handshake listen " + where, errno);
-  sockaddr_in bound{};
-  socklen_t len = sizeof(bound);
-  if (::getsockname(impl->listener.get(), reinterpret_cast<sockaddr*>(&bound), &len) != 0)
-    return os::ErrnoStatus("handshake getsockname", errno);
-  impl->port = ntohs(bound.sin_port);
-  const std::string host = options.host == "0.0.0.0" ? "127.0.0.1" : options.host;
-  impl->address = host + ":" + std::to_string(impl->port);
+  FERRY_ASSIGN_OR_RETURN(SocketAddress bound, LocalAddress(impl->listener.get()));
+  impl->port = bound.port();
+  // Peers dial the wildcard's loopback of the same family; otherwise the address as given
+  // (a name stays a name: it may resolve differently on the peer's host).
+  std::string host = options.host;
+  if (bound.IsAny()) host = bound.family() == AF_INET6 ? "::1" : "127.0.0.1";
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  impl->address = JoinHostPort(host, impl->port);
   FERRY_ASSIGN_OR_RETURN(impl->wake, os::MakeWakeFd());
   Impl* raw = impl.get();
   FERRY_ASSIGN_OR_RETURN(impl->thread, StartThread("kv-handshake", [raw] { raw->Run(); }));
@@ -328,9 +315,9 @@ void HandshakeServer::SetMetadata(std::string metadata) {
 }
 
 Result<std::string> FetchMetadata(const std::string& address, Duration timeout) {
-  FERRY_ASSIGN_OR_RETURN(sockaddr_in addr, ParseAddress(address));
   const Deadline d = Deadline::After(timeout);
-  UniqueFd fd(Env::Current()->Socket(AF_INET, kSocketFlags, 0));
+  FERRY_ASSIGN_OR_RETURN(SocketAddress addr, ParseAddress(address, timeout));
+  UniqueFd fd(Env::Current()->Socket(addr.family(), kSocketFlags, 0));
   if (!fd.valid()) return os::ErrnoStatus("handshake socket", errno);
   auto context = [&](const Status& s) { return s.WithContext("handshake with " + address); };
   if (Status s = Connect(fd.get(), addr, d); !s.ok()) return context(s);

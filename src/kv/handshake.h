@@ -24,7 +24,9 @@ namespace ferry::kv {
 inline constexpr size_t kMaxHandshakeBytes = 16u << 20;
 
 struct HandshakeOptions {
-  std::string host = "127.0.0.1";  // IPv4 address to listen on ("0.0.0.0": every interface)
+  // Address to listen on: IPv4, IPv6 ("::1", "[::1]") or a name ("localhost"); "0.0.0.0" or "::"
+  // listen on every interface.
+  std::string host = "127.0.0.1";
   uint16_t port = 0;               // 0 = pick a free one
   size_t max_connections = 64;
   std::chrono::milliseconds io_timeout = std::chrono::seconds(5);
@@ -38,7 +40,7 @@ class HandshakeServer {
   HandshakeServer(const HandshakeServer&) = delete;
   HandshakeServer& operator=(const HandshakeServer&) = delete;
 
-  // "host:port" that peers dial (the listening address; for 0.0.0.0, 127.0.0.1).
+  // "host:port" that peers dial (the listening address; for 0.0.0.0, 127.0.0.1; for ::, [::1]).
   const std::string& address() const;
   uint16_t port() const;
   // Replaces what later requests are answered with.

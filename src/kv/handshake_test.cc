@@ -136,7 +136,7 @@ TEST(Handshake, LargeMetadataAndEveryInterface) {
 
 TEST(Handshake, BadOptionsAndAddresses) {
   HandshakeOptions bad;
-  bad.host = "not-an-ip";
+  bad.host = "not an ip";
   EXPECT_EQ(HandshakeServer::Start("m", bad).status().code(), Code::kInvalidArgument);
   bad = {};
   bad.max_connections = 0;
@@ -145,8 +145,33 @@ TEST(Handshake, BadOptionsAndAddresses) {
   bad.io_timeout = milliseconds(0);
   EXPECT_EQ(HandshakeServer::Start("m", bad).status().code(), Code::kInvalidArgument);
   for (const char* a : {"", "host", "1.2.3.4:99999", "1.2.3.4:0", "1.2.3.4:", ":80", "1.2.3.4:80x",
-                        "1.2.3:80", "example.com:80", "1.2.3.4:-1"}) {
+                        "1.2.3:80", "1.2.3.4:-1", "[::1:80", "::1:80", "bad name:80"}) {
     EXPECT_EQ(FetchMetadata(a, milliseconds(100)).status().code(), Code::kInvalidArgument) << a;
+  }
+  // A name is looked up, within the call's timeout; one that does not resolve fails quickly.
+  const Code unknown = FetchMetadata("no-such-host.invalid:80", milliseconds(500)).status().code();
+  EXPECT_TRUE(unknown == Code::kUnavailable || unknown == Code::kDeadlineExceeded) << static_cast<int>(unknown);
+}
+
+// One real listener over IPv6 loopback, given as "::1" and fetched as "[::1]:port".
+TEST(Handshake, ServesOverIpv6Loopback) {
+  {
+    RawSocket probe(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_loopback;
+    if (probe.get() < 0 || ::bind(probe.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0)
+      GTEST_SKIP() << "no IPv6 loopback here: " << std::strerror(errno);
+  }
+  for (const char* host : {"::1", "[::1]"}) {
+    HandshakeOptions options;
+    options.host = host;
+    auto server = Serve("over-v6", options);
+    ASSERT_NE(server, nullptr);
+    EXPECT_EQ(server->address(), "[::1]:" + std::to_string(server->port()));
+    Result<std::string> got = FetchMetadata(server->address(), std::chrono::seconds(5));
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(*got, "over-v6");
   }
 }
 
