@@ -27,6 +27,8 @@ Completion without a thread per transfer: ``on_complete=fn`` on any post calls
 sessions.
 """
 
+import atexit as _atexit
+
 from . import _ferry, embed, embed_service, kv
 from ._ferry import (
     CODES,
@@ -41,6 +43,8 @@ from ._ferry import (
     alloc_shared,
     cuda_available,
     cuda_unavailable_reason,
+    get_log_level,
+    set_log_level,
     system_info,
     version,
     wait_all,
@@ -64,7 +68,10 @@ __all__ = [
     "cuda_unavailable_reason",
     "embed",
     "embed_service",
+    "get_log_level",
     "kv",
+    "log_to_python",
+    "set_log_level",
     "system_info",
     "version",
     "wait_all",
@@ -125,6 +132,26 @@ def _register_tensor(self: Engine, tensor) -> MemoryDesc:
         raise Error("INVALID_ARGUMENT", f"register_tensor cannot register {device_type} memory")
     size = tensor.numel() * tensor.element_size()
     return self.register_memory(tensor.data_ptr(), size, kind=kind, device=device, owner=tensor)
+
+
+_log_exit_hook = False
+
+
+def log_to_python(logger_name: "str | None" = "ferry") -> None:
+    """Sends ferry's log messages to Python's ``logging.getLogger(logger_name)`` instead of
+    stderr; ``None`` sends them back to stderr.
+
+    ferry still filters by its own level first (``ferry.set_log_level``, FERRY_LOG; "warn" by
+    default), then the Python logger's level and handlers apply. Levels map to logging's
+    (trace as 5, debug, info, warn as WARNING, error). Messages from ferry's own threads arrive
+    on those threads with the GIL taken; none arrive once the interpreter is shutting down.
+    """
+    global _log_exit_hook
+    _ferry._log_to_python(logger_name)
+    if logger_name is not None and not _log_exit_hook:
+        # Before the interpreter goes away: messages logged during shutdown go to stderr.
+        _atexit.register(_ferry._log_to_python, None)
+        _log_exit_hook = True
 
 
 Engine.create = staticmethod(_create)
