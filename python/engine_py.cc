@@ -159,7 +159,8 @@ std::unique_ptr<PyEngine> MakeEngine(
     int64_t max_pending_notification_bytes, std::string listen_host, int64_t listen_port,
     int64_t max_pending_handshakes, int64_t max_connections, double handshake_timeout_ms, int64_t lanes,
     int64_t workers, int64_t post_batch, const std::string& progress, const std::string& rma,
-    int64_t max_am_bytes, double connect_timeout_ms, double revoke_timeout_ms, double call_timeout_ms) {
+    int64_t max_am_bytes, double connect_timeout_ms, double revoke_timeout_ms, double call_timeout_ms,
+    int64_t metrics_port) {
   EngineOptions o;
   o.key = std::move(key);
   o.default_deadline = Millis(default_deadline_ms, "default_deadline_ms");
@@ -186,6 +187,9 @@ std::unique_ptr<PyEngine> MakeEngine(
   o.ucx.connect_timeout = MsOption(connect_timeout_ms, "connect_timeout_ms");
   o.shm.revoke_timeout = MsOption(revoke_timeout_ms, "revoke_timeout_ms");
   o.shm.call_timeout = MsOption(call_timeout_ms, "call_timeout_ms");
+  if (metrics_port < -1 || metrics_port > 65535)
+    ThrowInvalid("metrics_port must be in -1..65535 (0: off, -1: a free port), not " + std::to_string(metrics_port));
+  o.metrics_port = static_cast<int>(metrics_port);
   Result<std::unique_ptr<Engine>> engine = [&] {
     py::gil_scoped_release nogil;
     return Engine::Create(o);
@@ -272,7 +276,8 @@ void BindEngine(py::module_& m) {
       "interface), max_pending_handshakes, max_connections, handshake_timeout_ms, lanes,\n"
       "workers, post_batch, progress ('polling'|'event'|'shared'), rma ('auto'|'always'|\n"
       "'never'), max_am_bytes, connect_timeout_ms; the shm transport's revoke_timeout_ms and\n"
-      "call_timeout_ms. A value out of range raises ferry.InvalidArgumentError (a ValueError\n"
+      "call_timeout_ms; metrics_port (0 off, -1 a free port: an HTTP GET /metrics endpoint on\n"
+      "127.0.0.1, see metrics_port_in_use). A value out of range raises ferry.InvalidArgumentError (a ValueError\n"
       "and a ferry.Error with code INVALID_ARGUMENT) naming the field; RESOURCE_EXHAUSTED when a\n"
       "thread cannot start. Use as a context manager or call close() to shut it down before it\n"
       "is garbage-collected.")
@@ -294,7 +299,7 @@ void BindEngine(py::module_& m) {
            py::arg("max_am_bytes") = d.ucx.max_am_bytes,
            py::arg("connect_timeout_ms") = Ms(d.ucx.connect_timeout),
            py::arg("revoke_timeout_ms") = Ms(d.shm.revoke_timeout),
-           py::arg("call_timeout_ms") = Ms(d.shm.call_timeout))
+           py::arg("call_timeout_ms") = Ms(d.shm.call_timeout), py::arg("metrics_port") = d.metrics_port)
       .def_property_readonly(
           "key", [](const PyEngine& s) { return Call(s, [](Engine& e) { return e.key(); }); },
           "Unique key of this engine.")
@@ -420,6 +425,71 @@ void BindEngine(py::module_& m) {
           "'merged_ops': ops of posted batches that travelled as part of the op before them,\n"
           "'gpu_kernel_launches', 'gpu_kernel_pieces', 'gpu_dma_calls', 'gpu_dma_copies': the GPU\n"
           "copies the engine enqueued: copy kernel launches and their pieces, DMA calls and their copies}.")
+      .def(
+          "metrics",
+          [](const PyEngine& s, const std::string& format) -> py::object {
+            MetricsSnapshot m = Call(s, [](Engine& e) { return e.Metrics(); });
+            if (format == "prometheus") return py::str(RenderPrometheus(m));
+            if (format != "dict") ThrowInvalid("format must be 'dict' or 'prometheus', not '" + format + "'");
+            py::list series;
+            for (const SeriesSnapshot& x : m.series) {
+              py::dict d, hist;
+              d["kind"] = x.kind;
+              d["transport"] = x.transport;
+              d["peer"] = x.peer;
+              d["results"] = x.results;
+              d["bytes"] = x.bytes;
+              d["ops"] = x.ops;
+              hist["bounds_seconds"] = x.latency.bounds_seconds;
+              hist["counts"] = x.latency.counts;
+              hist["count"] = x.latency.count;
+              hist["sum_seconds"] = x.latency.sum_seconds;
+              d["latency"] = hist;
+              series.append(d);
+            }
+            py::dict out;
+            out["engine"] = m.engine;
+            out["series"] = series;
+            out["failures"] = m.failures;
+            out["transfers_in_flight"] = m.transfers_in_flight;
+            out["peers"] = m.peers;
+            out["registered_regions"] = m.registered_regions;
+            out["registered_bytes"] = m.registered_bytes;
+            out["dropped_notifications"] = m.dropped_notifications;
+            out["rejected_messages"] = m.rejected_messages;
+            return out;
+          },
+          py::kw_only(), py::arg("format") = "dict",
+          "Counters, latency histograms and gauges (ferry/metrics.h). format='dict': {'engine',\n"
+          "'series': [{'kind': 'transfer'|'notification', 'transport', 'peer', 'results': {code\n"
+          "name: count}, 'bytes', 'ops', 'latency': {'bounds_seconds', 'counts' (one more than the\n"
+          "bounds: the last is above them), 'count', 'sum_seconds'}}], 'failures': {cause: count}\n"
+          "(peer_dead, deadline, rejected, out_of_range, aborted, other), 'transfers_in_flight',\n"
+          "'peers', 'registered_regions', 'registered_bytes', 'dropped_notifications',\n"
+          "'rejected_messages'}; format='prometheus': the same as Prometheus text.")
+      .def(
+          "in_flight",
+          [](const PyEngine& s) {
+            auto live = Call(s, [](Engine& e) { return e.InFlight(); });
+            py::list out;
+            for (const InFlightTransfer& t : live) {
+              py::dict d;
+              d["id"] = static_cast<uint64_t>(t.id);
+              d["peer"] = t.peer;
+              d["transport"] = t.path.transport;
+              d["path"] = t.path.ToString();
+              d["bytes"] = t.bytes;
+              d["age_ms"] = Ms(t.age);
+              d["deadline_in_ms"] = t.deadline_in == Duration::max() ? py::object(py::none()) : py::float_(Ms(t.deadline_in));
+              out.append(d);
+            }
+            return out;
+          },
+          "Every transfer still running, oldest first: [{'id', 'peer', 'transport', 'path',\n"
+          "'bytes', 'age_ms', 'deadline_in_ms' (negative once past; None without one)}].")
+      .def_property_readonly(
+          "metrics_port_in_use", [](const PyEngine& s) { return Call(s, [](Engine& e) { return e.MetricsPort(); }); },
+          "The port of the GET /metrics endpoint (metrics_port), 0 when off.")
       .def("close", &PyEngine::Close,
            "Shuts the engine down (its sessions' transfers then fail with ABORTED) and releases\n"
            "the buffers it holds. Later calls on the engine raise ferry.Error (ABORTED).")
