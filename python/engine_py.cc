@@ -258,8 +258,44 @@ void BindLog(py::module_& m) {
 
 }  // namespace
 
+// EngineOptions::FromEnv() as Engine()'s keyword arguments (ferry/__init__.py lays the
+// caller's keyword arguments over them).
+py::dict EnvEngineKwargs() {
+  const EngineOptions o = Unwrap(EngineOptions::FromEnv());
+  py::dict k;
+  k["key"] = o.key;
+  k["default_deadline_ms"] = Ms(o.default_deadline);
+  k["deregister_timeout_ms"] = o.deregister_timeout ? py::object(py::float_(Ms(*o.deregister_timeout))) : py::none();
+  k["copy_threads"] = o.copy_threads;
+  k["parallel_copy_bytes"] = o.parallel_copy_bytes;
+  k["pin_host_memory"] = o.pin_host_memory;
+  k["merge_adjacent_ops"] = o.merge_adjacent_ops;
+  k["transports"] = o.transports;
+  k["max_notification_bytes"] = o.max_notification_bytes;
+  k["max_pending_notifications"] = o.max_pending_notifications;
+  k["max_pending_notification_bytes"] = o.max_pending_notification_bytes;
+  k["listen_host"] = o.ucx.listen_host;
+  k["listen_port"] = o.ucx.listen_port;
+  k["max_pending_handshakes"] = o.ucx.max_pending_handshakes;
+  k["max_connections"] = o.ucx.max_connections;
+  k["handshake_timeout_ms"] = Ms(o.ucx.handshake_timeout);
+  k["lanes"] = o.ucx.lanes;
+  k["workers"] = o.ucx.workers;
+  k["post_batch"] = o.ucx.post_batch;
+  k["progress"] = o.ucx.progress == UcxOptions::Progress::kPolling ? "polling"
+                  : o.ucx.progress == UcxOptions::Progress::kEvent ? "event" : "shared";
+  k["rma"] = o.ucx.rma == UcxOptions::Rma::kAuto ? "auto" : o.ucx.rma == UcxOptions::Rma::kAlways ? "always" : "never";
+  k["max_am_bytes"] = o.ucx.max_am_bytes;
+  k["connect_timeout_ms"] = Ms(o.ucx.connect_timeout);
+  k["revoke_timeout_ms"] = Ms(o.shm.revoke_timeout);
+  k["call_timeout_ms"] = Ms(o.shm.call_timeout);
+  return k;
+}
+
 void BindEngine(py::module_& m) {
   BindLog(m);
+  m.def("_env_engine_kwargs", &EnvEngineKwargs,
+        "Engine()'s keyword arguments from the FERRY_* variables (docs/configuration.md).");
   m.def(
       "_set_invalid_argument_class", [](py::object cls) { InvalidArgumentClass() = std::move(cls); },
       "Sets the class raised for INVALID_ARGUMENT (called by ferry/__init__.py).");

@@ -154,5 +154,21 @@ def log_to_python(logger_name: "str | None" = "ferry") -> None:
         _log_exit_hook = True
 
 
+_engine_init = Engine.__init__
+
+
+def _engine_init_from_env(self, **options):
+    # The FERRY_* variables first (a bad one raises InvalidArgumentError naming it), then the
+    # keyword arguments given: explicit beats the environment.
+    kwargs = _ferry._env_engine_kwargs()
+    kwargs.update(options)
+    _engine_init(self, **kwargs)
+
+
+_engine_init_from_env.__doc__ = (_engine_init.__doc__ or "") + (
+    "\n\nUnset keyword arguments come from the FERRY_* environment variables "
+    "(docs/configuration.md), then the defaults."
+)
+Engine.__init__ = _engine_init_from_env
 Engine.create = staticmethod(_create)
 Engine.register_tensor = _register_tensor
