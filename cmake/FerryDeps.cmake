@@ -23,8 +23,18 @@ if(FERRY_WITH_CUDA)
   endif()
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
+    # The GPUs ferry's kernels run on. Machine code (-real) for Ampere (sm_80: A100, and by
+    # binary compatibility sm_86/sm_89: A10, A40, L4, L40S, RTX 30xx/40xx), Hopper (sm_90),
+    # Blackwell (sm_100: B200, GB200; sm_120: RTX 50xx, RTX PRO), and PTX of sm_120 that newer
+    # devices compile when they load it. CUDA 13 has nothing older than sm_75. The kernels are
+    # copies bound by memory, so sm_80 code loses nothing on sm_86/89. Each entry costs one
+    # more device compile of the .cu files (README: CUDA architectures); a developer on one
+    # GPU can pass -DFERRY_CUDA_ARCHS=native. ferry checks at run time that the kernels load
+    # on each device (cuda::KernelsLoad) and says which architecture is missing.
+    set(FERRY_CUDA_ARCHS "80-real;90-real;100-real;120" CACHE STRING
+        "CUDA architectures of ferry's kernels (CMake's CUDA_ARCHITECTURES syntax)")
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      set(CMAKE_CUDA_ARCHITECTURES 90)
+      set(CMAKE_CUDA_ARCHITECTURES "${FERRY_CUDA_ARCHS}")
     endif()
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)

@@ -26,6 +26,9 @@ CopyEngine::Core::~Core() {
 }
 
 Status CopyEngine::Core::Init(int ordinal) {
+  // A build without code for this GPU's architecture fails here, with the reason, rather than
+  // at the first launch inside a transfer.
+  FERRY_RETURN_IF_ERROR(KernelsLoad(ordinal));
   device = ordinal;
   DeviceGuard guard(device);
   FERRY_RETURN_IF_ERROR(guard.status());

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/copy_kernels.h"
+#include "cuda/kernel_check.h"
 
 namespace ferry::cuda {
 namespace {
@@ -92,6 +93,11 @@ int LaunchBatchCopy(const Piece* pieces, uint32_t count, uint32_t max_blocks, CU
   if (max_blocks > 0 && blocks > max_blocks) blocks = max_blocks;
   BatchCopyKernel<<<blocks, kCopyThreadsPerBlock, 0, stream>>>(pieces, count);
   return cudaGetLastError();
+}
+
+int ProbeCopyKernels() {
+  cudaFuncAttributes attributes{};
+  return static_cast<int>(cudaFuncGetAttributes(&attributes, BatchCopyKernel));
 }
 
 }  // namespace ferry::cuda

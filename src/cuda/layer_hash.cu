@@ -5,6 +5,7 @@
 // mod 2^64 commutes, so the result is the host's whatever the order.
 #include <cuda_runtime.h>
 
+#include "cuda/kernel_check.h"
 #include "cuda/layer_hash.h"
 
 namespace ferry::cuda {
@@ -67,6 +68,11 @@ int LaunchLayerHash(const LayerHashArgs& args, CUstream_st* stream) {
   if (blocks > kMaxBlocks) blocks = kMaxBlocks;
   LayerHashKernel<<<static_cast<unsigned>(blocks), kWarpsPerBlock * kWarp, 0, stream>>>(args);
   return static_cast<int>(cudaGetLastError());
+}
+
+int ProbeLayerHashKernels() {
+  cudaFuncAttributes attributes{};
+  return static_cast<int>(cudaFuncGetAttributes(&attributes, LayerHashKernel));
 }
 
 }  // namespace ferry::cuda

@@ -15,6 +15,7 @@
 #include "base/mutex.h"
 #include "base/os.h"
 #include "cuda/cuda_status.h"
+#include "cuda/kernel_check.h"
 #include "cuda/runtime.h"
 
 namespace ferry::cuda {
@@ -62,6 +63,41 @@ bool Available() { return GetProbe().reason.empty(); }
 std::string UnavailableReason() { return GetProbe().reason; }
 int DeviceCount() { return static_cast<int>(GetProbe().devices.size()); }
 std::vector<DeviceInfo> Devices() { return GetProbe().devices; }
+
+std::string BuiltArchitectures() { return FERRY_CUDA_ARCHS; }
+
+namespace {
+// Runs every .cu file's probe on `device`; the first that cannot load decides.
+Status ProbeKernels(int device) {
+  DeviceGuard guard(device);
+  FERRY_RETURN_IF_ERROR(guard.status());
+  for (int (*probe)() : {ProbeCopyKernels, ProbeUvaKernels, ProbeLayerHashKernels}) {
+    const auto error = static_cast<cudaError_t>(probe());
+    if (error == cudaSuccess) continue;
+    // No SASS for this architecture and no PTX it can compile (or PTX newer than the driver).
+    if (error == cudaErrorNoKernelImageForDevice || error == cudaErrorInvalidDeviceFunction ||
+        error == cudaErrorUnsupportedPtxVersion || error == cudaErrorInvalidPtx) {
+      (void)cudaGetLastError();  // the probe's error is reported here, not by a later call
+      return Status(Code::kUnsupported, KernelsUnsupportedMessage(GetProbe().devices[device], FERRY_CUDA_ARCHS,
+                                                                  cudaGetErrorString(error)));
+    }
+    return ToStatus(error, "cudaFuncGetAttributes (loading ferry's kernels on device " + std::to_string(device) + ")");
+  }
+  return Status();
+}
+}  // namespace
+
+Status KernelsLoad(int device) {
+  if (!Available()) return NotAvailable();
+  if (device < 0 || device >= DeviceCount())
+    return Status(Code::kInvalidArgument, "no CUDA device " + std::to_string(device));
+  static Mutex mu;
+  static std::map<int, Status> probed;  // GUARDED_BY(mu): a device's answer does not change
+  MutexLock lock(&mu);
+  auto it = probed.find(device);
+  if (it == probed.end()) it = probed.emplace(device, ProbeKernels(device)).first;
+  return it->second;
+}
 
 Status HostRegister(void* ptr, size_t bytes) {
   if (!Available()) return NotAvailable();

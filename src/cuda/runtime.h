@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ferry/status.h"
@@ -32,6 +33,23 @@ struct DeviceInfo {
   int sm_major = 0, sm_minor = 0;
 };
 std::vector<DeviceInfo> Devices();
+
+// The CUDA architectures this build's kernels were compiled for, CMake's list with spaces
+// ("80-real 86-real 90-real 120": "-real" is machine code only, a bare number adds PTX that
+// newer devices compile at load); empty in a build without CUDA.
+std::string BuiltArchitectures();
+// Whether ferry's kernels load on `device`, probed once per device and cached: OK;
+// kUnsupported with KernelsUnsupportedMessage when this build has no code the device can run
+// (an sm_80 device and a build for sm_90 only); kFailedPrecondition when CUDA is not
+// available; kInvalidArgument for a device that does not exist.
+Status KernelsLoad(int device);
+// That refusal's message, e.g. "ferry's CUDA kernels cannot run on device 0 (NVIDIA A100,
+// sm_80): this build has code for sm_90 only (...); rebuild ferry with
+// -DFERRY_CUDA_ARCHS=\"80-real;...\"". `cuda_error` is the CUDA runtime's description.
+std::string KernelsUnsupportedMessage(const DeviceInfo& device, std::string_view built_archs,
+                                      std::string_view cuda_error);
+// "80-real;90;100-virtual" (or space-separated) as a person reads it: "sm_80, sm_90 + PTX 90, PTX 100".
+std::string DescribeArchitectures(std::string_view archs);
 
 // Page-locks host memory so GPU copies and kernels reach it directly.
 Status HostRegister(void* ptr, size_t bytes);

@@ -11,6 +11,8 @@ bool Available() { return false; }
 std::string UnavailableReason() { return "ferry was built without CUDA"; }
 int DeviceCount() { return 0; }
 std::vector<DeviceInfo> Devices() { return {}; }
+std::string BuiltArchitectures() { return ""; }
+Status KernelsLoad(int) { return NoCuda(); }
 Status HostRegister(void*, size_t) { return NoCuda(); }
 Status HostRegisterReadOnly(void*, size_t) { return NoCuda(); }
 Status HostUnregister(void*) { return NoCuda(); }

@@ -6,6 +6,7 @@
 // hoist the loads itself). Otherwise rows are copied one by one, bytewise.
 #include <cuda_runtime.h>
 
+#include "cuda/kernel_check.h"
 #include "cuda/uva_device.h"
 #include "cuda/uva_kernels.h"
 
@@ -144,6 +145,11 @@ __global__ void SpinKernel(uint64_t nanoseconds) {
 int LaunchSpin(uint64_t nanoseconds, CUstream_st* stream) {
   SpinKernel<<<1, 1, 0, stream>>>(nanoseconds);
   return static_cast<int>(cudaGetLastError());
+}
+
+int ProbeUvaKernels() {
+  cudaFuncAttributes attributes{};
+  return static_cast<int>(cudaFuncGetAttributes(&attributes, UvaGatherKernel));
 }
 
 }  // namespace ferry::cuda
