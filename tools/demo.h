@@ -87,6 +87,15 @@ Result<std::vector<double>> PushLayers(const Session& session, const std::vector
 // The message that the last layer's batch of `round` carries.
 std::string RoundMessage(uint64_t round, const KvShape& shape);
 
+// The layer times that describe the steady state: every round's but the first when there are
+// several (the first pays for connections, registration caches and page faults: its p99 is
+// the first layer's warm-up), the only round's otherwise. `all_layer_us`: `layers` times per
+// round, round after round.
+std::vector<double> SteadyLayers(const std::vector<double>& all_layer_us, uint64_t layers, uint64_t rounds);
+// What the totals' per-layer figures cover, for the text: "rounds 1..4, after round 0's
+// warm-up (its p99 812 us)", or "one round, warm-up included: --rounds N for steady figures".
+std::string SteadyNote(const std::vector<double>& all_layer_us, uint64_t layers, uint64_t rounds);
+
 // "12.3" or "1234": microseconds for the tables.
 std::string DemoMicros(double us);
 

@@ -136,6 +136,18 @@ nlohmann::ordered_json RoundJson(uint64_t round, const KvShape& shape, double se
   return r;
 }
 
+std::vector<double> SteadyLayers(const std::vector<double>& all_layer_us, uint64_t layers, uint64_t rounds) {
+  if (rounds < 2 || all_layer_us.size() <= layers) return all_layer_us;
+  return std::vector<double>(all_layer_us.begin() + static_cast<std::ptrdiff_t>(layers), all_layer_us.end());
+}
+
+std::string SteadyNote(const std::vector<double>& all_layer_us, uint64_t layers, uint64_t rounds) {
+  if (rounds < 2 || all_layer_us.size() <= layers) return "one round, warm-up included: --rounds N for steady figures";
+  std::vector<double> first(all_layer_us.begin(), all_layer_us.begin() + static_cast<std::ptrdiff_t>(layers));
+  return fmt::format("rounds 1..{}, after round 0's warm-up (its p99 {} us)", rounds - 1,
+                     DemoMicros(Summarize(first).p99_us));
+}
+
 nlohmann::ordered_json DemoJson(const DemoFlags& f, const DemoConfig& c, std::string_view role, std::string_view path,
                                 nlohmann::ordered_json rounds, double transfer_s, std::vector<double> all_layer_us) {
   nlohmann::ordered_json doc = {{"ferry_version", std::string(Version())},
@@ -154,12 +166,15 @@ nlohmann::ordered_json DemoJson(const DemoFlags& f, const DemoConfig& c, std::st
                                   {"seed", f.seed}}},
                                 {"rounds", std::move(rounds)}};
   if (!all_layer_us.empty()) {
-    const LatencySummary lat = Summarize(all_layer_us);
+    // Per layer: the steady rounds only (SteadyLayers), as the text reports them.
+    std::vector<double> steady = SteadyLayers(all_layer_us, c.shape.layers, f.rounds);
+    const LatencySummary lat = Summarize(steady);
     const double moved = static_cast<double>(c.shape.total_bytes() * f.rounds);
     doc["total"] = {{"bytes", c.shape.total_bytes() * f.rounds},
                     {"seconds", transfer_s},
                     {"gbps", GigabytesPerSecond(moved, transfer_s)},
-                    {"layer_us", {{"median", lat.median_us}, {"p99", lat.p99_us}, {"max", lat.max_us}}}};
+                    {"layer_us", {{"median", lat.median_us}, {"p99", lat.p99_us}, {"max", lat.max_us}}},
+                    {"layer_us_warmup_rounds_excluded", f.rounds > 1 ? 1 : 0}};
   }
   return doc;
 }

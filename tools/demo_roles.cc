@@ -165,11 +165,13 @@ int RunProducer(const DemoFlags& f, const DemoConfig& c) {
   if (Status w = WriteJson(f.json, DemoJson(f, c, "producer", path, std::move(rounds), transfer_s, all_layer_us));
       !w.ok())
     return Fail(kCmd, w);
-  LatencySummary lat = Summarize(all_layer_us);
+  std::vector<double> steady = SteadyLayers(all_layer_us, c.shape.layers, f.rounds);
+  LatencySummary lat = Summarize(steady);
   const double moved = static_cast<double>(c.shape.total_bytes() * f.rounds);
-  fmt::print(out, "total ({}): {} moved in {:.2f} ms = {:.2f} GB/s; per layer: median {} us, p99 {} us\n", path,
-             FormatBytes(c.shape.total_bytes() * f.rounds), transfer_s * 1e3, GigabytesPerSecond(moved, transfer_s),
-             DemoMicros(lat.median_us), DemoMicros(lat.p99_us));
+  fmt::print(out, "total ({}): {} moved in {:.2f} ms = {:.2f} GB/s; per layer: median {} us, p99 {} us over {}\n",
+             path, FormatBytes(c.shape.total_bytes() * f.rounds), transfer_s * 1e3,
+             GigabytesPerSecond(moved, transfer_s), DemoMicros(lat.median_us), DemoMicros(lat.p99_us),
+             SteadyNote(all_layer_us, c.shape.layers, f.rounds));
   if (bad_rounds != 0) {
     fmt::print(out, "FAILED: {} of {} rounds did not verify at the consumer\n", bad_rounds, f.rounds);
     return 1;
