@@ -26,7 +26,16 @@ class Engine:
     """
     def __enter__(self) -> object: ...
     def __exit__(self, *args) -> None: ...
-    def __init__(self, *, key: str = '', default_deadline_ms: float = 30000.0, deregister_timeout_ms: Optional[float] = None, copy_threads: int = 0, parallel_copy_bytes: int = 4194304, pin_host_memory: bool = True, merge_adjacent_ops: bool = True, transports: List[str] = [], max_notification_bytes: int = 65536, max_pending_notifications: int = 65536, max_pending_notification_bytes: int = 67108864, listen_host: str = '127.0.0.1', listen_port: int = 0, max_pending_handshakes: int = 64, max_connections: int = 512, handshake_timeout_ms: float = 5000.0, lanes: int = 1, workers: int = 1, post_batch: int = 256, progress: str = 'event', rma: str = 'auto', max_am_bytes: int = 8388608, connect_timeout_ms: float = 10000.0, revoke_timeout_ms: float = 5000.0, call_timeout_ms: float = 10000.0, metrics_port: int = 0) -> None: ...
+    @overload
+    def __init__(self, **options) -> None:
+        """Unset keyword arguments come from the FERRY_* environment variables (docs/configuration.md), then the defaults.
+        """
+        ...
+    @overload
+    def __init__(self, *, key: str = '', default_deadline_ms: float = 30000.0, deregister_timeout_ms: Optional[float] = None, copy_threads: int = 0, parallel_copy_bytes: int = 4194304, pin_host_memory: bool = True, merge_adjacent_ops: bool = True, transports: List[str] = [], max_notification_bytes: int = 65536, max_pending_notifications: int = 65536, max_pending_notification_bytes: int = 67108864, listen_host: str = '127.0.0.1', listen_port: int = 0, max_pending_handshakes: int = 64, max_connections: int = 512, handshake_timeout_ms: float = 5000.0, lanes: int = 1, workers: int = 1, post_batch: int = 256, progress: str = 'event', rma: str = 'auto', max_am_bytes: int = 8388608, connect_timeout_ms: float = 10000.0, revoke_timeout_ms: float = 5000.0, call_timeout_ms: float = 10000.0, metrics_port: int = 0) -> None:
+        """Unset keyword arguments come from the FERRY_* environment variables (docs/configuration.md), then the defaults.
+        """
+        ...
     def __repr__(self) -> str: ...
     @overload
     def add_peer(self, peer: EngineDesc) -> None:
@@ -309,6 +318,14 @@ class TransferPath:
     def staged(self) -> bool: ...
     @property
     def transport(self) -> str: ...
+def _env_engine_kwargs() -> dict:
+    """Engine()'s keyword arguments from the FERRY_* variables (docs/configuration.md).
+    """
+    ...
+def _log_to_python(logger_name: Optional[str]) -> None:
+    """Sends ferry's messages to logging.getLogger(name); None: back to stderr.
+    """
+    ...
 def _set_error_class(arg0: object) -> None:
     """Sets the exception class raised for a failed Status (called by ferry/__init__.py).
     """
@@ -327,6 +344,15 @@ def cuda_available() -> bool:
     ...
 def cuda_unavailable_reason() -> str:
     """Why CUDA memory cannot be registered here (empty when it can).
+    """
+    ...
+def get_log_level() -> str:
+    """ferry's log level, by name.
+    """
+    ...
+def set_log_level(level: str) -> None:
+    """Sets ferry's log level: 'trace', 'debug', 'info', 'warn', 'error' or 'off' (FERRY_LOG sets
+    the first one). An unknown name raises ferry.InvalidArgumentError.
     """
     ...
 def system_info() -> dict:
