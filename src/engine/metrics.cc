@@ -47,29 +47,32 @@ Series* Metrics::SeriesFor(std::string_view kind, std::string_view transport, st
 
 void Metrics::Track(const std::shared_ptr<TransferState>& state, Series* series, uint64_t ops) {
   series->ops.fetch_add(ops, std::memory_order_relaxed);
-  const TransferState* raw = state.get();
+  // The observer runs while the state is alive (at its end, or in its destructor), exactly
+  // once, so it owns the node; Metrics is held so that a transfer may outlive its engine.
+  Live* live = new Live{shared_from_this(), state.get(), series, Clock::now()};
   {
-    Shard& shard = ShardOf(raw);
+    Shard& shard = ShardOf(live->state);
     MutexLock lock(&shard.mu);
-    shard.live.emplace(raw, Live{series, Clock::now()});
+    live->next = shard.head;
+    if (shard.head) shard.head->prev = live;
+    shard.head = live;
+    ++shard.count;
   }
-  // The observer runs while the state is alive (at its end, or in its destructor), so the raw
-  // pointer is only a key; Metrics is held so that a transfer may outlive its engine.
-  state->OnFinish([self = shared_from_this(), raw](const Status& s) { self->Finished(raw, s); });
+  state->OnFinish([live](const Status& s) { Finished(live, s); });
 }
 
-void Metrics::Finished(const TransferState* state, const Status& status) {
-  Live live;
+void Metrics::Finished(Live* live, const Status& status) {
+  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - live->posted).count();
   {
-    Shard& shard = ShardOf(state);
+    Shard& shard = live->owner->ShardOf(live->state);
     MutexLock lock(&shard.mu);
-    auto it = shard.live.find(state);
-    if (it == shard.live.end()) return;
-    live = it->second;
-    shard.live.erase(it);
+    if (live->prev) live->prev->next = live->next;
+    else shard.head = live->next;
+    if (live->next) live->next->prev = live->prev;
+    --shard.count;
   }
-  const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - live.posted).count();
-  live.series->Record(status, state->bytes(), ns);
+  live->series->Record(status, live->state->bytes(), ns);
+  delete live;
 }
 
 std::vector<SeriesSnapshot> Metrics::SnapshotSeries() const {
@@ -96,7 +99,7 @@ uint64_t Metrics::in_flight() const {
   uint64_t n = 0;
   for (const Shard& shard : shards_) {
     MutexLock lock(&shard.mu);
-    n += shard.live.size();
+    n += shard.count;
   }
   return n;
 }
@@ -106,13 +109,14 @@ std::vector<InFlightTransfer> Metrics::InFlight() const {
   const Clock::time_point now = Clock::now();
   for (const Shard& shard : shards_) {
     MutexLock lock(&shard.mu);
-    for (const auto& [state, live] : shard.live) {
+    for (const Live* live = shard.head; live; live = live->next) {
+      const TransferState* state = live->state;
       InFlightTransfer t;
       t.id = state->id();
-      t.peer = live.series->peer;
+      t.peer = live->series->peer;
       t.path = state->path();
       t.bytes = state->bytes();
-      t.age = now - live.posted;
+      t.age = now - live->posted;
       const Clock::time_point at = state->deadline().at();
       t.deadline_in = at == Clock::time_point::max() ? Duration::max() : at - now;
       out.push_back(std::move(t));

@@ -74,19 +74,26 @@ class Metrics : public std::enable_shared_from_this<Metrics> {
   std::vector<InFlightTransfer> InFlight() const;
 
  private:
+  // One allocation a transfer: the node of its shard's list, which the observer's capture
+  // points to (so the std::function needs no allocation of its own either).
   struct Live {
+    std::shared_ptr<Metrics> owner;  // keeps Metrics alive while the transfer is
+    const TransferState* state;
     Series* series;
     Clock::time_point posted;
+    Live* prev = nullptr;
+    Live* next = nullptr;
   };
   struct alignas(64) Shard {
     mutable Mutex mu;
-    std::unordered_map<const TransferState*, Live> live GUARDED_BY(mu);
+    Live* head GUARDED_BY(mu) = nullptr;
+    size_t count GUARDED_BY(mu) = 0;
   };
   static constexpr size_t kShards = 16;
   Shard& ShardOf(const TransferState* s) {
     return shards_[(reinterpret_cast<uintptr_t>(s) >> 6) % kShards];
   }
-  void Finished(const TransferState* state, const Status& status);
+  static void Finished(Live* live, const Status& status);
 
   std::array<Shard, kShards> shards_;
   mutable Mutex mu_;
