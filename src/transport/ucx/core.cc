@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/host_port.h"
 #include "base/log.h"
 
 namespace ferry::internal::ucx {
@@ -137,7 +138,9 @@ Status Core::Listen() {
                                     }));
   const uint16_t port = door_->port();
   if (options_.listen_host != "0.0.0.0") {
-    addresses_.push_back(options_.listen_host + ":" + std::to_string(port));
+    std::string host = options_.listen_host;
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    addresses_.push_back(JoinHostPort(host, port));
     return Status::Ok();
   }
   // Every interface: advertise each IPv4 address, loopback first (peers on this host use it).

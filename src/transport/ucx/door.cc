@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/host_port.h"
 #include "base/log.h"
 #include "base/os.h"
 
@@ -30,18 +31,11 @@ int PollMs(Clock::duration d) {
   return static_cast<int>(std::clamp<int64_t>(ms + 1, 0, 1000));
 }
 
-Result<sockaddr_in> ParseAddress(const std::string& address) {
-  size_t colon = address.rfind(':');
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  if (colon == std::string::npos || inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr) != 1)
-    return Status(Code::kInvalidArgument, "bad peer address '" + address + "'");
-  char* end = nullptr;
-  long port = std::strtol(address.c_str() + colon + 1, &end, 10);
-  if (end == address.c_str() + colon + 1 || *end != '\0' || port <= 0 || port > 65535)
-    return Status(Code::kInvalidArgument, "bad peer port in '" + address + "'");
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  return addr;
+// A peer's advertised "host:port" (IPv4, [IPv6] or a name, looked up within `timeout`).
+Result<SocketAddress> ParseAddress(const std::string& address, std::chrono::milliseconds timeout) {
+  Result<HostPort> hp = SplitHostPort(address);
+  if (!hp.ok() || hp->port == 0) return Status(Code::kInvalidArgument, "bad peer address '" + address + "'");
+  return ResolveHost(hp->host, hp->port, timeout);
 }
 
 // Waits for `events` on `fd` until `deadline`: false when it passed.
@@ -58,31 +52,31 @@ bool WaitFd(int fd, short events, Deadline deadline) {
 }  // namespace
 
 Result<std::unique_ptr<Door>> Door::Create(const DoorOptions& options, AdmitFn admit, GoneFn gone) {
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(options.port);
-  if (inet_pton(AF_INET, options.host.c_str(), &addr.sin_addr) != 1)
-    return Status(Code::kInvalidArgument, "ucx.listen_host '" + options.host + "' is not an IPv4 address");
-  int fd = Os()->Socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  // A listen host that is malformed or does not resolve is the caller's to fix.
+  Result<SocketAddress> resolved = ResolveHost(options.host, options.port);
+  if (!resolved.ok())
+    return Status(Code::kInvalidArgument, "ucx.listen_host '" + options.host + "': " + std::string(resolved.status().message()));
+  SocketAddress addr = *resolved;
+  int fd = Os()->Socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return os::ErrnoStatus(Code::kResourceExhausted, "socket", errno);
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  const std::string where = options.host + ":" + std::to_string(options.port);
-  if (Os()->Bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || Os()->Listen(fd, 128) != 0) {
+  const std::string where = JoinHostPort(options.host, options.port);
+  if (Os()->Bind(fd, addr.get(), addr.len) != 0 || Os()->Listen(fd, 128) != 0) {
     const int err = errno;
     Status s = os::ErrnoStatus(err == EADDRINUSE ? Code::kUnavailable : Code::kInvalidArgument, "listening on " + where, err);
     Os()->Close(fd);
     return s;
   }
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  addr.len = sizeof(addr.storage);
+  getsockname(fd, addr.get(), &addr.len);
   int wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake < 0) {
     Status s = os::ErrnoStatus(Code::kResourceExhausted, "eventfd", errno);
     Os()->Close(fd);
     return s;
   }
-  std::unique_ptr<Door> door(new Door(options, std::move(admit), std::move(gone), fd, wake, ntohs(addr.sin_port)));
+  std::unique_ptr<Door> door(new Door(options, std::move(admit), std::move(gone), fd, wake, addr.port()));
   try {
     door->thread_ = std::thread([d = door.get()] { d->Loop(); });
   } catch (const std::system_error& e) {
@@ -307,15 +301,17 @@ void Door::Finish(Pending& p) {
 }
 
 Result<Dialed> Dial(const std::string& address, const Hello& hello, Deadline deadline) {
-  FERRY_ASSIGN_OR_RETURN(sockaddr_in addr, ParseAddress(address));
-  int fd = Os()->Socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline.remaining());
+  FERRY_ASSIGN_OR_RETURN(SocketAddress addr,
+                         ParseAddress(address, std::clamp(left, std::chrono::milliseconds(1), kDefaultResolveTimeout)));
+  int fd = Os()->Socket(addr.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return os::ErrnoStatus(Code::kResourceExhausted, "socket", errno);
   auto fail = [fd](Status s) {
     Os()->Close(fd);
     return s;
   };
   const std::string ms = std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(deadline.remaining()).count());
-  if (Os()->Connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (Os()->Connect(fd, addr.get(), addr.len) != 0) {
     if (errno != EINPROGRESS) return fail(os::ErrnoStatus(Code::kUnavailable, "connecting to " + address, errno));
     if (!WaitFd(fd, POLLOUT, deadline)) return fail(Status(Code::kUnavailable, address + " did not accept a connection within " + ms + " ms"));
     int err = 0;
