@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   g_dir = argv[1];
-  for (int t = 1; t <= 7; ++t) {
+  for (int t = 1; t <= static_cast<int>(MsgType::kReleaseAck); ++t) {
     Message m;
     m.type = static_cast<MsgType>(t);
     m.request = t == 7 ? "" : "req-" + std::to_string(t);

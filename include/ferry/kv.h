@@ -52,7 +52,7 @@ struct ConnectorAccess;
 }  // namespace internal
 
 // The version of the connector's messages and metadata (part of the compatibility hash).
-inline constexpr uint32_t kKvVersion = 1;
+inline constexpr uint32_t kKvVersion = 2;
 // The engine notification topic the connector's messages travel on.
 inline constexpr std::string_view kTopic = "ferry.kv";
 

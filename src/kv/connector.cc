@@ -328,6 +328,7 @@ void Connector::Impl::HandleNotification(const Notification& n) {
     case MsgType::kCompletion: return OnCompletion(*m, n.from);
     case MsgType::kWriteFailed: return OnWriteFailed(*m, n.from);
     case MsgType::kAbortAck: return OnAbortAck(*m, n.from);
+    case MsgType::kReleaseAck: return OnReleaseAck(*m, n.from);
   }
   Count(&ConnectorStats::messages_rejected);
 }

@@ -239,6 +239,17 @@ void Connector::Impl::OnAbortAck(const Message& m, const std::string& from_key) 
   ProgressConsumer(*r);
 }
 
+void Connector::Impl::OnReleaseAck(const Message& m, const std::string& from_key) {
+  ConsumerRequest* r = nullptr;
+  Source* s = FindSource(consuming, m, from_key, &r);
+  if (s == nullptr || !r->read_mode || s->state != SState::kReleaseSent) {
+    Count(&ConnectorStats::messages_rejected);
+    return;
+  }
+  s->state = SState::kDone;
+  ProgressConsumer(*r);
+}
+
 void Connector::Impl::FailConsumer(ConsumerRequest& r, Status why) {
   if (!r.error.ok()) return;
   r.error = std::move(why);
@@ -255,12 +266,23 @@ void Connector::Impl::ProgressConsumer(ConsumerRequest& r) {
   if (r.read_mode) {
     if (r.inflight > 0) return;
     if (!r.released) {
+      // The reads were one-sided: only the producer can say that it still held the blocks
+      // while they ran (a hold ends at its abort timeout, and the blocks are reused). The
+      // request is done once each producer rank confirms the release.
       r.released = true;
       Message rel = Base(MsgType::kRelease, r.id);
+      const TimePoint now = Clock::now();
       for (auto& [rank, s] : r.sources) {
-        if (!s.settled()) {
-          (void)Send(s.engine_key, rel);
+        if (s.settled()) continue;
+        Status sent = Send(s.engine_key, rel);
+        if (sent.ok()) {
+          s.state = SState::kReleaseSent;
+          s.abort_deadline = now + options.transfer_timeout;
+        } else {
           s.state = SState::kSettled;
+          FailConsumer(r, Status(Code::kUnavailable, "could not release " + r.id + " to " + s.producer.ToString() +
+                                                         ", which cannot confirm it held the blocks read: " +
+                                                         std::string(sent.message())));
         }
       }
     }
@@ -303,7 +325,9 @@ void Connector::Impl::ConsumerTimers(TimePoint now) {
   for (auto& [rid, r] : consuming) {
     if (r.ended) continue;
     bool hit = !r.read_mode && r.error.ok() && now >= r.deadline;
-    for (const auto& [rank, s] : r.sources) hit = hit || (s.state == SState::kAbortSent && now >= s.abort_deadline);
+    for (const auto& [rank, s] : r.sources) {
+      hit = hit || ((s.state == SState::kAbortSent || s.state == SState::kReleaseSent) && now >= s.abort_deadline);
+    }
     if (hit) due.push_back(rid);
   }
   for (const auto& rid : due) {
@@ -319,6 +343,11 @@ void Connector::Impl::ConsumerTimers(TimePoint now) {
                                                           missing + ")"));
     }
     for (auto& [rank, s] : r.sources) {
+      if (s.state == SState::kReleaseSent && now >= s.abort_deadline) {
+        s.state = SState::kSettled;
+        FailConsumer(r, Status(Code::kDeadlineExceeded, s.producer.ToString() + " did not confirm that it held the blocks of " +
+                                                            rid + " until they were read"));
+      }
       if (s.state == SState::kAbortSent && now >= s.abort_deadline) {
         s.state = SState::kSettled;
         Count(&ConnectorStats::blocks_expired, r.blocks.size());
@@ -335,7 +364,8 @@ void Connector::Impl::ConsumerPeerLost(const std::string& engine_key, const Stat
   for (auto& [rid, r] : consuming) {
     for (auto& [rank, s] : r.sources) {
       if (s.engine_key != engine_key || s.settled()) continue;
-      if (!r.read_mode) s.state = SState::kSettled;  // a dead producer writes nothing more
+      // A dead producer writes nothing more, and confirms no release.
+      if (!r.read_mode || s.state == SState::kReleaseSent) s.state = SState::kSettled;
       hit.push_back(rid);
     }
   }

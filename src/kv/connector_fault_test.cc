@@ -115,13 +115,40 @@ TEST(ConnectorFaultTest, ADroppedReleaseHoldsTheProducerBlocksUntilTheAbortTimeo
   auto params = t.p->conn->HoldForRead("r", Blocks({2}));
   ASSERT_TRUE(params.ok());
   ASSERT_TRUE(t.d->conn->StartRead(*params, Blocks({7})).ok());
+  // Every byte was read, but with its release unanswered the consumer cannot know that the
+  // blocks were still held while it read: failed, for recompute.
   Finished d = OneEnd(*t.d, "r");
-  EXPECT_EQ(d.outcome, Outcome::kDone);
+  EXPECT_EQ(d.outcome, Outcome::kFailed);
+  EXPECT_EQ(d.status.code(), Code::kDeadlineExceeded) << d.status.ToString();
+  EXPECT_EQ(d.blocks, Blocks({7}));
   for (uint32_t l = 0; l < 3; ++l) EXPECT_EQ(Check(*t.d, 1, l, Blocks({7}), 16), 0u);
   Finished p = OneEnd(*t.p, "r");
   EXPECT_EQ(p.outcome, Outcome::kFailed);
   EXPECT_EQ(p.status.code(), Code::kDeadlineExceeded);
   EXPECT_EQ(t.p->conn->stats().blocks_expired, 1u);
+}
+
+TEST(ConnectorFaultTest, AReadAfterTheProducersHoldEndedIsNotTakenForDone) {
+  ConnectorOptions o = Quick();
+  o.mode = Mode::kRead;
+  ConnectorOptions producer = o;
+  producer.abort_timeout = 100ms;
+  Two t = MakeTwo(o, producer);
+  for (uint32_t l = 0; l < 3; ++l) Fill(*t.p, 1, l, Blocks({2}), 16);
+  auto params = t.p->conn->HoldForRead("late", Blocks({2}));
+  ASSERT_TRUE(params.ok());
+  // The hold ends at the producer's abort timeout, and its blocks are the producer's again
+  // (here reused for other data) before the consumer starts reading.
+  Finished p = OneEnd(*t.p, "late");
+  EXPECT_EQ(p.outcome, Outcome::kFailed);
+  EXPECT_EQ(t.p->conn->stats().blocks_expired, 1u);
+  for (uint32_t l = 0; l < 3; ++l) Fill(*t.p, 99, l, Blocks({2}), 16);
+  ASSERT_TRUE(t.d->conn->StartRead(*params, Blocks({7})).ok());
+  Finished d = OneEnd(*t.d, "late");
+  EXPECT_EQ(d.outcome, Outcome::kFailed) << "stale blocks were read and reported done";
+  EXPECT_EQ(d.status.code(), Code::kDeadlineExceeded) << d.status.ToString();
+  EXPECT_NE(d.status.message().find("not held"), std::string_view::npos) << d.status.ToString();
+  EXPECT_EQ(d.blocks, Blocks({7}));
 }
 
 TEST(ConnectorFaultTest, AConsumerThatDiesInReadModeFreesTheProducerWithoutWaitingForTheAbortTimeout) {
@@ -135,7 +162,7 @@ TEST(ConnectorFaultTest, AConsumerThatDiesInReadModeFreesTheProducerWithoutWaiti
   auto params = t.p->conn->HoldForRead("x", Blocks({2}));
   ASSERT_TRUE(params.ok());
   ASSERT_TRUE(t.d->conn->StartRead(*params, Blocks({7})).ok());
-  EXPECT_EQ(OneEnd(*t.d, "x").outcome, Outcome::kDone);
+  EXPECT_EQ(OneEnd(*t.d, "x").outcome, Outcome::kFailed);  // its release was never confirmed
   t.d.reset();
   Finished p = OneEnd(*t.p, "x", 10s);
   EXPECT_EQ(p.outcome, Outcome::kFailed);

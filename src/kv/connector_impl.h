@@ -83,8 +83,10 @@ struct Source {
   uint32_t rank = 0;  // the producer's TP rank
   std::string engine_key;
   WorkerId producer;
-  enum class State : uint8_t { kWaiting, kDone, kFailed, kAbortSent, kSettled } state = State::kWaiting;
-  TimePoint abort_deadline{};
+  // kReleaseSent (read mode): the reads ended and the release went out; done once the producer
+  // confirms it held the blocks until then (kReleaseAck), failed if it did not or cannot say.
+  enum class State : uint8_t { kWaiting, kDone, kFailed, kAbortSent, kReleaseSent, kSettled } state = State::kWaiting;
+  TimePoint abort_deadline{};  // kAbortSent, kReleaseSent: give up waiting for the answer then
   uint32_t layers = 0;             // completion: layers written
   std::vector<uint64_t> checksums;
   bool settled() const { return state == State::kDone || state == State::kFailed || state == State::kSettled; }
@@ -261,6 +263,7 @@ struct Connector::Impl {
   void OnCompletion(const Message& m, const std::string& from_key);
   void OnWriteFailed(const Message& m, const std::string& from_key);
   void OnAbortAck(const Message& m, const std::string& from_key);
+  void OnReleaseAck(const Message& m, const std::string& from_key);
   void OnReadDone(const std::string& request, uint32_t layer, Status s);
   void FailConsumer(ConsumerRequest& r, Status why);
   void ProgressConsumer(ConsumerRequest& r);

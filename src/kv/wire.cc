@@ -162,6 +162,8 @@ std::string_view MsgTypeName(MsgType type) {
       return "abort_ack";
     case MsgType::kPing:
       return "ping";
+    case MsgType::kReleaseAck:
+      return "release_ack";
   }
   return "unknown";
 }
@@ -196,7 +198,7 @@ Result<Message> Decode(std::string_view bytes) {
   Message m;
   FERRY_ASSIGN_OR_RETURN(uint64_t type, r.UInt("type"));
   if (type < static_cast<uint64_t>(MsgType::kAllocation) ||
-      type > static_cast<uint64_t>(MsgType::kPing))
+      type > static_cast<uint64_t>(MsgType::kReleaseAck))
     return Malformed("unknown type " + std::to_string(type));
   m.type = static_cast<MsgType>(type);
   FERRY_ASSIGN_OR_RETURN(m.request,

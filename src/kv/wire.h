@@ -23,6 +23,8 @@ enum class MsgType : uint8_t {
   kAbort = 5,        // consumer -> producer: stop writing R (write mode) / stop holding it
   kAbortAck = 6,     // producer -> consumer: no write of R is or will be in flight
   kPing = 7,         // liveness probe (no request)
+  kReleaseAck = 8,   // producer -> consumer: R's blocks were held until the release (read mode);
+                     // a release of R not held (any more) is answered with kWriteFailed
 };
 std::string_view MsgTypeName(MsgType type);
 

@@ -50,7 +50,7 @@ Message Full(MsgType type) {
 
 const MsgType kAllTypes[] = {MsgType::kAllocation, MsgType::kCompletion, MsgType::kWriteFailed,
                              MsgType::kRelease,    MsgType::kAbort,      MsgType::kAbortAck,
-                             MsgType::kPing};
+                             MsgType::kPing,       MsgType::kReleaseAck};
 
 void ExpectInvalid(std::string_view bytes, std::string_view what = "") {
   Result<Message> got = Decode(bytes);
@@ -206,15 +206,15 @@ TEST(KvWire, EveryTruncationAndTrailingByteIsRefused) {
 }
 
 TEST(KvWire, VersionAndTypeAreChecked) {
-  ExpectInvalid(WithField(0, [](codec::Writer& w) { w.UInt(kKvVersion + 1); }), "version: 2 vs 1");
+  ExpectInvalid(WithField(0, [](codec::Writer& w) { w.UInt(kKvVersion + 1); }), "version: 3 vs 2");
   ExpectInvalid(WithField(0, [](codec::Writer& w) { w.Str("1"); }), "version");
   // Another version is named as such even when its shape is not this version's.
   codec::Writer w;
   w.Array(2);
   w.UInt(kKvVersion + 1);
   w.Str("future");
-  ExpectInvalid(w.Take(), "version: 2 vs 1");
-  for (uint64_t t : {0ull, 8ull, 255ull, 1ull << 40})
+  ExpectInvalid(w.Take(), "version: 3 vs 2");
+  for (uint64_t t : {0ull, 9ull, 255ull, 1ull << 40})
     ExpectInvalid(WithField(1, [t](codec::Writer& w) { w.UInt(t); }), "unknown type");
   // The valid base decodes, so each refusal below is the field's.
   ASSERT_TRUE(Decode(Write(ValidFields())).ok());
