@@ -274,6 +274,7 @@ py::dict EnvEngineKwargs() {
   k["max_notification_bytes"] = o.max_notification_bytes;
   k["max_pending_notifications"] = o.max_pending_notifications;
   k["max_pending_notification_bytes"] = o.max_pending_notification_bytes;
+  k["metrics_port"] = o.metrics_port;
   k["listen_host"] = o.ucx.listen_host;
   k["listen_port"] = o.ucx.listen_port;
   k["max_pending_handshakes"] = o.ucx.max_pending_handshakes;

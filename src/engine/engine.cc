@@ -248,6 +248,9 @@ Result<MemoryDesc> EngineCore::RegisterMemory(void* ptr, uint64_t bytes, MemoryK
     if (device >= 0 && device != info.device)
       return Status(Code::kInvalidArgument, "pointer lives on device " + std::to_string(info.device) +
                                                 ", not " + std::to_string(device));
+    // A build without machine code (or PTX) for this GPU fails here, clearly, rather than at
+    // its first transfer.
+    FERRY_RETURN_IF_ERROR(cuda::KernelsLoad(info.device));
     region->device = info.device;
   } else {
     if (device != -1) return Status(Code::kInvalidArgument, "host memory takes device -1");
