@@ -30,6 +30,7 @@ py::dict SystemInfoDict() {
     d["name"] = g.name;
     d["memory_bytes"] = g.memory_bytes;
     d["sm"] = py::make_tuple(g.sm_major, g.sm_minor);
+    d["kernels"] = g.kernels;
     gpus.append(d);
   }
   py::list transports;
@@ -50,6 +51,7 @@ py::dict SystemInfoDict() {
   d["cuda_built"] = info.cuda_built;
   d["cuda_available"] = info.cuda_available;
   d["cuda_unavailable_reason"] = info.cuda_unavailable_reason;
+  d["cuda_architectures"] = info.cuda_architectures;
   d["gpus"] = gpus;
   return d;
 }

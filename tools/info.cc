@@ -6,21 +6,12 @@
 #include <string>
 
 #include "commands.h"
-#include "cuda/runtime.h"
 #include "ferry/system.h"
 #include "json_out.h"
 #include "units.h"
 
 namespace ferry::tools {
 namespace {
-
-// "ok", or why ferry's kernels cannot run on the device (a build without its architecture).
-// SystemInfo does not carry it: the check loads code on each GPU, which Probe() leaves to
-// commands that asked for GPUs, as this one does.
-std::string KernelsOn(int device) {
-  Status s = cuda::KernelsLoad(device);
-  return s.ok() ? "ok" : std::string(s.message());
-}
 
 std::string Join(const std::vector<std::string>& items) {
   return items.empty() ? "(none)" : fmt::format("{}", fmt::join(items, ", "));
@@ -33,7 +24,7 @@ nlohmann::ordered_json ToJson(const SystemInfo& info) {
                     {"name", g.name},
                     {"memory_bytes", g.memory_bytes},
                     {"compute_capability", fmt::format("{}.{}", g.sm_major, g.sm_minor)},
-                    {"kernels", KernelsOn(g.ordinal)}});
+                    {"kernels", g.kernels}});
   }
   nlohmann::ordered_json transports = nlohmann::ordered_json::array();
   for (const TransportInfo& t : info.transports) {
@@ -50,7 +41,7 @@ nlohmann::ordered_json ToJson(const SystemInfo& info) {
           {"cuda_built", info.cuda_built},
           {"cuda_available", info.cuda_available},
           {"cuda_unavailable_reason", info.cuda_unavailable_reason},
-          {"cuda_architectures", cuda::BuiltArchitectures()},
+          {"cuda_architectures", info.cuda_architectures},
           {"gpus", gpus}};
 }
 
@@ -66,7 +57,7 @@ void PrintText(const SystemInfo& info) {
                t.notifications ? "own" : "through another transport");
   }
   if (info.cuda_built) {
-    fmt::print("cuda built:          yes, kernels for {}\n", cuda::DescribeArchitectures(cuda::BuiltArchitectures()));
+    fmt::print("cuda built:          yes, kernels for {}\n", info.cuda_architectures_described);
   } else {
     fmt::print("cuda built:          no\n");
   }
@@ -78,7 +69,7 @@ void PrintText(const SystemInfo& info) {
   fmt::print("gpus:                {}\n", info.gpus.size());
   for (const GpuInfo& g : info.gpus) {
     fmt::print("  [{}] {}, {}, sm_{}{}, kernels: {}\n", g.ordinal, g.name, FormatBytes(g.memory_bytes),
-               g.sm_major, g.sm_minor, KernelsOn(g.ordinal));
+               g.sm_major, g.sm_minor, g.kernels);
   }
 }
 

@@ -17,6 +17,9 @@ struct GpuInfo {
   uint64_t memory_bytes = 0;
   int sm_major = 0;
   int sm_minor = 0;
+  // "ok" when ferry's kernels load on this device, otherwise why not (a build without code
+  // for its architecture).
+  std::string kernels;
 };
 
 // A transport an engine started, and what it carries.
@@ -36,6 +39,8 @@ struct SystemInfo {
   bool cuda_built = false;                       // built with the CUDA toolkit
   bool cuda_available = false;                   // a driver and at least one device
   std::string cuda_unavailable_reason;           // empty when available
+  std::string cuda_architectures;                // the kernels' architectures as built ("" without CUDA)
+  std::string cuda_architectures_described;      // the same, in words
   std::vector<GpuInfo> gpus;
 };
 

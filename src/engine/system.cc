@@ -26,8 +26,14 @@ SystemInfo Probe() {
   info.cuda_built = cuda::Built();
   info.cuda_available = cuda::Available();
   if (!info.cuda_available) info.cuda_unavailable_reason = cuda::UnavailableReason();
+  if (info.cuda_built) {
+    info.cuda_architectures = cuda::BuiltArchitectures();
+    info.cuda_architectures_described = cuda::DescribeArchitectures(info.cuda_architectures);
+  }
   for (const auto& d : cuda::Devices()) {
-    info.gpus.push_back(GpuInfo{d.ordinal, d.name, d.memory_bytes, d.sm_major, d.sm_minor});
+    const Status k = cuda::KernelsLoad(d.ordinal);
+    info.gpus.push_back(GpuInfo{d.ordinal, d.name, d.memory_bytes, d.sm_major, d.sm_minor,
+                                k.ok() ? "ok" : std::string(k.message())});
   }
   return info;
 }

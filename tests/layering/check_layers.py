@@ -37,6 +37,7 @@ PUBLIC_LAYER = {
     "gpu.h": "cuda",
     "system.h": "engine",
     "engine.h": "engine",
+    "metrics.h": "engine",
     "embed.h": "embed",
     "embed_service.h": "embed",
     "embed_server.h": "embed",
