@@ -2,7 +2,7 @@
 // processes is cut. The surviving side must end every request the lost peer owes within its
 // timeouts, hand each block back exactly once and only when no late write can land in it
 // (the peer confirmed, is known dead, or abort_timeout passed), and keep serving its other
-// peers meanwhile. Children are this binary started again (connector_process_util.h).
+// peers meanwhile. Children are this binary started again (connector_process_test_util.h).
 #include <gtest/gtest.h>
 #include <sys/prctl.h>
 
@@ -11,7 +11,7 @@
 #include <thread>
 #include <tuple>
 
-#include "kv/connector_process_util.h"
+#include "kv/connector_process_test_util.h"
 
 namespace ferry::kv::testing {
 namespace {

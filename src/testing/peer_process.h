@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ferry/descriptors.h"
+#include "testing/proc_state.h"
 
 extern char** environ;
 
@@ -96,19 +97,7 @@ class PeerProcess {
     if (pid_ > 0) kill(pid_, sig);
   }
   // Waits until the process is stopped (SIGSTOP is delivered asynchronously).
-  bool WaitStopped() {
-    for (int i = 0; i < 1000; ++i) {
-      FILE* f = fopen(("/proc/" + std::to_string(pid_) + "/stat").c_str(), "r");
-      if (f == nullptr) return false;
-      char buf[512] = {};
-      size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-      fclose(f);
-      const char* close_paren = strrchr(buf, ')');
-      if (n > 0 && close_paren != nullptr && close_paren[1] == ' ' && close_paren[2] == 'T') return true;
-      usleep(1000);
-    }
-    return false;
-  }
+  bool WaitStopped() { return WaitProcessStopped(pid_, 1000); }
   void Kill(int sig) {
     if (pid_ <= 0) return;
     kill(pid_, SIGCONT);

@@ -53,7 +53,8 @@ SOURCE_EXT = (".h", ".hpp", ".cc", ".cpp", ".cu", ".cuh", ".in")
 
 def is_test(path):
     name = os.path.basename(path)
-    return bool(re.search(r"_test\.(cc|cpp|cu)$", name)) or name.startswith("test_")
+    # Tests, and the headers only tests include (named *_test_util.h).
+    return bool(re.search(r"(_test\.(cc|cpp|cu)|_test_util\.h)$", name)) or name.startswith("test_")
 
 
 def unit_of(rel):

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "kv/connector_test_util.h"
+#include "testing/proc_state.h"
 
 extern char** environ;
 
@@ -369,19 +370,7 @@ class Child {
   }
   void Signal(int sig) { kill(pid_, sig); }
   // Waits (bounded) until the child is stopped: SIGSTOP is delivered asynchronously.
-  bool WaitStopped() {
-    for (int i = 0; i < 2000; ++i) {
-      FILE* f = fopen(("/proc/" + std::to_string(pid_) + "/stat").c_str(), "r");
-      if (f == nullptr) return false;
-      char buf[512] = {};
-      size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-      fclose(f);
-      const char* paren = strrchr(buf, ')');
-      if (n > 0 && paren != nullptr && paren[1] == ' ' && paren[2] == 'T') return true;
-      usleep(1000);
-    }
-    return false;
-  }
+  bool WaitStopped() { return ::ferry::testing::WaitProcessStopped(pid_, 2000); }
   pid_t pid() const { return pid_; }
 
  private:
