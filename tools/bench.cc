@@ -15,6 +15,7 @@
 #include "ferry/system.h"
 #include "json_out.h"
 #include "link.h"
+#include "observe.h"
 #include "report.h"
 #include "transport_flag.h"
 #include "units.h"
@@ -50,6 +51,7 @@ struct BenchFlags {
   int ucx_post_batch = UcxOptions{}.post_batch;
   int64_t pings = 0;  // notification round trips to time (two processes)
   int ping_cpu = -1;  // CPU of the thread that pings or answers (-1: any)
+  int metrics_port = 0;  // --listen: serve GET /metrics here (0 off, -1 any free port)
   uint64_t run = 1;      // pieces lie in runs of this many adjacent slots on both sides
   bool no_merge = false;  // EngineOptions::merge_adjacent_ops off
 };
@@ -188,6 +190,7 @@ Result<EngineOptions> MakeEngineOptions(const BenchFlags& f) {
   e.ucx.workers = f.ucx_workers;
   e.ucx.post_batch = f.ucx_post_batch;
   e.merge_adjacent_ops = !f.no_merge;
+  e.metrics_port = f.metrics_port;
   return e;
 }
 
@@ -393,6 +396,7 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       cmd->add_option("--timeout", f->timeout_s,
                       "Two processes: seconds --peer waits for the listener (default 30), or --listen for its "
                       "peer (default 3600)");
+  AddMetricsPortOption(cmd, &f->metrics_port);
   cmd->add_option("--ping-cpu", f->ping_cpu,
                   "Two processes: the CPU of the thread that pings (--peer) or answers (--listen); -1 = any")
       ->capture_default_str();

@@ -90,3 +90,24 @@ PY
     echo "bench $transport $op: $(grep -c 'KiB' "$tmp/bench") points"
   done
 done
+
+# A `ferry bench --listen` server is watched while it runs: --metrics-port serves GET /metrics,
+# and SIGUSR1 prints the transfers in flight without disturbing it (its peer still runs).
+"$ferry" bench --listen 127.0.0.1:0 --metrics-port -1 --max-bytes 1M > "$tmp/listener" 2>&1 &
+listener=$!
+address=$(listen_address "$tmp/listener")
+[ -n "$address" ] || { cat "$tmp/listener"; echo "watched bench: the listener did not start"; exit 1; }
+port=$(grep -oE '127\.0\.0\.1:[0-9]+/metrics' "$tmp/listener" | head -1 | sed -E 's/.*:([0-9]+)\/metrics/\1/')
+[ -n "$port" ] || { cat "$tmp/listener"; echo "watched bench: no metrics port printed"; exit 1; }
+python3 - "$port" <<'PY' || { cat "$tmp/listener"; exit 1; }
+import sys, urllib.request
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=10).read().decode()
+assert "# TYPE ferry_transfers_total counter" in text, text[:500]
+PY
+kill -USR1 "$listener"
+for _ in $(seq 50); do grep -q "transfer(s) in flight" "$tmp/listener" && break; sleep 0.1; done
+grep -q "transfer(s) in flight" "$tmp/listener" || { cat "$tmp/listener"; echo "watched bench: no dump on SIGUSR1"; exit 1; }
+timeout 60 "$ferry" bench --peer "$address" --sizes 4K --batches 1 --max-bytes 64K --min-time 0.02 --timeout 10 \
+  > "$tmp/bench" 2>&1 || { cat "$tmp/bench" "$tmp/listener"; echo "watched bench: the peer failed"; exit 1; }
+wait "$listener" || { cat "$tmp/listener"; echo "watched bench: the listener failed after SIGUSR1"; exit 1; }
+echo "bench --listen: /metrics served, SIGUSR1 dumped the transfers in flight, the peer ran"

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "buffers.h"
+#include "observe.h"
 #include "side_channel.h"
 
 namespace ferry::tools {
@@ -226,6 +227,12 @@ Status ServeBench(const ServeOptions& o, const std::function<void(const std::str
   engine_options.ucx.listen_host = EngineListenHost(o.listen, engine_options.ucx.listen_host);
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(engine_options));
   FERRY_ASSIGN_OR_RETURN(MemoryDesc desc, engine->RegisterMemory(buffer->data(), o.bytes, o.kind, device));
+  // `kill -USR1` prints the transfers in flight (one dump a process: a refusal only says so).
+  auto dump = InFlightDump::Start(engine.get());
+  if (!dump.ok()) fmt::print(stderr, "ferry: no in-flight dump on SIGUSR1: {}\n", dump.status().ToString());
+  if (engine->MetricsPort() != 0) {
+    fmt::print(stderr, "ferry: metrics on http://127.0.0.1:{}/metrics\n", engine->MetricsPort());
+  }
   FERRY_ASSIGN_OR_RETURN(std::unique_ptr<SideListener> listener, SideListener::Listen(o.listen));
   on_listening(listener->address());
   Status result;

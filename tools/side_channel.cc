@@ -163,12 +163,19 @@ Result<std::unique_ptr<SideListener>> SideListener::Listen(const std::string& ad
 }
 
 Result<std::unique_ptr<SideChannel>> SideListener::Accept(std::chrono::milliseconds timeout) {
-  pollfd pfd{fd_, POLLIN, 0};
-  int r = poll(&pfd, 1, PollMillis(timeout));
-  if (r < 0) return Errno("accept poll");
-  if (r == 0) return Status(Code::kDeadlineExceeded, "no peer connected in time");
-  int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-  if (fd < 0) return Errno("accept");
+  // A signal (e.g. SIGUSR1 for the in-flight dump) interrupts the wait, not the server.
+  const auto until = Clock::now() + timeout;
+  int fd = -1;
+  while (fd < 0) {
+    pollfd pfd{fd_, POLLIN, 0};
+    int r = poll(&pfd, 1, Remaining(until));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Errno("accept poll");
+    if (r == 0) return Status(Code::kDeadlineExceeded, "no peer connected in time");
+    fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0 && errno == EINTR) continue;
+    if (fd < 0) return Errno("accept");
+  }
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   return std::unique_ptr<SideChannel>(new SideChannel(fd));
