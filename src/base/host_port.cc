@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 
+#include <atomic>
 #include <charconv>
 #include <condition_variable>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "base/os.h"
+#include "base/thread_pool.h"
 
 namespace ferry {
 namespace {
@@ -174,12 +176,25 @@ Result<SocketAddress> ResolveHost(std::string_view host_in, uint16_t port, std::
   SocketAddress out;
   if (NumericV4(host, port, &out) || NumericV6(host, port, &out)) return out;
   if (!ValidName(host)) return Bad(host_in, "not an IP address or a host name");
-  auto lookup = std::make_shared<Lookup>();
-  try {
-    std::thread([lookup, host] { RunLookup(lookup, host); }).detach();
-  } catch (const std::system_error&) {
-    return Status(Code::kResourceExhausted, "resolving " + host + ": cannot start a thread");
+  // A lookup that outlives its caller's timeout keeps its thread until getaddrinfo returns:
+  // bound how many may be out at once, so a dead resolver cannot make threads pile up.
+  static std::atomic<int> outstanding{0};
+  constexpr int kMaxOutstandingLookups = 16;
+  if (outstanding.fetch_add(1) >= kMaxOutstandingLookups) {
+    outstanding.fetch_sub(1);
+    return Status(Code::kResourceExhausted, "resolving " + host + ": " + std::to_string(kMaxOutstandingLookups) +
+                                                " lookups are already waiting on the resolver");
   }
+  auto lookup = std::make_shared<Lookup>();
+  Result<std::thread> t = StartThread("ferry-resolve", [lookup, host] {
+    RunLookup(lookup, host);
+    outstanding.fetch_sub(1);
+  });
+  if (!t.ok()) {
+    outstanding.fetch_sub(1);
+    return Status(Code::kResourceExhausted, "resolving " + host + ": " + std::string(t.status().message()));
+  }
+  t->detach();
   std::unique_lock lock(lookup->mu);
   if (!lookup->cv.wait_for(lock, timeout, [&] { return lookup->done; }))
     return Status(Code::kDeadlineExceeded,

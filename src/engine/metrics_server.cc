@@ -12,6 +12,8 @@
 #include <string_view>
 #include <system_error>
 
+#include "base/thread_pool.h"
+
 namespace ferry::internal {
 namespace {
 
@@ -53,11 +55,9 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(int port, std::funct
   s->port_ = ntohs(addr.sin_port);
   if (pipe2(s->wake_, O_CLOEXEC) != 0)
     return Status(Code::kResourceExhausted, std::string("metrics pipe: ") + strerror(errno));
-  try {
-    s->thread_ = std::thread([p = s.get()] { p->Run(); });
-  } catch (const std::system_error& e) {
-    return Status(Code::kResourceExhausted, std::string("cannot start the metrics thread: ") + e.what());
-  }
+  Result<std::thread> t = StartThread("ferry-metrics", [p = s.get()] { p->Run(); });
+  if (!t.ok()) return t.status().WithContext("the metrics endpoint");
+  s->thread_ = std::move(t).value();
   return s;
 }
 
