@@ -392,9 +392,6 @@ class IOEngine:
             return self._session(local_mem, remote_mem, quiet=False)
 
     def _session(self, local, remote, quiet=True):
-        key = (local.id, remote.engine_key, remote.id)
-        if key in self._sessions:
-            return self._sessions[key]
         why = None
         if local.ferry is None or remote.ferry is None:
             why = "an empty MemoryDesc"
@@ -402,6 +399,9 @@ class IOEngine:
             why = f"local region {local.id} of {local.engine_key!r} is not registered here"
         elif remote.engine_key != self._key and remote.engine_key not in self._remotes:
             why = f"remote engine {remote.engine_key!r} is not registered"
+        key = (local.id, remote.engine_key, remote.id)
+        if why is None and key in self._sessions:
+            return self._sessions[key]
         if why is None:
             try:
                 session = self.ferry_engine.open_session(local.ferry, remote.ferry)
@@ -424,16 +424,20 @@ class IOEngine:
         remote_key = s._remote.engine_key
         with self._lock:
             order = self._orders.setdefault(remote_key, _Order())
-        message = struct.pack("<cQ", b"W" if write else b"R", uid) if self._notify else None
         try:
-            if write:
-                t = s._session.write_batch(ops, notification=message, notification_topic=TOPIC)
-            else:
-                t = s._session.read_batch(ops)
-                if message is not None:  # told once the read ended well; refused if it failed
-                    self._engine.notify_after(remote_key, message, [t], topic=TOPIC)
+            t = (s._session.write_batch if write else s._session.read_batch)(ops)
         except _Error as e:
             return _failed(_mori_code(e.code), str(e))
+        if self._notify:
+            # The target's inbound status: a one-way notice once the transfer ended well (after
+            # its bytes, for a write). A message of its own, not the write's notification, so
+            # that a target whose backlog is full loses the notice (counted there) and never
+            # fails the initiator's transfer.
+            try:
+                self._engine.notify_after(remote_key, struct.pack("<cQ", b"W" if write else b"R",
+                                                                  uid), [t], topic=TOPIC)
+            except _Error as e:
+                _log.warning("inbound status of transfer %d not sent: %s", uid, e)
         return TransferStatus(StatusCode.IN_PROGRESS, "", t, order, order.add(t))
 
     def _pair_post(self, write, local_mem, local_offsets, remote_mem, remote_offsets, sizes, uid):
