@@ -72,8 +72,9 @@ class IOEngineConfig:
 class RdmaBackendConfig:
     """MoRI-IO's RDMA options. ferry applies qp_per_transfer (ucx lanes), post_batch_size
     (post_batch; -1 keeps the default), num_worker_threads (ucx workers; -1 keeps it) and
-    poll_cq_mode (ucx progress) when this is the first backend, created before the engine was
-    first used; enable_notification says whether this engine tells targets of its transfers.
+    poll_cq_mode (ucx progress: POLLING spins a core, as MoRI-IO's) when this is the first
+    backend, created before the engine was first used; a FERRY_UCX_* variable that is set
+    beats them. enable_notification says whether this engine tells targets of its transfers.
     The chunking and NIC fields are accepted and have no effect (ferry splits on its own)."""
 
     def __init__(self, qp_per_transfer=1, post_batch_size=-1, num_worker_threads=-1,

@@ -30,6 +30,8 @@ What differs from MoRI-IO:
 
 import collections
 import logging
+import operator
+import os
 import socket
 import struct
 import threading
@@ -201,13 +203,17 @@ def _check_batch(local_offsets, remote_offsets, sizes, local_size, remote_size):
     if not len(lo) == len(ro) == len(sz):
         return _failed(StatusCode.ERR_INVALID_ARGS,
                        f"{len(lo)} local offsets, {len(ro)} remote offsets, {len(sz)} sizes")
+    ops = []
     for i, op in enumerate(zip(lo, ro, sz)):
-        if any(not isinstance(v, int) or v < 0 for v in op):
-            return _failed(StatusCode.ERR_INVALID_ARGS, f"op {i}: {op} needs integers >= 0")
-        if op[0] + op[2] > local_size or op[1] + op[2] > remote_size:
+        try:
+            op = tuple(operator.index(v) for v in op)  # ints, numpy's too; not floats
+        except TypeError:
+            return _failed(StatusCode.ERR_INVALID_ARGS, f"op {i}: {op} needs integers")
+        if min(op) < 0 or op[0] + op[2] > local_size or op[1] + op[2] > remote_size:
             return _failed(StatusCode.ERR_INVALID_ARGS,
                            f"op {i}: {op} exceeds the regions ({local_size}, {remote_size} bytes)")
-    return list(zip(lo, ro, sz))
+        ops.append(op)
+    return ops
 
 
 # --- sessions and the engine ------------------------------------------------------------
@@ -279,15 +285,23 @@ class IOEngine:
     def ferry_engine(self):
         with self._lock:
             if self._engine is None:
-                self._start(dict(self._ferry_options))
+                self._start({})
             return self._engine
 
-    def _start(self, options):
+    def _start(self, backend_options):
+        # Layered, later beats earlier: IOEngineConfig and the code's RdmaBackendConfig; the
+        # FERRY_* environment (the operator's say, e.g. FERRY_UCX_PROGRESS=event where
+        # POLLING's busy core is too dear); IOEngine's own keyword arguments.
+        options = {}
         if self._config.host:
-            options.setdefault("listen_host", self._config.host)
+            options["listen_host"] = self._config.host
         if self._config.port:
-            options.setdefault("listen_port", int(self._config.port))
-        self._engine = _Engine(key=self._key, **options)  # FERRY_* variables apply
+            options["listen_port"] = int(self._config.port)
+        options.update(backend_options)
+        # Each is a ucx option; ferry.Engine applies the environment, then its arguments.
+        options = {k: v for k, v in options.items() if "FERRY_UCX_" + k.upper() not in os.environ}
+        options.update(self._ferry_options)
+        self._engine = _Engine(key=self._key, **options)
         ref = weakref.ref(self)
         threading.Thread(target=_drain_loop, args=(ref, self._stop), daemon=True,
                          name=f"ferry-mori-inbound-{self._key}").start()
@@ -311,8 +325,7 @@ class IOEngine:
                 config = config or RdmaBackendConfig()
                 self._notify = bool(getattr(config, "enable_notification", True))
                 if self._engine is None:
-                    options = dict(config._ferry_options(), **self._ferry_options)
-                    self._start(options)
+                    self._start(getattr(config, "_ferry_options", dict)())
                 else:
                     _log.info("engine %s started before this backend: its options stay",
                               self._key)

@@ -3,6 +3,7 @@ statuses, inbound statuses, deadlines). test_mori_seed.py runs vLLM's code on it
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -92,6 +93,35 @@ def test_backends(engines):
         e.close()
 
 
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_environment_beats_configs_and_arguments_beat_both(monkeypatch):
+    from_env, from_config, from_args = _free_port(), _free_port(), _free_port()
+    monkeypatch.setenv("FERRY_UCX_LISTEN_PORT", str(from_env))
+    e = io.IOEngine(fresh_key("env"), io.IOEngineConfig("127.0.0.1", from_config))
+    try:
+        e.create_backend(io.BackendType.RDMA)
+        assert e.get_engine_desc().port == from_env
+    finally:
+        e.close()
+    e = io.IOEngine(fresh_key("env"), io.IOEngineConfig("127.0.0.1", from_config),
+                    listen_port=from_args)
+    try:
+        assert e.get_engine_desc().port == from_args
+    finally:
+        e.close()
+    monkeypatch.delenv("FERRY_UCX_LISTEN_PORT")
+    e = io.IOEngine(fresh_key("env"), io.IOEngineConfig("127.0.0.1", from_config))
+    try:
+        assert e.get_engine_desc().port == from_config
+    finally:
+        e.close()
+
+
 def test_engine_desc(engines):
     e = engines("desc")
     d = e.get_engine_desc()
@@ -142,6 +172,11 @@ def test_bad_batches_fail_before_any_byte_moves(pair):
     assert not dst.any()
     assert s.batch_read([0], [0, 1], [1], 2).Code() == io.StatusCode.ERR_INVALID_ARGS
     assert s.batch_write([-1], [0], [1], 3).Code() == io.StatusCode.ERR_INVALID_ARGS
+    assert s.batch_write([0.5], [0], [1], 3).Code() == io.StatusCode.ERR_INVALID_ARGS
+    assert not dst.any()
+    numpy_ints = s.batch_write(np.array([8]), np.array([16], np.uint32), np.array([4]), 3)
+    assert numpy_ints.WaitFor(10000) == io.StatusCode.SUCCESS
+    assert np.array_equal(dst[16:20], src[8:12])
     empty = s.batch_write([], [], [], 4)
     assert empty.Succeeded()
     with pytest.raises(ValueError):

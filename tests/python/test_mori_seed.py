@@ -31,9 +31,12 @@ class Child:
 
     def __init__(self, role, mode, arrays):
         self.role = role
+        # The seed asks for PollCqMode.POLLING, a spinning core per engine; the environment
+        # beats it, so that two children do not take a small test machine's every core.
+        env = dict(os.environ, FERRY_UCX_PROGRESS="event")
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "mori_peer.py"), role, mode, arrays],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=HERE)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=HERE, env=env)
         self.lines = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.info = self._reply(60)["ready"]
