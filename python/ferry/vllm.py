@@ -229,6 +229,15 @@ class FerryConnector(KVConnectorBase_V1):
     def update_connector_output(self, connector_output):
         self._sched.output(connector_output)
 
+    def has_pending_push_work(self):
+        """True while blocks wait for a transfer's end: vLLM keeps stepping, so get_finished
+        can hand them back, even when no request is running."""
+        return bool(self._sched and self._sched.held)
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config):
+        return True  # save_kv_layer and wait_for_layer_load must run between the layers
+
     @classmethod
     def build_kv_connector_stats(cls, data=None):
         return FerryKVConnectorStats(data=dict(data) if data else {})
@@ -282,6 +291,7 @@ class _SchedulerSide:
         self.producing = {}   # req_id -> [request, block ids]: P's requests until their save
         self.saved = {}       # req_id -> tid: P's requests whose save went to the workers
         self.saves, self.aborts, self.released = [], [], []
+        self.held = set()     # req ids whose blocks request_finished kept (delay_free)
 
     def matched(self, request, num_computed_tokens):
         p = getattr(request, "kv_transfer_params", None) or {}
@@ -328,6 +338,8 @@ class _SchedulerSide:
             if rid in self.producing and new:
                 self.producing[rid][1] += _block_ids(new)
         scheduled = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+        for rid in scheduled:  # scheduled again: its load ended (for vLLMs without update_connector_output)
+            self.loading.pop(rid, None)
         bs = self.c._block_size
         for rid, (request, ids) in list(self.producing.items()):
             n = scheduled.get(rid, 0)
@@ -348,6 +360,7 @@ class _SchedulerSide:
         self.computed.pop(rid, None)
         if rid in self.loading:  # D gives up while loading: the blocks stay until no write can land
             self.aborts.append((rid, self.loading.pop(rid)))
+            self.held.add(rid)
             return True, None
         if not p.get("do_remote_decode"):
             return False, None
@@ -357,6 +370,7 @@ class _SchedulerSide:
             self.aborts.append((rid, str(p.get("transfer_id") or rid)))
             return False, None
         self.released.append((rid, tid))
+        self.held.add(rid)
         if _status_name(request) not in _NORMAL_ENDS:
             self.aborts.append((rid, tid))
             return True, None
@@ -372,6 +386,8 @@ class _SchedulerSide:
     def output(self, connector_output):
         for rid in getattr(connector_output, "finished_recving", None) or ():
             self.loading.pop(rid, None)
+        for rid in getattr(connector_output, "finished_sending", None) or ():
+            self.held.discard(rid)
 
 
 class _WorkerSide:

@@ -97,9 +97,14 @@ def pd():
 REQUESTS = [("r0", 40), ("r1", 16), ("r2", 100), ("r3", 1), ("r4", 63)]  # (id, prompt tokens)
 
 
-def prefill(p: Instance, reqs, **params) -> dict:
+# What vLLM's toy proxy (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py) sends to P.
+TO_P = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None, "remote_block_ids": None,
+        "remote_host": None, "remote_port": None}
+
+
+def prefill(p: Instance, reqs) -> dict:
     """The router's first leg: each prompt to P with max_tokens=1; P's kv_transfer_params back."""
-    p.call("add", requests=[{"id": r, "len": n, "params": {"do_remote_decode": True, **params}} for r, n in reqs])
+    p.call("add", requests=[{"id": r, "len": n, "params": TO_P} for r, n in reqs])
     out = p.call("run", ids=[r for r, _ in reqs], until="result")
     assert out["pending"] == []
     return out["state"]["params"]
@@ -115,8 +120,9 @@ def test_p_then_d_moves_every_byte_of_several_requests(pd, mode):
         assert (got["do_remote_prefill"], got["remote_engine_id"], got["remote_host"], got["remote_port"]) == (
             True, "prefill-0", "127.0.0.1", p.port)
         assert (got["transfer_id"], got["remote_num_tokens"], len(got["remote_block_ids"])) == (r, n, -(-n // 16))
-    # P holds every request's blocks until D has them.
-    assert p.call("stats")["state"]["held"] == sorted(r for r, _ in REQUESTS)
+    # P holds every request's blocks until D has them, and asks vLLM to keep stepping meanwhile.
+    state = p.call("stats")["state"]
+    assert state["held"] == sorted(r for r, _ in REQUESTS) and state["push_work"] is True
     # The router's second leg: the same dicts in D's requests.
     added = d.call("add", requests=[{"id": f"d-{r}", "len": n, "params": params[r]} for r, n in REQUESTS])
     for r, n in REQUESTS:
@@ -136,6 +142,7 @@ def test_p_then_d_moves_every_byte_of_several_requests(pd, mode):
     # P frees each request's blocks once D has it (get_finished's sending).
     out = p.call("run", ids=[r for r, _ in REQUESTS], until="freed")
     assert out["pending"] == [] and out["state"]["held"] == [] and out["state"]["free"] == N
+    assert out["state"]["push_work"] is False
     ps = p.call("stats")
     assert ps["num_successful_transfers"] == len(REQUESTS) and ps["num_failed_transfers"] == 0
     # The side that posts the transfers counts their bytes: P writes, D reads.

@@ -279,7 +279,8 @@ class Instance:
         return {"pending": pending(), "steps": steps}
 
     def state(self) -> dict:
-        return {"results": self.results, "params": self.params, "free": len(self.free), "held": sorted(self.held)}
+        return {"results": self.results, "params": self.params, "free": len(self.free), "held": sorted(self.held),
+                "push_work": self.sched.has_pending_push_work()}
 
 
 def main():
