@@ -9,7 +9,7 @@ What differs from MoRI-IO:
 
 * No transfer waits for ever. Every transfer has ferry's deadline (the engine's
   ``default_deadline_ms``, 30 s unless ``IOEngine(key, config, default_deadline_ms=...)`` or
-  FERRY_DEFAULT_DEADLINE_MS says otherwise): a ``Wait()`` on a transfer to a dead or stalled
+  FERRY_DEFAULT_DEADLINE says otherwise): a ``Wait()`` on a transfer to a dead or stalled
   peer, which can block MoRI-IO for ever, returns with ``Failed()`` true and a message that
   starts with ``DEADLINE_EXCEEDED`` (or ``UNAVAILABLE`` once the peer is known dead).
 * Backends name transports, not devices: BackendType.RDMA and TCP use ferry's ucx transport
@@ -18,12 +18,15 @@ What differs from MoRI-IO:
   takes the fastest transport both sides have, whichever backends were created.
 * Statuses of one engine to one remote engine complete in posting order: a status reports
   success only once every transfer posted before it to the same remote engine has ended, so
-  "the last status succeeded" means that every byte of the earlier ones landed (or failed).
+  when "the last status succeeded" no earlier transfer is still moving bytes (each of them
+  landed, or its own status failed).
 * ``pop_inbound_transfer_status`` reports transfers that succeeded; a failed one is not
   reported (the initiator's status has the error). The target keeps at most
   MAX_INBOUND_STATUSES unpopped statuses (the oldest go first).
 * ``EngineDesc``/``MemoryDesc`` ``pack()`` bytes carry ferry's descriptors: ferry.mori reads
   them, MoRI-IO does not (and the reverse).
+* Options: IOEngineConfig and the first RdmaBackendConfig, then the FERRY_UCX_* variables,
+  then IOEngine(key, config, **options)'s keyword arguments (any of ferry.Engine's).
 * Extensions: ``register_torch_tensor`` also takes any writable buffer (a numpy array);
   ``IOEngine.close()``; ``IOEngine.ferry_engine``.
 """
