@@ -382,7 +382,9 @@ class IOEngine:
             if loc is None:
                 raise RuntimeError(f"cannot register {tensor.device.type} memory")
             gpu = loc == MemoryLocationType.GPU
-            index = tensor.device.index if tensor.device.index is not None else -1
+            index = tensor.device.index
+            if index is None:
+                index = tensor.get_device() if gpu else -1
             desc = self.ferry_engine.register_memory(
                 tensor.data_ptr(), tensor.nelement() * tensor.element_size(),
                 kind="cuda" if gpu else "host", device=index if gpu else -1, owner=tensor)

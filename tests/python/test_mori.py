@@ -288,6 +288,37 @@ def test_register_memory_by_pointer_and_torch_tensor(engines):
         e.register_torch_tensor(torch.zeros(8, 8).t())
 
 
+class _DuckTensor:
+    """Only the calls MoRI-IO's register_torch_tensor makes, over a numpy buffer."""
+
+    def __init__(self, buf):
+        self.buf = buf
+        self.device = type("Device", (), {"type": "cpu", "index": None})()
+
+    def is_contiguous(self):
+        return True
+
+    def data_ptr(self):
+        return self.buf.ctypes.data
+
+    def nelement(self):
+        return self.buf.size
+
+    def element_size(self):
+        return self.buf.itemsize
+
+
+def test_register_torch_tensor_is_duck_typed(engines):
+    e = engines("duck")
+    buf = np.arange(100, dtype=np.int32)
+    d = e.register_torch_tensor(_DuckTensor(buf))
+    assert (d.data, d.size, d.loc, d.device_id) == (buf.ctypes.data, 400, io.MemoryLocationType.CPU, -1)
+    bad = _DuckTensor(buf)
+    bad.device.type = "mps"
+    with pytest.raises(RuntimeError, match="mps"):
+        e.register_torch_tensor(bad)
+
+
 class _FakeTransfer:
     """A ferry.Transfer as TransferStatus sees it, finished by hand."""
 
