@@ -522,11 +522,14 @@ def _parse(argv):
                    help="seconds for every registration (VLLM_PLE_OFFLOAD_READY_TIMEOUT)")
     p.add_argument("--step-timeout", type=float, default=60.0,
                    help="seconds a step may take, vLLM's release of the previous one included")
+    p.add_argument("--connect-timeout", type=float, default=10.0,
+                   help="seconds to connect to ferry embed-serve")
     p.add_argument("--ready-file", help="written as JSON with READY (or FAILURE)")
     p.add_argument("--ready-fd", type=int, help="a multiprocessing Connection's fd for READY")
     p.add_argument("--death-fd", type=int, help="a pipe's read end; its EOF stops the bridge")
     a = p.parse_args(argv)
-    if not 1 <= a.num_workers <= 4096 or not 0 < a.ready_timeout <= 86400 or not 0 < a.step_timeout <= 86400:
+    if not 1 <= a.num_workers <= 4096 or not 0 < a.ready_timeout <= 86400 or not 0 < a.step_timeout <= 86400 \
+            or not 0 < a.connect_timeout <= 86400:
         p.error("--num-workers in [1, 4096], timeouts in (0, 86400] seconds")
     return a
 
@@ -546,7 +549,12 @@ def main(argv=None):
 
     bridge = None
     try:
-        bridge = Bridge(a.ipc_path, a.embed_socket, a.num_workers, a.layers, a.step_timeout)
+        try:  # now, so that the registrations' deadline is not spent importing it
+            import torch  # noqa: F401
+        except ImportError:
+            log.warning("torch is not importable: vLLM's registrations cannot be decoded")
+        bridge = Bridge(a.ipc_path, a.embed_socket, a.num_workers, a.layers, a.step_timeout,
+                        a.connect_timeout)
         for s in (signal.SIGTERM, signal.SIGINT):
             signal.signal(s, lambda *_: bridge.stop_event.set())
         if a.death_fd is not None:

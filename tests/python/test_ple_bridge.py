@@ -282,7 +282,7 @@ def test_flag_never_reset_stops_the_bridge(tmp_path, service):
 
 def test_registration_errors_fail_ready(tmp_path, service):
     # Too few registrations: FAILURE by the deadline.
-    bridge = start_bridge(tmp_path, service.socket, 2, "--ready-timeout", "1")
+    bridge = start_bridge(tmp_path, service.socket, 2, "--ready-timeout", "3")
     ctx = zmq.Context()
     w = Worker(ctx, bridge.ipc, 0, 0, 2)
     w.register()
@@ -309,18 +309,18 @@ def test_registration_errors_fail_ready(tmp_path, service):
     bridge = start_bridge(tmp_path, service.socket, 1, "--layers", "0", "5")
     w = Worker(ctx, bridge.ipc, 0, 0, 1)
     w.register()
-    with pytest.raises(RuntimeError, match="NOT_FOUND|layer"):
+    with pytest.raises(RuntimeError, match="NOT_FOUND"):
         bridge.wait_for_ready(20)
     w.sock.close(0)
     ctx.term()
 
 
 def test_no_service_fails_ready(tmp_path):
-    bridge = start_bridge(tmp_path, str(tmp_path / "absent.sock"), 1)
+    bridge = start_bridge(tmp_path, str(tmp_path / "absent.sock"), 1, "--connect-timeout", "1")
     ctx = zmq.Context()
     w = Worker(ctx, bridge.ipc, 0, 0, 1)
     w.register()
-    with pytest.raises(RuntimeError, match="UNAVAILABLE|connect"):
+    with pytest.raises(RuntimeError, match="UNAVAILABLE"):
         bridge.wait_for_ready(30)
     w.sock.close(0)
     ctx.term()
