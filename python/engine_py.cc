@@ -387,6 +387,17 @@ void BindEngine(py::module_& m) {
           },
           py::arg("key"), "Forgets a peer by key.")
       .def(
+          "fence_peer",
+          [](const PyEngine& s, const std::string& key, double timeout_s) {
+            auto t = std::chrono::duration_cast<Duration>(std::chrono::duration<double>(timeout_s));
+            Check(Call(s, [&](Engine& e) { return e.FencePeer(key, t); }));
+          },
+          py::arg("key"), py::arg("timeout_s") = 1.0,
+          "Ends the connections peer `key` made to this engine, so nothing it sent before the call\n"
+          "lands here afterwards (what a consumer does before reusing blocks a silent producer may\n"
+          "still write). Raises ferry.Error DEADLINE_EXCEEDED when writes were still landing at\n"
+          "the timeout (call again later).")
+      .def(
           "open_session",
           [](const PyEngine& s, const MemoryDesc& local, const MemoryDesc& remote) {
             return Unwrap(Call(s, [&](Engine& e) { return e.OpenSession(local, remote); }));

@@ -236,6 +236,7 @@ py::dict StatsDict(const kv::ConnectorStats& s) {
   d["blocks_expired"] = s.blocks_expired;
   d["checksum_failures"] = s.checksum_failures;
   d["peers_lost"] = s.peers_lost;
+  d["peers_fenced"] = s.peers_fenced;
   return d;
 }
 
@@ -421,7 +422,7 @@ void BindKv(py::module_& parent) {
           "stats", [](const PyConnector& s) { return StatsDict(Call(s, [](Connector& c) { return c.stats(); })); },
           "Counters, as a dict: requests_done, requests_failed, requests_aborted, layers_written,\n"
           "layers_read, layers_deferred, bytes, ops_posted, messages_sent, messages_received,\n"
-          "messages_rejected, blocks_expired, checksum_failures, peers_lost.")
+          "messages_rejected, blocks_expired, checksum_failures, peers_lost, peers_fenced.")
       .def("close", &PyConnector::Close,
            "Stops the connector (pending requests end; later calls raise ferry.Error ABORTED).")
       .def("__enter__", [](py::object self) { return self; })

@@ -292,6 +292,8 @@ void BindSession(py::module_& m) {
       .def_property_readonly("local", &Session::local, "The local MemoryDesc.")
       .def_property_readonly("remote", &Session::remote, "The remote MemoryDesc.")
       .def_property_readonly("path", &Session::path, "The TransferPath this session uses.")
+      .def_property_readonly("connected", &Session::connected,
+                             "False once the connection under the session failed; open a new one.")
       .def("__repr__", [](const Session& s) {
         return "<ferry.Session " + std::to_string(static_cast<uint64_t>(s.local().region)) +
                " -> " + s.remote().engine_key + "/" +

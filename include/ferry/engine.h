@@ -135,6 +135,10 @@ class Session {
   const MemoryDesc& remote() const;
   TransferPath path() const;
   bool valid() const { return core_ != nullptr; }
+  // False once the connection under the session failed (the peer went away, or fenced this
+  // engine): its transfers fail at once. Open a new session to the same regions; the engine
+  // connects anew.
+  bool connected() const;
 
  private:
   friend class Engine;
@@ -175,6 +179,16 @@ class Engine {
   // Peers: descriptors of remote engines. Adding a peer with a known key replaces it.
   Status AddPeer(const EngineDesc& peer);
   Status RemovePeer(std::string_view key);
+  // Ends every connection that peer `key` made to this engine, so that nothing it sent before
+  // the call lands in this engine's memory afterwards: writes still queued in a link that was
+  // cut are refused when the link comes back, and writes already landing are waited for, up to
+  // `timeout`. The peer's later requests come over new connections (its sessions opened before
+  // report connected() false). What a consumer does before it hands blocks back that a silent
+  // producer may still be writing. kDeadlineExceeded when writes were still landing at
+  // `timeout`: the connections are dropped already; call again later. Over shm, cuda_ipc and
+  // local a peer's writes are copies it makes itself, each checked against its deadline first:
+  // nothing is queued here to refuse, and those transports return OK.
+  Status FencePeer(std::string_view key, Duration timeout);
 
   // A route from a local region of this engine to a region of a peer (or of this engine).
   Result<Session> OpenSession(const MemoryDesc& local, const MemoryDesc& remote);

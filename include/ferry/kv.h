@@ -25,7 +25,10 @@
 // each side, every wait has a deadline, and blocks are handed back to the caller only when no
 // peer can still read or write them: after the peer confirmed, or is known dead, or
 // abort_timeout passed (counted in stats()). A consumer that gives up on R (Abort(), timeout)
-// keeps R's blocks until then, so no late write lands in a block that was handed back.
+// keeps R's blocks until then, so no late write lands in a block that was handed back. Where it
+// has no proof that the producer's writes ended (no confirmation, a lost link, writes that the
+// producer reports ended unanswered), it first fences the producer (Engine::FencePeer, counted
+// in stats().peers_fenced): writes still queued in a cut link are refused when it comes back.
 //
 // Thread safety: a Connector may be used from many threads at once. Its own worker thread polls
 // the engine's notifications on kTopic, runs deferred writes and enforces the timeouts.
@@ -256,6 +259,8 @@ struct ConnectorStats {
   uint64_t blocks_expired = 0;      // handed back after abort_timeout with no confirmation
   uint64_t checksum_failures = 0;
   uint64_t peers_lost = 0;
+  // Producers fenced (Engine::FencePeer) before blocks they may still write went back.
+  uint64_t peers_fenced = 0;
 };
 
 class Connector {

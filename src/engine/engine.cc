@@ -370,6 +370,17 @@ Status EngineCore::RemovePeer(std::string_view key) {
   return Status::Ok();
 }
 
+Status EngineCore::FencePeer(std::string_view key, Duration timeout) {
+  if (timeout <= Duration::zero()) return Status(Code::kInvalidArgument, "FencePeer needs a positive timeout");
+  const Deadline deadline = Deadline::After(timeout);
+  Status first;
+  for (auto& t : transports_) {
+    Status s = t->FencePeer(key, deadline);
+    if (!s.ok() && first.ok()) first = s.WithContext(std::string(t->name()));
+  }
+  return first;
+}
+
 Result<EngineDesc> EngineCore::FindPeer(std::string_view key) {
   if (key == options_.key) return desc_;
   MutexLock lock(&mu_);
@@ -470,6 +481,7 @@ Result<MemoryDesc> Engine::RegisterMemory(void* ptr, uint64_t bytes, MemoryKind 
 Status Engine::DeregisterMemory(RegionId region) { return core_->DeregisterMemory(region); }
 Status Engine::AddPeer(const EngineDesc& peer) { return core_->AddPeer(peer); }
 Status Engine::RemovePeer(std::string_view key) { return core_->RemovePeer(key); }
+Status Engine::FencePeer(std::string_view key, Duration timeout) { return core_->FencePeer(key, timeout); }
 Result<Session> Engine::OpenSession(const MemoryDesc& local, const MemoryDesc& remote) {
   FERRY_ASSIGN_OR_RETURN(auto core, core_->OpenSession(local, remote));
   return Session(std::move(core));

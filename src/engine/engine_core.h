@@ -57,6 +57,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   Status DeregisterMemory(RegionId region) EXCLUDES(mu_);
   Status AddPeer(const EngineDesc& peer) EXCLUDES(mu_);
   Status RemovePeer(std::string_view key) EXCLUDES(mu_);
+  Status FencePeer(std::string_view key, Duration timeout);
   Result<std::shared_ptr<SessionCore>> OpenSession(const MemoryDesc& local, const MemoryDesc& remote)
       EXCLUDES(mu_);
   TransferId AllocateTransferId() {
@@ -164,6 +165,7 @@ class SessionCore {
   const MemoryDesc& local() const { return local_; }
   const MemoryDesc& remote() const { return remote_; }
   const TransferPath& path() const { return path_; }
+  bool connected() const { return endpoint_->healthy(); }
 
  private:
   std::shared_ptr<EngineCore> engine_;

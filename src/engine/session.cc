@@ -167,6 +167,7 @@ const MemoryDesc& EmptyDesc() {
 const MemoryDesc& Session::local() const { return core_ ? core_->local() : EmptyDesc(); }
 const MemoryDesc& Session::remote() const { return core_ ? core_->remote() : EmptyDesc(); }
 TransferPath Session::path() const { return core_ ? core_->path() : TransferPath{}; }
+bool Session::connected() const { return core_ != nullptr && core_->connected(); }
 
 // Transfer: a handle over TransferState.
 

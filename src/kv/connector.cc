@@ -274,7 +274,10 @@ Result<Session> Connector::Impl::SessionFor(const WorkerMetadata& peer, uint32_t
                                             uint32_t remote_region) {
   auto key = std::make_tuple(peer.engine.key, local_region, remote_region);
   auto it = sessions.find(key);
-  if (it != sessions.end()) return it->second;
+  if (it != sessions.end()) {
+    if (it->second.connected()) return it->second;
+    sessions.erase(it);  // its connection failed (the peer left or fenced this engine): anew
+  }
   if (local_region >= regions.size() || remote_region >= peer.regions.size()) {
     return Status(Code::kOutOfRange, "a plan named a region that is not registered");
   }

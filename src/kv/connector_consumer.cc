@@ -6,8 +6,11 @@
 // request to failing: every partner not yet settled is sent kAbort, and the request ends, with
 // its blocks handed back, only when each partner is settled: done, failed (it said so after its
 // last write ended), confirmed the abort, or is known dead; a partner that does none of these
-// is given up after abort_timeout (counted in blocks_expired). So no late write lands in a
-// block that was handed back.
+// is given up after abort_timeout (counted in blocks_expired). A partner given up on without
+// proof that its writes ended (silent past abort_timeout, its link lost, or it reports writes
+// that ended unanswered) is fenced first (Engine::FencePeer): what it still has queued in a
+// cut link is refused when the link comes back. So no late write lands in a block that was
+// handed back.
 //
 // Read mode: StartRead() posts every layer's reads (one batch per layer and partner) and tells
 // each partner it reads; WaitLayer() returns as each layer lands. When every read ended the
@@ -221,9 +224,14 @@ void Connector::Impl::OnWriteFailed(const Message& m, const std::string& from_ke
     Count(&ConnectorStats::messages_rejected);
     return;
   }
-  if (!s->settled()) s->state = SState::kFailed;
   Code code = m.code > 0 && m.code <= static_cast<uint32_t>(Code::kInProgress) ? static_cast<Code>(m.code) : Code::kUnknown;
   if (code == Code::kOk) code = Code::kUnknown;
+  // Writes that ended unanswered at the producer (its deadline, a lost link) may still land.
+  const bool unanswered = code == Code::kDeadlineExceeded || code == Code::kUnavailable;
+  if (!s->settled() && s->state != SState::kFencing) {
+    if (unanswered && !r->read_mode) GiveUpOn(*s);
+    else s->state = SState::kFailed;
+  }
   FailConsumer(*r, Status(code, s->producer.ToString() + " could not write request " + m.request + ": " + m.error));
   ProgressConsumer(*r);
 }
@@ -294,7 +302,7 @@ void Connector::Impl::ProgressConsumer(ConsumerRequest& r) {
         s.state = SState::kAbortSent;
         s.abort_deadline = now + options.abort_timeout;
         Status st = Send(s.engine_key, abort);
-        if (st.code() == Code::kUnavailable || st.code() == Code::kFailedPrecondition) s.state = SState::kSettled;
+        if (st.code() == Code::kUnavailable || st.code() == Code::kFailedPrecondition) GiveUpOn(s);
       }
     }
   }
@@ -326,7 +334,8 @@ void Connector::Impl::ConsumerTimers(TimePoint now) {
     if (r.ended) continue;
     bool hit = !r.read_mode && r.error.ok() && now >= r.deadline;
     for (const auto& [rank, s] : r.sources) {
-      hit = hit || ((s.state == SState::kAbortSent || s.state == SState::kReleaseSent) && now >= s.abort_deadline);
+      hit = hit || ((s.state == SState::kAbortSent || s.state == SState::kReleaseSent || s.state == SState::kFencing) &&
+                    now >= s.abort_deadline);
     }
     if (hit) due.push_back(rid);
   }
@@ -349,14 +358,34 @@ void Connector::Impl::ConsumerTimers(TimePoint now) {
                                                             rid + " until they were read"));
       }
       if (s.state == SState::kAbortSent && now >= s.abort_deadline) {
-        s.state = SState::kSettled;
         Count(&ConnectorStats::blocks_expired, r.blocks.size());
-        FERRY_LOG_WARN("kv {}: {} never confirmed the abort of {}; its blocks are handed back after the abort timeout",
+        FERRY_LOG_WARN("kv {}: {} never confirmed the abort of {}; its blocks are handed back after the abort timeout, "
+                       "once it is fenced",
                        id.ToString(), s.producer.ToString(), rid);
+        GiveUpOn(s);
       }
+      if (s.state == SState::kFencing && now >= s.abort_deadline) TryFence(s, now);
     }
     ProgressConsumer(r);
   }
+}
+
+void Connector::Impl::GiveUpOn(Source& s) {
+  s.state = SState::kFencing;
+  TryFence(s, Clock::now());
+}
+
+void Connector::Impl::TryFence(Source& s, TimePoint now) {
+  // Short: this is the worker thread. Writes still landing (a stalled link) are waited for by
+  // retrying from the timers, the blocks kept meanwhile.
+  Status f = engine->FencePeer(s.engine_key, std::chrono::milliseconds(5));
+  if (f.code() == Code::kDeadlineExceeded) {
+    s.abort_deadline = now + std::chrono::milliseconds(10);
+    return;
+  }
+  if (!f.ok()) FERRY_LOG_WARN("kv {}: fencing {}: {}", id.ToString(), s.producer.ToString(), f.ToString());
+  Count(&ConnectorStats::peers_fenced);
+  s.state = SState::kSettled;
 }
 
 void Connector::Impl::ConsumerPeerLost(const std::string& engine_key, const Status& why) {
@@ -364,8 +393,11 @@ void Connector::Impl::ConsumerPeerLost(const std::string& engine_key, const Stat
   for (auto& [rid, r] : consuming) {
     for (auto& [rank, s] : r.sources) {
       if (s.engine_key != engine_key || s.settled()) continue;
-      // A dead producer writes nothing more, and confirms no release.
-      if (!r.read_mode || s.state == SState::kReleaseSent) s.state = SState::kSettled;
+      // A producer that cannot be reached confirms no release. Its link may only be cut, with its
+      // writes queued there: fenced before its blocks go back.
+      if (s.state == SState::kFencing) continue;
+      if (!r.read_mode) GiveUpOn(s);
+      else if (s.state == SState::kReleaseSent) s.state = SState::kSettled;
       hit.push_back(rid);
     }
   }

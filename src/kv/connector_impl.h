@@ -57,6 +57,10 @@ struct Target {
   enum class State : uint8_t { kOpen, kDone, kFailed, kAborted } state = State::kOpen;
   bool ack_owed = false;     // an abort arrived: answer once nothing is in flight
   bool failed_owed = false;  // tell it the write failed once nothing is in flight
+  // A write to it ended without its answer (deadline, lost connection): those bytes may still
+  // land there (a cut link's queue). It is told so instead of a plain abort ack, and fences
+  // this engine before it reuses the blocks.
+  bool unanswered = false;
 };
 
 struct ProducerRequest {
@@ -85,8 +89,12 @@ struct Source {
   WorkerId producer;
   // kReleaseSent (read mode): the reads ended and the release went out; done once the producer
   // confirms it held the blocks until then (kReleaseAck), failed if it did not or cannot say.
-  enum class State : uint8_t { kWaiting, kDone, kFailed, kAbortSent, kReleaseSent, kSettled } state = State::kWaiting;
-  TimePoint abort_deadline{};  // kAbortSent, kReleaseSent: give up waiting for the answer then
+  // kFencing (write mode): given up on without proof that its writes ended (a silent producer,
+  // a lost link, writes it reports unanswered); settled once the engine fenced it
+  // (Engine::FencePeer), so that nothing it queued lands in the blocks handed back.
+  enum class State : uint8_t { kWaiting, kDone, kFailed, kAbortSent, kReleaseSent, kFencing, kSettled } state =
+      State::kWaiting;
+  TimePoint abort_deadline{};  // kAbortSent, kReleaseSent: give up waiting for the answer then; kFencing: retry
   uint32_t layers = 0;             // completion: layers written
   std::vector<uint64_t> checksums;
   bool settled() const { return state == State::kDone || state == State::kFailed || state == State::kSettled; }
@@ -269,6 +277,10 @@ struct Connector::Impl {
   void ProgressConsumer(ConsumerRequest& r);
   void ConsumerTimers(TimePoint now);
   void ConsumerPeerLost(const std::string& engine_key, const Status& why);
+  // Write mode: `s` is given up on without proof that its writes ended; it settles once the
+  // engine fenced its producer (kFencing until then, retried from the timers).
+  void GiveUpOn(internal::Source& s);
+  void TryFence(internal::Source& s, TimePoint now);
   // Tests: a message for which this returns true is dropped on arrival, as if lost on the way.
   std::function<bool(const Message&)> drop_on_arrival;  // set before traffic starts
 

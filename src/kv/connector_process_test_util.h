@@ -263,7 +263,7 @@ inline std::string Do(const std::string& cmd, std::istringstream& in, std::uniqu
   if (cmd == "stats") {
     ConnectorStats s = w->conn->stats();
     return "STATS " + std::to_string(w->conn->pending()) + " " + std::to_string(s.blocks_expired) + " " +
-           std::to_string(s.peers_lost) + " " + std::to_string(s.layers_written);
+           std::to_string(s.peers_lost) + " " + std::to_string(s.layers_written) + " " + std::to_string(s.peers_fenced);
   }
   return "ERR unknown command " + cmd;
 }

@@ -262,6 +262,7 @@ void Connector::Impl::OnWriteDone(const std::string& request, uint32_t rank, boo
     Count(&ConnectorStats::layers_written);  // every write of the layer to this consumer landed
   }
   if (!s.ok()) {
+    if (s.code() == Code::kDeadlineExceeded || s.code() == Code::kUnavailable) t->second.unanswered = true;
     if (t->second.state == TState::kOpen) {
       t->second.state = TState::kFailed;
       t->second.failed_owed = true;
@@ -398,6 +399,12 @@ void Connector::Impl::ProgressProducer(ProducerRequest& r) {
       t.failed_owed = t.allocated;
     }
     if (t.inflight == 0 && !t.engine_key.empty()) {
+      // Writes that ended unanswered may still land there: said as such (kDeadlineExceeded),
+      // never as a plain confirmation, so the consumer fences this engine before reusing blocks.
+      if (t.ack_owed && t.unanswered) {
+        t.ack_owed = false;
+        t.failed_owed = true;
+      }
       if (t.ack_owed) {
         t.ack_owed = false;
         (void)Send(t.engine_key, Base(MsgType::kAbortAck, r.id));
@@ -406,6 +413,7 @@ void Connector::Impl::ProgressProducer(ProducerRequest& r) {
         t.failed_owed = false;
         Message f = Base(MsgType::kWriteFailed, r.id);
         Status why = r.error.ok() ? Status(Code::kAborted, "aborted") : r.error;
+        if (t.unanswered) why = Status(Code::kDeadlineExceeded, "writes of " + r.id + " ended unanswered; they may still land");
         f.code = static_cast<uint32_t>(why.code());
         f.error = std::string(why.message()).substr(0, kMaxErrorBytes);
         (void)Send(t.engine_key, f);

@@ -112,6 +112,16 @@ class Transport {
   virtual bool Poll() { return false; }
   // Messages from peers rejected as malformed or out of bounds.
   virtual uint64_t rejected_messages() const { return 0; }
+  // Ends every connection that peer `key` made to this engine, so that nothing it sent before
+  // the call (data still queued in a link that was cut, say) is applied to this engine's memory
+  // afterwards; its later requests come over a new connection. By `deadline`. The default is
+  // for transports where a peer's writes are its own copies, not messages that this engine
+  // applies (local, shm, cuda_ipc): there is nothing queued here to refuse, and OK.
+  virtual Status FencePeer(std::string_view key, Deadline deadline) {
+    (void)key;
+    (void)deadline;
+    return Status::Ok();
+  }
   // The engine is closing: drop every connection, fail what waits on a peer (kAborted) and
   // accept nothing more. Registered regions are deregistered afterwards.
   virtual void Shutdown() {}

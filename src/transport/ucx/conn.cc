@@ -1,6 +1,10 @@
 // Conn: a connection to one peer on one shard (core.h). Everything here but failure() runs
 // holding the shard's worker (worker.h).
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include "base/log.h"
 #include "transport/ucx/core.h"
@@ -72,6 +76,17 @@ void Conn::Revoke(uint64_t region) {
   for (ucp_rkey_h k : it->second)
     if (k != nullptr) ucp_rkey_destroy(k);
   rkeys_.erase(it);
+}
+
+bool Conn::TargetClosed() {
+  if (control_ < 0) return false;
+  pollfd p{control_, POLLIN | POLLRDHUP, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) return true;
+  // Nothing else is sent on it after the welcome: bytes are drained, the end is the signal.
+  char buf[64];
+  const ssize_t n = recv(control_, buf, sizeof buf, MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 Result<ucp_rkey_h> Conn::RemoteKey(const MemoryDesc& remote, size_t lane) {

@@ -109,6 +109,13 @@ Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx, std::uni
 // the transfer lets go of its regions: a late answer for them is dropped, and a message still
 // being sent holds its own region (see Send).
 void Core::Forget(Shard& s) {
+  // A target that dropped a connection of ours (its fence, or its end) closed the handshake's
+  // socket: what is sent on the connection is refused from then on, so fail it, and the engine
+  // connects anew (Endpoint::healthy).
+  std::vector<std::shared_ptr<Conn>> closed;
+  for (const auto& c : s.conns)
+    if (!c->failed() && c->TargetClosed()) closed.push_back(c);
+  for (const auto& c : closed) c->Fail(Status(Code::kUnavailable, "peer " + c->peer().key + " closed the connection"));
   for (auto it = s.pending.begin(); it != s.pending.end();) {
     if (!it->second.state->finished()) {
       ++it;

@@ -75,6 +75,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
   Result<ucp_rkey_h> RemoteKey(const MemoryDesc& remote, size_t lane);
   // The target deregistered `region`: drop its keys and refuse further RMA to it.
   void Revoke(uint64_t region);
+  // Whether the target closed the handshake's socket (it dropped this connection, e.g. to
+  // fence this engine, or its process ended): then nothing sent on it is applied any more.
+  bool TargetClosed();
 
  private:
   static void OnError(void* arg, ucp_ep_h ep, ucs_status_t status);
@@ -147,6 +150,9 @@ struct Shard {
   std::unordered_map<uint64_t, std::unique_ptr<Accepted>> accepted;  // shard 0: peers' connections
   std::unordered_map<ucp_ep_h, uint64_t> accepted_by_ep;
   std::unordered_map<uint64_t, Pending> pending;
+  // Shard 0: rendezvous receives of peers' writes in flight, by accepted connection id (they
+  // land in registered memory when they end, even after the connection was dropped).
+  std::unordered_map<uint64_t, uint32_t> receiving;
   TokenSource tokens;
   uint64_t sends_in_flight = 0;
 
@@ -166,6 +172,10 @@ struct Shard {
   // send completes, e.g. registered memory) or, when `data` is null, `payload`.
   void Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string payload,
             bool eager = false, std::shared_ptr<void> hold = nullptr);
+  void EndReceive(uint64_t conn) {
+    auto it = receiving.find(conn);
+    if (it != receiving.end() && --it->second == 0) receiving.erase(it);
+  }
   // Acks `token` to accepted connection `conn` on `lane`, if it is still there.
   void SendAck(uint64_t conn, uint8_t lane, uint64_t token, Code code);
   // The same on one of this shard's own connections (an ack of a target's revocation).
@@ -211,6 +221,12 @@ class Core : public std::enable_shared_from_this<Core> {
   Status Call(const std::shared_ptr<Conn>& conn, AmHeader h, std::string payload, Deadline deadline);
 
   bool UseRma(const Conn& conn) const;
+
+  // From a user thread: drops every connection that peer `key` made here, so that its
+  // messages still on the way (a cut link's queue) are refused when they come, and waits until
+  // the writes of those connections that were already landing (rendezvous receives) ended.
+  // kDeadlineExceeded when some are still landing at `deadline` (call again later).
+  Status FencePeer(const std::string& key, Deadline deadline);
 
   // From an application thread: progresses each worker that it can take without waiting
   // (Worker::TryProgress). Returns whether any made progress.

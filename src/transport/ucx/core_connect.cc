@@ -2,6 +2,8 @@
 // back to its worker, on shard 0), their end, and the dialling of a peer.
 #include <unistd.h>
 
+#include <thread>
+
 #include "base/log.h"
 #include "base/mutex.h"
 #include "transport/ucx/core.h"
@@ -109,6 +111,54 @@ void Core::DropAccepted(uint64_t id, const Status& why) {
   for (ucp_ep_h ep : a->eps) {
     s0.accepted_by_ep.erase(ep);
     CloseEndpoint(ep);
+  }
+}
+
+Status Core::FencePeer(const std::string& key, Deadline deadline) {
+  struct Probe {
+    Mutex mu;
+    CondVar cv;
+    bool done GUARDED_BY(mu) = false;
+    uint64_t landing GUARDED_BY(mu) = 0;
+  };
+  Shard* s0 = shards_[0].get();
+  // The ids of the connections dropped: touched on shard 0's thread only.
+  auto dropped = std::make_shared<std::vector<uint64_t>>();
+  for (bool first = true;; first = false) {
+    auto probe = std::make_shared<Probe>();
+    bool submitted = s0->worker->Submit([this, s0, dropped, probe, key, first] {
+      if (first) {
+        for (const auto& [id, a] : s0->accepted)
+          if (a->peer_key == key) dropped->push_back(id);
+        for (uint64_t id : *dropped) {
+          DropAccepted(id, Status(Code::kAborted, "peer " + key + " was fenced"));
+          if (door_) door_->Forget(id);  // its initiator sees the socket close (Conn::TargetClosed)
+        }
+      }
+      uint64_t landing = 0;
+      for (uint64_t id : *dropped)
+        if (auto it = s0->receiving.find(id); it != s0->receiving.end()) landing += it->second;
+      MutexLock lock(&probe->mu);
+      probe->landing = landing;
+      probe->done = true;
+      probe->cv.NotifyAll();
+    });
+    if (!submitted) return Status(Code::kAborted, "the ucx transport was shut down");
+    uint64_t landing = 0;
+    {
+      MutexLock lock(&probe->mu);
+      if (!probe->cv.WaitUntil(&probe->mu, deadline.at(), [&]() REQUIRES(probe->mu) { return probe->done; }))
+        return Status(Code::kDeadlineExceeded, "fencing " + key + ": the ucx worker did not get to it in time");
+      landing = probe->landing;
+    }
+    if (landing == 0) {
+      if (!dropped->empty() || first) FERRY_LOG_INFO("ucx: fenced {} ({} connection(s) dropped)", key, dropped->size());
+      return Status::Ok();
+    }
+    if (deadline.expired())
+      return Status(Code::kDeadlineExceeded, "fencing " + key + ": " + std::to_string(landing) +
+                                                 " of its writes are still landing (a stalled link); call again later");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
 

@@ -182,7 +182,12 @@ void Core::HandleWrite(Shard& s, const AmHeader& h, void* data, const ucp_am_rec
   auto hold = RegionUse::Make(region);
   if (!hold) return s.SendAck(h.conn, h.lane, h.token, Code::kFailedPrecondition);
   auto* ctx = new RecvCtx{&s, hold, h.token, nullptr, nullptr};
-  ctx->done = [shard = &s, conn = h.conn, lane = h.lane, token = h.token](Status st) {
+  // A rendezvous lands later, whatever happens to the connection meanwhile: counted, so that a
+  // fence (FencePeer) can wait for it.
+  const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  if (rndv) ++s.receiving[h.conn];
+  ctx->done = [shard = &s, conn = h.conn, lane = h.lane, token = h.token, rndv](Status st) {
+    if (rndv) shard->EndReceive(conn);
     shard->SendAck(conn, lane, token, st.code());
   };
   *keep = Receive(s.worker->handle(), data, param, region->base + h.offset, h.size, ctx);

@@ -70,6 +70,9 @@ void Stager::HandleWrite(Shard& s, const AmHeader& h, void* data, size_t length,
 
 void Stager::Impl::Scatter(Shard& s, const std::shared_ptr<RegionUse>& hold, std::shared_ptr<Bounce> buf,
                            size_t length, Reply reply, uint64_t token) {
+  // The connection was dropped while the chunk was on its way (a fence, or the peer left):
+  // its writes are refused, and no answer can go back.
+  if (s.FindAccepted(reply.conn) == nullptr) return core->Reject("a staged write on a connection that was dropped");
   Region& region = hold->region();
   auto chunk = DecodeStagedWrite(buf->data, length, region.size);
   if (!chunk.ok()) {

@@ -370,6 +370,12 @@ class UcxTransport final : public Transport {
     return Status::Ok();
   }
   uint64_t rejected_messages() const override { return core_->rejected(); }
+  // Writes carried as active messages are refused once their connection is dropped. Native
+  // RMA (RDMA verbs) is not: a cut RC link errs the peer's queue pair once its retries run out
+  // (UCX_RC_TIMEOUT x UCX_RC_RETRY_COUNT), and nothing it posted lands after that.
+  Status FencePeer(std::string_view key, Deadline deadline) override {
+    return core_->FencePeer(std::string(key), deadline);
+  }
   bool Poll() override { return core_->Poll(); }
   bool CanReach(const EngineDesc& peer) const override { return peer.FindTransport("ucx") != nullptr; }
 
