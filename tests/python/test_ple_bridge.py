@@ -9,9 +9,10 @@ vLLM's pipe, and the error paths: malformed frames are rejected and serving goes
 ferry fails gets FLAG_FAILED (never DONE), bad registrations fail READY, a flag never reset
 stops the bridge; every wait has a deadline.
 
-GPU (test_seed_connector_on_gpu, in test_ple_bridge_gpu.py's helper ple_gpu.py): the seed's
-PleOffloadConnector executed unchanged against the bridge; skipped where torch.cuda is not
-available.
+The GPU path's stream operations (wait for 0, copy, write 1 or 2) over a stand-in driver on
+host memory. GPU (test_gpu_seed_connector, the work in ple_gpu.py): the seed's
+PleOffloadConnector executed unchanged against the bridge; skipped, with the reason printed,
+where torch.cuda is not available.
 """
 
 import os
@@ -334,3 +335,91 @@ def test_gpu_seed_connector(tmp_path):
         print(f"skipped: {reason}")
         pytest.skip(reason)
     ple_gpu.run_seed_connector(tmp_path)
+
+
+class FakeStreams:
+    """The driver calls of the GPU path, over host memory: a stream's operations run, in order,
+    when it is queried (a WaitValue32 that does not hold stops it there)."""
+
+    def __init__(self):
+        self.ops, self.log = [], []
+
+    def use_device(self, device):
+        pass
+
+    def check(self, rc, what):
+        assert rc == 0, what
+
+    def cuStreamCreate(self, stream, flags):
+        return 0
+
+    def cuStreamDestroy(self, stream):
+        return 0
+
+    def cuStreamWaitValue32(self, stream, addr, value, flags):
+        self.ops.append(("wait", addr, value, flags))
+        return 0
+
+    def cuMemcpyHtoDAsync(self, dst, src, n, stream):
+        self.ops.append(("copy", dst, src, n))
+        return 0
+
+    def cuStreamWriteValue32(self, stream, addr, value, flags):
+        self.ops.append(("write", addr, value, flags))
+        return 0
+
+    def cuStreamQuery(self, stream):
+        import ctypes
+        while self.ops:
+            op = self.ops[0]
+            word = ctypes.c_int32.from_address(op[1])
+            if op[0] == "wait" and (op[3] != 1 or word.value != op[2]):
+                return 600  # EQ (flags 1) not yet true
+            if op[0] == "copy":
+                ctypes.memmove(op[1], op[2], op[3])
+            if op[0] == "write":
+                word.value = op[2]
+            self.log.append(op[0] if op[0] != "write" else f"write {op[2]}")
+            self.ops.pop(0)
+        return 0
+
+
+def test_cuda_target_orders_wait_copy_write():
+    from types import SimpleNamespace as NS
+    drv = FakeStreams()
+    out = np.zeros((8, TOKEN_BYTES), np.uint8)
+    flag = np.ones(1, np.int32)  # vLLM has not released the previous step yet
+    t = ple_bridge._CudaTarget(
+        drv, NS(device=NS(index=0), data_ptr=lambda: out.ctypes.data),
+        NS(device=NS(index=0), data_ptr=lambda: flag.ctypes.data), TOKEN_BYTES)
+    rows = np.arange(8 * TOKEN_BYTES, dtype=np.uint32).astype(np.uint8).reshape(8, TOKEN_BYTES)
+    t.put(rows, 5, True, time.monotonic() + 5)
+    with pytest.raises(TimeoutError, match="did not reset a flag"):
+        t.finish(time.monotonic() + 0.05)
+    assert not out.any() and flag[0] == 1  # nothing written before the reset
+    flag[0] = ple_bridge.FLAG_RESET  # vLLM's release_outputs
+    t.finish(time.monotonic() + 5)
+    assert drv.log == ["wait", "copy", "write 1"]
+    assert out[:5].tobytes() == rows[:5].tobytes() and not out[5:].any()
+    assert flag[0] == ple_bridge.FLAG_DONE
+    flag[0] = ple_bridge.FLAG_RESET
+    t.put(rows, 5, False, time.monotonic() + 5)  # a failed step: no rows, FLAG_FAILED
+    t.finish(time.monotonic() + 5)
+    assert drv.log[3:] == ["wait", "write 2"] and flag[0] == ple_bridge.FLAG_FAILED
+
+
+def test_service_lost_stops_the_bridge(tmp_path, service):
+    bridge, workers, ctx = run_bridge(tmp_path, service, 1, 2)
+    w0, rng = workers[0][0], random.Random(4)
+    good = make_step(rng, 2, 30)
+    w0.send_step(good)
+    for w in workers[0]:
+        w.check_and_release(good)
+    service.stop()
+    w0.send_step(make_step(rng, 2, 30))  # the flags say FAILED, then the bridge stops
+    for w in workers[0]:
+        for name in LAYER_NAMES:
+            wait_value(lambda: w.flag(name), ple_bridge.FLAG_FAILED, 20, name)
+    assert bridge.proc.wait(20) == 1
+    assert "UNAVAILABLE" in bridge.log.read_text()
+    close(bridge, workers, ctx)
