@@ -33,14 +33,16 @@ def free_port() -> int:
 class Instance:
     """A vllm_standin.py child: call(cmd) sends one command and returns its answer."""
 
-    def __init__(self, name: str, mode: str, order: str):
+    def __init__(self, name: str, mode: str, order: str, use_torch: bool = False):
         self.name, self.port = name, free_port()
-        cfg = {"name": name, "mode": mode, "port": self.port, "order": order, "extra": FAST}
+        cfg = {"name": name, "mode": mode, "port": self.port, "order": order, "extra": FAST, "torch": use_torch}
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE] + sys.path))
         self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "vllm_standin.py"), json.dumps(cfg)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
         self.lines = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
+
+    def wait_ready(self):
         ready = self._next(20)
         assert ready["ready"] and ready["address"] == f"127.0.0.1:{self.port}", ready
 
@@ -84,8 +86,10 @@ class Instance:
 def pd():
     made = []
 
-    def make(mode: str, p_order: str = "blocks_first", d_order: str = "kv_first_hnd"):
-        p, d = Instance("prefill-0", mode, p_order), Instance("decode-0", mode, d_order)
+    def make(mode: str, p_order: str = "blocks_first", d_order: str = "kv_first_hnd", use_torch: bool = False):
+        p, d = Instance("prefill-0", mode, p_order, use_torch), Instance("decode-0", mode, d_order, use_torch)
+        p.wait_ready()  # both start at once (importing torch takes seconds on a busy machine)
+        d.wait_ready()
         made.extend([p, d])
         return p, d
 
@@ -110,10 +114,12 @@ def prefill(p: Instance, reqs) -> dict:
     return out["state"]["params"]
 
 
-@pytest.mark.parametrize("mode", ["write", "read"])
-def test_p_then_d_moves_every_byte_of_several_requests(pd, mode):
+@pytest.mark.parametrize("mode,use_torch", [("write", False), ("read", False), ("write", True)])
+def test_p_then_d_moves_every_byte_of_several_requests(pd, mode, use_torch):
+    if use_torch:
+        pytest.importorskip("torch")
+    p, d = pd(mode, use_torch=use_torch)
     start = time.monotonic()
-    p, d = pd(mode)
     params = prefill(p, REQUESTS)
     for r, n in REQUESTS:
         got = params[r]
@@ -175,8 +181,8 @@ def prefill_with_ids(p: Instance, reqs):
 
 @pytest.mark.parametrize("mode", ["write", "read"])
 def test_a_killed_prefill_is_reported_for_recompute(pd, mode):
-    start = time.monotonic()
     p, d = pd(mode)
+    start = time.monotonic()
     reqs = REQUESTS[:2]
     if mode == "write":  # D waits for layers that never come: P dies with D's allocation
         to_d = {"do_remote_prefill": True, "remote_engine_id": "prefill-0", "remote_host": "127.0.0.1",

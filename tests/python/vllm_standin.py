@@ -124,9 +124,17 @@ def expected(rid: str, layer: int, tokens: int) -> np.ndarray:
     return rng.integers(0, 1 << 16, (2, tokens, H, D), dtype=np.uint16)
 
 
-def make_caches(order: str) -> dict:
+def make_caches(order: str, use_torch: bool):
+    """(what vLLM registers: {layer name: tensor}, numpy uint16 views of the same memory)."""
     shape = {"kv_first": (2, N, BS, H, D), "blocks_first": (N, 2, BS, H, D), "kv_first_hnd": (2, N, H, BS, D)}[order]
-    return {f"model.layers.{i}.self_attn.attn": np.zeros(shape, np.uint16) for i in range(LAYERS)}
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+    if not use_torch:
+        arrays = {n: np.zeros(shape, np.uint16) for n in names}
+        return arrays, arrays
+    import torch
+
+    tensors = {n: torch.zeros(shape, dtype=torch.int16) for n in names}  # torch 1.13 has no uint16
+    return tensors, {n: t.numpy().view(np.uint16) for n, t in tensors.items()}
 
 
 def k_v(cache: np.ndarray, order: str):
@@ -152,8 +160,8 @@ class Instance:
         self.config = VllmConfig(ktc)
         self.sched = FerryConnector(self.config, KVConnectorRole.SCHEDULER)
         self.worker = FerryConnector(self.config, KVConnectorRole.WORKER)
-        self.caches = make_caches(self.order)
-        self.worker.register_kv_caches(self.caches)
+        self.tensors, self.caches = make_caches(self.order, cfg.get("torch", False))
+        self.worker.register_kv_caches(self.tensors)
         self.free = list(np.random.default_rng(zlib.crc32(self.name.encode())).permutation(N).tolist())
         self.reqs, self.blocks = {}, {}   # request id -> Request, its blocks
         self.runnable = {}                # request id -> tokens to compute in the next step
@@ -232,7 +240,7 @@ class Instance:
                 self.worker.wait_for_layer_load(name)
                 for rid, tokens in scheduled.items():
                     self._compute(layer, rid, tokens)
-                self.worker.save_kv_layer(name, self.caches[name], None)
+                self.worker.save_kv_layer(name, self.tensors[name], None)
             self.worker.wait_for_save()
         sending, recving = self.worker.get_finished(set())
         invalid = self.worker.get_block_ids_with_load_errors()
