@@ -30,12 +30,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
 class Instance:
     """A vllm_standin.py child: call(cmd) sends one command and returns its answer."""
 
-    def __init__(self, name: str, mode: str, order: str, use_torch: bool = False):
+    def __init__(self, name: str, mode: str, order: str, use_torch: bool = False, tp: int = 1):
         self.name, self.port = name, free_port()
-        cfg = {"name": name, "mode": mode, "port": self.port, "order": order, "extra": FAST, "torch": use_torch}
+        while tp > 1 and not port_free(self.port + 1):  # rank r serves on port + r
+            self.port = free_port()
+        cfg = {"name": name, "mode": mode, "port": self.port, "order": order, "extra": FAST, "torch": use_torch,
+               "tp": tp}
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE] + sys.path))
         self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "vllm_standin.py"), json.dumps(cfg)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
@@ -86,8 +98,10 @@ class Instance:
 def pd():
     made = []
 
-    def make(mode: str, p_order: str = "blocks_first", d_order: str = "kv_first_hnd", use_torch: bool = False):
-        p, d = Instance("prefill-0", mode, p_order, use_torch), Instance("decode-0", mode, d_order, use_torch)
+    def make(mode: str, p_order: str = "blocks_first", d_order: str = "kv_first_hnd", use_torch: bool = False,
+             p_tp: int = 1, d_tp: int = 1):
+        p = Instance("prefill-0", mode, p_order, use_torch, p_tp)
+        d = Instance("decode-0", mode, d_order, False, d_tp)  # torch on one side: it takes seconds to import
         p.wait_ready()  # both start at once (importing torch takes seconds on a busy machine)
         d.wait_ready()
         made.extend([p, d])
@@ -114,11 +128,14 @@ def prefill(p: Instance, reqs) -> dict:
     return out["state"]["params"]
 
 
-@pytest.mark.parametrize("mode,use_torch", [("write", False), ("read", False), ("write", True)])
-def test_p_then_d_moves_every_byte_of_several_requests(pd, mode, use_torch):
+@pytest.mark.parametrize("mode,use_torch,p_tp,d_tp", [
+    ("write", False, 1, 1), ("read", False, 1, 1), ("write", True, 1, 1),
+    ("write", False, 2, 1), ("read", False, 1, 2),  # TP ranks: every rank's handshake port, heads split
+])
+def test_p_then_d_moves_every_byte_of_several_requests(pd, mode, use_torch, p_tp, d_tp):
     if use_torch:
         pytest.importorskip("torch")
-    p, d = pd(mode, use_torch=use_torch)
+    p, d = pd(mode, use_torch=use_torch, p_tp=p_tp, d_tp=d_tp)
     start = time.monotonic()
     params = prefill(p, REQUESTS)
     for r, n in REQUESTS:
@@ -126,6 +143,7 @@ def test_p_then_d_moves_every_byte_of_several_requests(pd, mode, use_torch):
         assert (got["do_remote_prefill"], got["remote_engine_id"], got["remote_host"], got["remote_port"]) == (
             True, "prefill-0", "127.0.0.1", p.port)
         assert (got["transfer_id"], got["remote_num_tokens"], len(got["remote_block_ids"])) == (r, n, -(-n // 16))
+        assert got["remote_tp_size"] == p_tp
     # P holds every request's blocks until D has them, and asks vLLM to keep stepping meanwhile.
     state = p.call("stats")["state"]
     assert state["held"] == sorted(r for r, _ in REQUESTS) and state["push_work"] is True
@@ -142,15 +160,15 @@ def test_p_then_d_moves_every_byte_of_several_requests(pd, mode, use_torch):
     if mode == "write":  # the loads end through get_finished, one request each
         recving = [r for s in out["steps"] for r in s["recving"]]
         assert sorted(recving) == sorted(f"d-{r}" for r, _ in REQUESTS)
-    stats = d.call("stats")
-    assert stats["num_successful_transfers"] == len(REQUESTS) and stats["num_failed_transfers"] == 0
+    stats = d.call("stats")  # summed over D's ranks
+    assert stats["num_successful_transfers"] == len(REQUESTS) * d_tp and stats["num_failed_transfers"] == 0
     assert stats["state"]["free"] == N  # every D block is free again
     # P frees each request's blocks once D has it (get_finished's sending).
     out = p.call("run", ids=[r for r, _ in REQUESTS], until="freed")
     assert out["pending"] == [] and out["state"]["held"] == [] and out["state"]["free"] == N
     assert out["state"]["push_work"] is False
     ps = p.call("stats")
-    assert ps["num_successful_transfers"] == len(REQUESTS) and ps["num_failed_transfers"] == 0
+    assert ps["num_successful_transfers"] == len(REQUESTS) * p_tp and ps["num_failed_transfers"] == 0
     # The side that posts the transfers counts their bytes: P writes, D reads.
     moved = ps["bytes_transferred"] + stats["bytes_transferred"]
     assert moved == sum(n for _, n in REQUESTS) * 4 * 2 * 2 * 8 * 2  # layers, K/V, heads, head dim, 2 bytes

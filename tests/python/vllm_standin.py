@@ -124,9 +124,10 @@ def expected(rid: str, layer: int, tokens: int) -> np.ndarray:
     return rng.integers(0, 1 << 16, (2, tokens, H, D), dtype=np.uint16)
 
 
-def make_caches(order: str, use_torch: bool):
-    """(what vLLM registers: {layer name: tensor}, numpy uint16 views of the same memory)."""
-    shape = {"kv_first": (2, N, BS, H, D), "blocks_first": (N, 2, BS, H, D), "kv_first_hnd": (2, N, H, BS, D)}[order]
+def make_caches(order: str, use_torch: bool, h: int = H):
+    """(what vLLM registers: {layer name: tensor}, numpy uint16 views of the same memory), for a
+    rank that holds h heads."""
+    shape = {"kv_first": (2, N, BS, h, D), "blocks_first": (N, 2, BS, h, D), "kv_first_hnd": (2, N, h, BS, D)}[order]
     names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
     if not use_torch:
         arrays = {n: np.zeros(shape, np.uint16) for n in names}
@@ -148,8 +149,20 @@ def k_v(cache: np.ndarray, order: str):
 # ---- one instance and its step loop ---------------------------------------------------------
 
 
+class Rank:
+    """One TP worker: its connector and its slice of the heads' caches."""
+
+    def __init__(self, ktc: KVTransferConfig, tp_rank: int, tp: int, order: str, use_torch: bool):
+        self.first, self.h = tp_rank * H // tp, H // tp
+        config = VllmConfig(ktc, parallel_config=ParallelConfig(tensor_parallel_size=tp, rank=tp_rank))
+        self.connector = FerryConnector(config, KVConnectorRole.WORKER)
+        self.tensors, self.caches = make_caches(order, use_torch, self.h)
+        self.connector.register_kv_caches(self.tensors)
+
+
 class Instance:
-    """A vLLM instance reduced to what its connector sees: a block pool, requests and steps."""
+    """A vLLM instance reduced to what its connector sees: a block pool, requests and steps;
+    `tp` workers (TP ranks) in this one process, each with its own ferry engine."""
 
     def __init__(self, cfg: dict):
         self.name, self.order = cfg["name"], cfg.get("order", "kv_first")
@@ -157,11 +170,12 @@ class Instance:
                  "engine": {"transports": cfg.get("transports", ["ucx"])}}
         extra.update(cfg.get("extra", {}))
         ktc = KVTransferConfig(engine_id=cfg["name"], kv_connector_extra_config=extra)
-        self.config = VllmConfig(ktc)
-        self.sched = FerryConnector(self.config, KVConnectorRole.SCHEDULER)
-        self.worker = FerryConnector(self.config, KVConnectorRole.WORKER)
-        self.tensors, self.caches = make_caches(self.order, cfg.get("torch", False))
-        self.worker.register_kv_caches(self.tensors)
+        tp = cfg.get("tp", 1)
+        self.sched = FerryConnector(VllmConfig(ktc, parallel_config=ParallelConfig(tensor_parallel_size=tp)),
+                                    KVConnectorRole.SCHEDULER)
+        self.ranks = [Rank(ktc, r, tp, self.order, cfg.get("torch", False)) for r in range(tp)]
+        self.worker = self.ranks[0].connector
+        self.counts = {"sending": {}, "recving": {}}  # as vLLM's KVOutputAggregator: every rank must report
         self.free = list(np.random.default_rng(zlib.crc32(self.name.encode())).permutation(N).tolist())
         self.reqs, self.blocks = {}, {}   # request id -> Request, its blocks
         self.runnable = {}                # request id -> tokens to compute in the next step
@@ -213,38 +227,53 @@ class Instance:
         req = self.reqs[rid]
         length, first = len(req.prompt_token_ids), req.num_computed_tokens
         want, ids = expected(self._key(req), layer, length), self.blocks[rid]
-        for x, w in zip(k_v(self.caches[list(self.caches)[layer]], self.order), want):
-            for t in range(first, first + tokens):
-                x[ids[t // BS], t % BS] = w[t]
+        for rank in self.ranks:
+            cache = list(rank.caches.values())[layer]
+            for x, w in zip(k_v(cache, self.order), want[:, :, rank.first:rank.first + rank.h]):
+                for t in range(first, first + tokens):
+                    x[ids[t // BS], t % BS] = w[t]
 
     def _verify(self, rid: str) -> str:
         req, ids = self.reqs[rid], self.blocks[rid]
         length = len(req.prompt_token_ids)
-        for layer, cache in enumerate(self.caches.values()):
-            for x, w in zip(k_v(cache, self.order), expected(self._key(req), layer, length)):
-                got = x[ids].reshape(-1, H, D)[:length]
-                if not np.array_equal(got, w):
-                    return f"corrupt: layer {layer}, {int((got != w).any(axis=(1, 2)).sum())} tokens differ"
+        for rank in self.ranks:
+            for layer, cache in enumerate(rank.caches.values()):
+                want = expected(self._key(req), layer, length)[:, :, rank.first:rank.first + rank.h]
+                for x, w in zip(k_v(cache, self.order), want):
+                    got = x[ids].reshape(-1, rank.h, D)[:length]
+                    if not np.array_equal(got, w):
+                        return f"corrupt: layer {layer}, {int((got != w).any(axis=(1, 2)).sum())} tokens differ"
         return "done"
 
     def step(self) -> dict:
         """One engine step in vLLM's order: schedule, connector metadata, the worker's hooks
         around the forward, its outputs, then the scheduler's update."""
         scheduled, self.runnable = self.runnable, {}
-        meta = self.sched.build_connector_meta(SchedulerOutput(dict(scheduled)))
-        meta = pickle.loads(pickle.dumps(meta))  # to the worker process
-        self.worker.bind_connector_metadata(meta)
-        self.worker.start_load_kv(None)
+        meta = pickle.dumps(self.sched.build_connector_meta(SchedulerOutput(dict(scheduled))))
+        workers = [r.connector for r in self.ranks]
+        for w in workers:
+            w.bind_connector_metadata(pickle.loads(meta))  # to each worker process
+            w.start_load_kv(None)
         if scheduled:
-            for layer, name in enumerate(self.caches):
-                self.worker.wait_for_layer_load(name)
+            for layer, name in enumerate(self.ranks[0].caches):
+                for w in workers:
+                    w.wait_for_layer_load(name)
                 for rid, tokens in scheduled.items():
                     self._compute(layer, rid, tokens)
-                self.worker.save_kv_layer(name, self.tensors[name], None)
-            self.worker.wait_for_save()
-        sending, recving = self.worker.get_finished(set())
-        invalid = self.worker.get_block_ids_with_load_errors()
-        self.worker.clear_connector_metadata()
+                for rank in self.ranks:
+                    rank.connector.save_kv_layer(name, rank.tensors[name], None)
+            for w in workers:
+                w.wait_for_save()
+        sending, recving, invalid = set(), set(), set()
+        for w in workers:
+            for what, ids, done in zip(("sending", "recving"), w.get_finished(set()), (sending, recving)):
+                for rid in ids or ():
+                    self.counts[what][rid] = self.counts[what].get(rid, 0) + 1
+                    if self.counts[what][rid] == len(workers):
+                        del self.counts[what][rid]
+                        done.add(rid)
+            invalid |= w.get_block_ids_with_load_errors()
+            w.clear_connector_metadata()
         out = KVConnectorOutput(sending, recving, invalid)
         self.sched.update_connector_output(out)
         for rid in scheduled:  # prefill: one token (LENGTH_CAPPED); decode: checked, then stopped
@@ -310,14 +339,18 @@ def main():
         elif op == "run":
             out = inst.run(cmd["ids"], cmd["until"], cmd.get("timeout_s", 10))
         elif op == "stats":
-            s = inst.worker.get_kv_connector_stats()
+            s = None
+            for rank in inst.ranks:
+                one = rank.connector.get_kv_connector_stats()
+                s = one if s is None else (s.aggregate(one) if one is not None else s)
             out = s.reduce() if s is not None else {}
         else:
             out = {"error": f"unknown command {op}"}
         out = dict(out) if isinstance(out, dict) else {"value": out}
         out["state"] = inst.state()
         print("@@" + json.dumps(out), flush=True)  # a marker: libraries may print too
-    inst.worker.shutdown()
+    for rank in inst.ranks:
+        rank.connector.shutdown()
 
 
 if __name__ == "__main__":
