@@ -458,11 +458,12 @@ class Bridge:
         return sorted(names)
 
     def _pin(self, client, device):
-        """Page-locks ferry's output rows so that the copies to vLLM are asynchronous DMA."""
+        """Page-locks ferry's output rows so that the copies to vLLM are asynchronous DMA
+        (PORTABLE: for the contexts of every TP rank's device)."""
         self.drv.use_device(device)
         for slot in range(client.slots):
             rows = client.output(slot)
-            if self.drv.cuMemHostRegister(rows.ctypes.data, rows.nbytes, 0) == 0:
+            if self.drv.cuMemHostRegister(rows.ctypes.data, rows.nbytes, 1) == 0:
                 self.pinned.append((device, rows))
             else:
                 log.warning("could not page-lock ferry's output rows; copies are synchronous")
@@ -508,6 +509,11 @@ class Bridge:
             t.close()
         self.sock.close(linger=0)
         self.zctx.term()
+        if self.ipc_addr.startswith("ipc://"):  # the socket file stays behind otherwise
+            try:
+                os.unlink(self.ipc_addr[len("ipc://"):])
+            except OSError:
+                pass
 
 
 def _parse(argv):

@@ -7,8 +7,10 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import types
+import uuid
 
 import numpy as np
 import pytest
@@ -126,7 +128,8 @@ class Service:
 
 def start_bridge(tmp_path, socket, num_workers, *args):
     """The bridge as a child process (ferry.ple_bridge.spawn), its log in tmp_path."""
-    ipc = f"ipc://{tmp_path}/ple-{os.getpid()}.ipc"
+    # As vLLM's get_open_zmq_ipc_path: a short path (a Unix socket's is at most 107 bytes).
+    ipc = f"ipc://{tempfile.gettempdir()}/ferry-ple-{uuid.uuid4().hex[:12]}.ipc"
     log = tmp_path / "bridge.log"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     p = ple_bridge.spawn(ipc, socket, num_workers,
