@@ -193,22 +193,24 @@ class _Driver:
     """The few CUDA driver calls the GPU path needs (stream memory operations, async copies,
     page-locking), through ctypes: no CUDA Python package is needed."""
 
+    _P, _U64, _U32 = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32
+    _ARGS = {  # name: argument types (None: defaults); the _v2 symbol where there is one
+        "cuStreamWaitValue32": [_P, _U64, _U32, ctypes.c_uint],
+        "cuStreamWriteValue32": [_P, _U64, _U32, ctypes.c_uint],
+        "cuMemcpyHtoDAsync": [_U64, _P, ctypes.c_size_t, _P],
+        "cuMemHostRegister": [_P, ctypes.c_size_t, ctypes.c_uint],
+        "cuMemHostUnregister": [_P], "cuStreamQuery": [_P], "cuStreamDestroy": [_P],
+        "cuStreamCreate": None, "cuDevicePrimaryCtxRetain": None, "cuCtxSetCurrent": None,
+        "cuDeviceGet": None,
+    }
+
     def __init__(self):
         self.lib = ctypes.CDLL("libcuda.so.1")
-        for base in ("cuStreamWaitValue32", "cuStreamWriteValue32", "cuMemHostRegister",
-                     "cuMemcpyHtoDAsync", "cuStreamCreate", "cuStreamQuery", "cuStreamDestroy",
-                     "cuMemHostUnregister", "cuDevicePrimaryCtxRetain", "cuCtxSetCurrent",
-                     "cuDeviceGet"):
-            fn = getattr(self.lib, base + "_v2", None) or getattr(self.lib, base)
-            setattr(self, base, fn)
-        c = ctypes
-        self.cuStreamWaitValue32.argtypes = [c.c_void_p, c.c_uint64, c.c_uint32, c.c_uint]
-        self.cuStreamWriteValue32.argtypes = [c.c_void_p, c.c_uint64, c.c_uint32, c.c_uint]
-        self.cuMemcpyHtoDAsync.argtypes = [c.c_uint64, c.c_void_p, c.c_size_t, c.c_void_p]
-        self.cuMemHostRegister.argtypes = [c.c_void_p, c.c_size_t, c.c_uint]
-        self.cuMemHostUnregister.argtypes = [c.c_void_p]
-        self.cuStreamQuery.argtypes = [c.c_void_p]
-        self.cuStreamDestroy.argtypes = [c.c_void_p]
+        for name, args in self._ARGS.items():
+            fn = getattr(self.lib, name + "_v2", None) or getattr(self.lib, name)
+            if args is not None:
+                fn.argtypes = args
+            setattr(self, name, fn)
         self.ctx = {}
 
     def check(self, rc, what):
