@@ -24,7 +24,8 @@ class WorkerSide:
         self.meta = FerryConnectorMetadata()
         self.peers = set()     # (engine id, dp rank) whose every TP rank is known
         self.consuming = {}    # tid -> (Load, start time)
-        self.reads = {}        # tid -> Load: this step's synchronous reads (read mode)
+        self.reads = {}        # tid -> Load: this step's synchronous reads still loading (read mode)
+        self.step_reads = set()  # tids of the reads started this step, whose errors it may report
         self.aborted = {}      # tid -> req_id: D loads that the scheduler gave up
         self.producing = {}    # tid -> Save
         self.saved = {}        # tid -> layers saved this step
@@ -82,7 +83,7 @@ class WorkerSide:
                 else:
                     self._retry_abort(tid, now + float(self.c._extra.get("transfer_timeout_ms", 30000)) / 1000)
                 log.debug("ferry.vllm: abort %s: %s", tid, e)
-        self.reads = {}
+        self.reads, self.step_reads = {}, set()
         for load in self.meta.loads:
             self._start(load)
         self.producing.update({s.tid: s for s in self.meta.saves})
@@ -131,6 +132,7 @@ class WorkerSide:
                     request=load.tid, producer=_kv.WorkerId(load.engine, load.dp_rank, 0),
                     producer_tp_size=load.tp_size, handshake=f"{load.host}:{load.port}",
                     blocks=load.remote_blocks, num_tokens=load.remote_tokens)
+                self.step_reads.add(load.tid)
                 self.conn.start_read(params, load.blocks, load.first_token)
                 if load.blocks:
                     self.reads[load.tid] = load
@@ -181,6 +183,8 @@ class WorkerSide:
                     self.conn.seal(s.tid, self.saved.get(s.tid, 0))
                 except Error as e:
                     log.debug("ferry.vllm: seal %s: %s", s.tid, e)
+                    if not self.saved.get(s.tid):  # no write was posted: nothing reads the blocks
+                        self.ended.add(s.tid)
             return
         if self.meta.saves:
             torch = sys.modules.get("torch")
@@ -189,8 +193,9 @@ class WorkerSide:
         for s in self.meta.saves:
             try:
                 self.conn.hold_for_read(s.tid, s.blocks, s.num_tokens)
-            except Error as e:
+            except Error as e:  # not held: the blocks go back when vLLM finishes the request
                 log.warning("ferry.vllm: hold %s: %s", s.tid, e)
+                self.ended.add(s.tid)
         # This step's reads end with P's answer to the release: a read of blocks P no longer
         # held is reported now, in the step that used it (vLLM's contract for sync loads).
         deadline = time.monotonic() + float(self.c._extra.get("transfer_timeout_ms", 30000)) / 1000
@@ -214,15 +219,17 @@ class WorkerSide:
         load, start = self.consuming.pop(f.request, (None, None))
         if load is None:
             return
-        ok = f.outcome == "done"
-        if ok:
+        rid = self.aborted.pop(f.request, None)
+        if f.outcome == "done":
             self.counts.data["num_successful_transfers"] += 1
             self.counts.data["transfer_ms"].append((time.monotonic() - start) * 1000)
-        else:
+        elif rid is None:
             log.warning("ferry.vllm: request %s: %s %s %s", load.req_id, f.outcome, f.code, f.message)
             self.counts.data["num_failed_transfers"] += 1
-            self.invalid.update(f.blocks or load.blocks)
-        rid = self.aborted.pop(f.request, None)
+            # A sync load's errors belong to the step that used it: later, the blocks may hold
+            # another request (the failure is logged, too late to recompute).
+            if self.c._mode == "write" or f.request in self.step_reads:
+                self.invalid.update(f.blocks or load.blocks)
         if rid is not None:
             self.sending.add(rid)  # vLLM finished it while loading: its blocks may go now
         elif self.c._mode == "write" and not load.notify_only:

@@ -179,6 +179,21 @@ def _block_ids(blocks):
     return [int(b) for b in blocks]
 
 
+def _remote(p: dict, mode: str):
+    """(engine id, host, port) of the P that kv_transfer_params name, or None when they name
+    none or were made for the other mode (the request is then computed here)."""
+    try:
+        remote = str(p["remote_engine_id"]), str(p["remote_host"]), int(p["remote_port"])
+    except (KeyError, TypeError, ValueError):
+        log.warning("ferry.vllm: kv_transfer_params lack remote_engine_id/host/port: %s", p)
+        return None
+    if p.get("ferry_mode", mode) != mode:
+        log.error("ferry.vllm: kv_transfer_params from a %s-mode prefill, this instance is in %s mode",
+                  p.get("ferry_mode"), mode)
+        return None
+    return remote
+
+
 def _status_name(request) -> str:
     s = getattr(request, "status", None)
     return getattr(s, "name", str(s))
@@ -294,7 +309,7 @@ class _SchedulerSide:
 
     def matched(self, request, num_computed_tokens):
         p = getattr(request, "kv_transfer_params", None) or {}
-        if not p.get("do_remote_prefill"):
+        if not p.get("do_remote_prefill") or _remote(p, self.c._mode) is None:
             return 0, False
         self.computed[request.request_id] = num_computed_tokens
         n = len(request.prompt_token_ids) - num_computed_tokens
@@ -314,11 +329,10 @@ class _SchedulerSide:
         p["do_remote_prefill"] = False  # one transfer a request, even when called again
         computed = self.computed.pop(rid, 0)
         tid = str(p.get("transfer_id") or p.get("remote_request_id") or rid)
-        try:
-            engine, host, port = str(p["remote_engine_id"]), str(p["remote_host"]), int(p["remote_port"])
-        except (KeyError, TypeError, ValueError):
-            log.warning("ferry.vllm: request %s: kv_transfer_params lack remote_engine_id/host/port: %s", rid, p)
+        remote = _remote(p, self.c._mode)
+        if remote is None:  # get_num_new_matched_tokens matched nothing for it
             return
+        engine, host, port = remote
         bs = self.c._block_size
         total = len(request.prompt_token_ids)
         ids = _block_ids(blocks)[computed // bs:(total + bs - 1) // bs]
