@@ -172,6 +172,8 @@ Result<SocketAddress> ResolveHost(std::string_view host_in, uint16_t port, std::
   if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
   if (h.empty()) return Bad(host_in, "missing host");
   if (h.size() > kMaxHostChars) return Bad(host_in, "host too long");
+  // inet_pton and getaddrinfo read a C string: "127.0.0.1\0x" would pass as 127.0.0.1.
+  if (h.find('\0') != std::string_view::npos) return Bad(host_in, "a NUL byte inside the host");
   const std::string host(h);
   SocketAddress out;
   if (NumericV4(host, port, &out) || NumericV6(host, port, &out)) return out;

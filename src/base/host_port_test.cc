@@ -76,6 +76,16 @@ TEST(ResolveHostTest, RefusesMalformedHostsWithoutALookup) {
   EXPECT_EQ(ResolveHost(std::string(300, 'a'), 1).status().code(), Code::kInvalidArgument);
 }
 
+// Found by host_port_fuzz: the text before a NUL used to resolve ("127.0.0.1\0x" as 127.0.0.1).
+TEST(ResolveHostTest, RefusesAHostWithANulInside) {
+  using namespace std::string_literals;
+  EXPECT_EQ(ResolveHost("127.0.0.1\0x"s, 1).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ResolveHost("::1\0"s, 1).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ResolveHost("[::1]\0"s, 1).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ResolveHost("localhost\0.evil"s, 1).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(ParseHostPort("127.0.0.1\0x:80"s).status().code(), Code::kInvalidArgument);
+}
+
 TEST(ResolveHostTest, UnknownNameFailsWithinTheTimeout) {
   const auto start = std::chrono::steady_clock::now();
   Result<SocketAddress> r = ResolveHost("no-such-host.invalid", 1, std::chrono::milliseconds(1500));
