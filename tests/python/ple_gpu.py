@@ -62,7 +62,7 @@ class _Res:
         return f"CUresult({self.value})"
 
 
-def install_standins(ranks):
+def install_standins(ranks, monkeypatch):
     """vLLM's, msgspec's and (where missing) cuda-python's modules the seed imports."""
     import torch
     import torch.nn as nn
@@ -71,10 +71,7 @@ def install_standins(ranks):
     def mod(name, **attrs):
         m = types.ModuleType(name)
         m.__dict__.update(attrs)
-        parts = name.split(".")
-        for i in range(1, len(parts)):
-            sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
-        sys.modules[name] = m
+        H.install_module(monkeypatch.setitem, m)
         return m
 
     def encode(obj):  # msgspec.msgpack.encode of a dataclass: a map in field order
@@ -104,15 +101,17 @@ def install_standins(ranks):
         def device_index(index):
             with torch.cuda.device(index):
                 yield
-        acc = getattr(torch, "accelerator", None) or types.ModuleType("torch.accelerator")
-        acc.device_index = device_index
-        torch.accelerator = acc
+        if hasattr(torch, "accelerator"):
+            monkeypatch.setattr(torch.accelerator, "device_index", device_index, raising=False)
+        else:
+            monkeypatch.setattr(torch, "accelerator", types.SimpleNamespace(device_index=device_index),
+                                raising=False)
 
     try:  # a torch built without NVTX raises here, and the seed's request thread would exit
         with torch.cuda.nvtx.range("ferry-ple-test"):
             pass
     except Exception:
-        torch.cuda.nvtx.range = lambda *a, **k: contextlib.nullcontext()
+        monkeypatch.setattr(torch.cuda.nvtx, "range", lambda *a, **k: contextlib.nullcontext())
 
     def stream_op(fn, stream, flag, value, flags):
         drv.use_device(flag.device.index)
@@ -149,7 +148,6 @@ def install_standins(ranks):
         def release_offloaded_output(self, stream):
             self._sem.reset(stream)
 
-    H.install_vllm_protocol()
     group = lambda key: types.SimpleNamespace(rank_in_group=ranks[key])  # noqa: E731
     mod("vllm.config", VllmConfig=types.SimpleNamespace)
     mod("vllm.distributed.parallel_state", get_dp_group=lambda: group("dp"),
@@ -165,7 +163,7 @@ def ctypes_stream(stream):
     return ctypes.c_void_p(stream.cuda_stream)
 
 
-def load_seed():
+def load_seed(monkeypatch):
     """The seed module, compiled from the seed file's syntax tree as it stands. The file's
     first line names the file (`connector_mrv2.py`, an expression statement): left out."""
     path = seed_path()
@@ -176,7 +174,7 @@ def load_seed():
     assert any(isinstance(n, ast.ClassDef) and n.name == "PleOffloadConnector" for n in tree.body)
     m = types.ModuleType("vllm_seed_connector_mrv2")
     m.__file__ = path
-    sys.modules[m.__name__] = m
+    H.install_module(monkeypatch.setitem, m)  # dataclasses look their module up
     exec(compile(tree, path, "exec"), m.__dict__)
     return m
 
@@ -285,10 +283,11 @@ def run_round(tmp_path, service, seed, layer_cls, ranks, mrv2):
     return real
 
 
-def run_seed_connector(tmp_path):
+def run_seed_connector(tmp_path, monkeypatch):
+    """The whole GPU test; vLLM's protocol module is in sys.modules already (the fixture)."""
     ranks = {"dp": 0, "tp": 0}
-    layer_cls = install_standins(ranks)
-    seed = load_seed()
+    layer_cls = install_standins(ranks, monkeypatch)
+    seed = load_seed(monkeypatch)
     service = H.Service(tmp_path)
     try:
         steps = 0

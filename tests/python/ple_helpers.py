@@ -33,11 +33,10 @@ LAYOUTS = {
 }
 
 
-def install_vllm_protocol():
-    """vllm.v1.ple_offload.protocol with vLLM's two dataclasses (fields as upstream)."""
+def install_vllm_protocol(setitem):
+    """vllm.v1.ple_offload.protocol with vLLM's two dataclasses (fields as upstream), entered
+    into sys.modules through `setitem` (pytest's monkeypatch.setitem: undone after the test)."""
     name = ple_bridge.VLLM_PROTOCOL
-    if name in sys.modules:
-        return sys.modules[name]
     mod = types.ModuleType(name)
 
     @dataclasses.dataclass
@@ -60,11 +59,18 @@ def install_vllm_protocol():
     for cls in (PleOffloadRegistration, PleOffloadRequest):
         cls.__module__, cls.__qualname__ = name, cls.__name__
         setattr(mod, cls.__name__, cls)
-    parts = name.split(".")
-    for i in range(1, len(parts)):
-        sys.modules.setdefault(".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
-    sys.modules[name] = mod
+    install_module(setitem, mod)
     return mod
+
+
+def install_module(setitem, mod):
+    """Enters mod, and empty parents where there are none, into sys.modules."""
+    parts = mod.__name__.split(".")
+    for i in range(1, len(parts)):
+        parent = ".".join(parts[:i])
+        if parent not in sys.modules:
+            setitem(sys.modules, parent, types.ModuleType(parent))
+    setitem(sys.modules, mod.__name__, mod)
 
 
 def expected_rows(layer, tokens, qsl, ctx):

@@ -36,7 +36,14 @@ from ple_helpers import (  # noqa: E402
 from multiprocessing.reduction import ForkingPickler  # noqa: E402
 import torch.multiprocessing as torch_mp  # noqa: E402
 
-proto = install_vllm_protocol()
+proto = None  # vLLM's protocol module (stand-in), entered into sys.modules for each test
+
+
+@pytest.fixture(autouse=True)
+def vllm_protocol(monkeypatch):
+    global proto
+    proto = install_vllm_protocol(monkeypatch.setitem)
+    yield proto
 
 
 def dumps(obj):
@@ -327,14 +334,14 @@ def test_no_service_fails_ready(tmp_path):
     ctx.term()
 
 
-def test_gpu_seed_connector(tmp_path):
+def test_gpu_seed_connector(tmp_path, monkeypatch):
     """The seed's PleOffloadConnector, unchanged, against the bridge (ple_gpu.py)."""
     import ple_gpu
     reason = ple_gpu.unavailable()
     if reason:
         print(f"skipped: {reason}")
         pytest.skip(reason)
-    ple_gpu.run_seed_connector(tmp_path)
+    ple_gpu.run_seed_connector(tmp_path, monkeypatch)
 
 
 class FakeStreams:
