@@ -17,6 +17,8 @@ void AddEmbedServeCommand(CLI::App& app, int* exit_code);
 void AddEmbedBenchCommand(CLI::App& app, int* exit_code);
 // `ferry pd` and the hidden `ferry pd-worker` it starts.
 void AddPdCommand(CLI::App& app, int* exit_code);
+// `ferry metrics`: print a running engine's /metrics, or serve several engines' merged.
+void AddMetricsCommand(CLI::App& app, int* exit_code);
 
 // Prints "ferry <command>: <status>" on stderr and returns the exit status for it.
 int Fail(std::string_view command, const Status& status);

@@ -1,4 +1,4 @@
-// `ferry`: the command-line front end (info, bench, demo, pd, embed-serve, bench-embed). Exit
+// `ferry`: the command-line front end (info, bench, demo, pd, embed-serve, bench-embed, metrics). Exit
 // status: 0 success, 1 a failed operation or check, 2 bad usage (a parse error included).
 // Logging: the library reads FERRY_LOG ("debug", "info", "warn", ...) itself; --log-level,
 // given before the command, overrides it.
@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   ferry::tools::AddEmbedServeCommand(app, &exit_code);
   ferry::tools::AddEmbedBenchCommand(app, &exit_code);
   ferry::tools::AddPdCommand(app, &exit_code);
+  ferry::tools::AddMetricsCommand(app, &exit_code);
   // Not CLI11_PARSE: its exit codes (105, 106, 109, ...) are not the documented 2 of bad usage.
   if (std::optional<int> parse_exit = ferry::tools::ParseCommandLine(app, argc, argv, std::cout, std::cerr))
     return *parse_exit;
