@@ -9,7 +9,8 @@
 // so that layer steps for CUDA outputs may run the UVA kernel (auto: whichever path is faster
 // per token-count bucket, as measured; always: UVA whenever possible). On exit it prints its
 // counters and per-bucket phase timings (also available while running, `ferry bench-embed`
-// reads them through the protocol's StatsRequest).
+// reads them through the protocol's StatsRequest). --metrics-port serves them as Prometheus text
+// (GET /metrics on 127.0.0.1: counters and fixed-bucket phase histograms, RenderPrometheus).
 #include <fmt/format.h>
 #include <signal.h>
 #include <errno.h>
@@ -31,6 +32,8 @@
 #include "ferry/embed_service.h"
 #include "ferry/embed_stats.h"
 #include "json_out.h"
+#include "metrics_http.h"
+#include "observe.h"
 
 namespace ferry::tools {
 namespace {
@@ -55,6 +58,7 @@ struct ServeFlags {
   int uva_probes = 3;
   int uva_reprobe_every = 64;
   uint64_t max_connections = 256;
+  int metrics_port = 0;  // 0 off, -1 any free port
   JsonFlag json;  // the counters and phase timings at exit
 };
 
@@ -170,10 +174,21 @@ Status Serve(const ServeFlags& f) {
   FERRY_ASSIGN_OR_RETURN(auto server, embed::service::Server::Create(o, std::move(layers)));
   fmt::print(out, "ferry embed-serve: listening on {} ({} layers, {} table)\n", f.socket,
              f.layers.size(), f.tables.empty() ? "synthetic" : "file");
+  // Started after the signals are blocked: its thread inherits the mask, so SIGTERM still
+  // reaches sigwait below.
+  std::unique_ptr<MetricsHttpServer> metrics;
+  if (f.metrics_port != 0) {
+    embed::service::Server* s = server.get();
+    FERRY_ASSIGN_OR_RETURN(metrics,
+                           MetricsHttpServer::Start("127.0.0.1:" + std::to_string(std::max(f.metrics_port, 0)),
+                                                    [s] { return embed::service::RenderPrometheus(s->stats()); }));
+    fmt::print(out, "ferry embed-serve: metrics on http://{}/metrics\n", metrics->address());
+  }
   std::fflush(out);
   if (!f.ready_file.empty()) FERRY_RETURN_IF_ERROR(WriteReadyFile(f.ready_file, f.socket));
   int sig = 0;
   sigwait(&set, &sig);
+  metrics.reset();  // no scrape of a stopping server
   server->Stop();
   auto st = server->stats();
   fmt::print(out, "ferry embed-serve: stopped by signal {}: {} registrations, {} steps, {} failed\n",
@@ -237,6 +252,7 @@ void AddEmbedServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--max-connections", f->max_connections,
                   "Connections served at once (GPU worker ranks and monitors); more are refused")
       ->capture_default_str();
+  AddMetricsPortOption(cmd, &f->metrics_port);
   AddJsonFlag(cmd, &f->json, "The counters and per-bucket phase timings at exit");
   cmd->callback([f, exit_code] {
     Status s = Serve(*f);

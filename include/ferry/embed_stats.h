@@ -48,10 +48,21 @@ inline constexpr size_t kMaxStatBuckets = 32;  // buckets a snapshot (and the pr
 // The largest power of two <= tokens (0 for 0).
 uint64_t TokenBucket(uint64_t tokens);
 
+// Upper bounds of the phase histograms' buckets, in ns: 1-2.5-5 steps from 1 us to 10 s (the
+// engine's latency buckets), so that dashboards can aggregate across services and restarts.
+inline constexpr std::array<uint64_t, 22> kPhaseBoundsNs = {
+    1'000,         2'500,         5'000,         10'000,        25'000,        50'000,
+    100'000,       250'000,       500'000,       1'000'000,     2'500'000,     5'000'000,
+    10'000'000,    25'000'000,    50'000'000,    100'000'000,   250'000'000,   500'000'000,
+    1'000'000'000, 2'500'000'000, 5'000'000'000, 10'000'000'000};
+
 struct PhaseSummary {
   uint64_t count = 0;
   uint64_t sum_ns = 0;
   uint64_t median_ns = 0;  // of the last kStatSamples samples
+  // histogram[i]: samples in (kPhaseBoundsNs[i-1], kPhaseBoundsNs[i]]; the last, above every
+  // bound. Server::stats() fills it; the protocol's Stats (QueryStats) does not carry it.
+  std::array<uint64_t, kPhaseBoundsNs.size() + 1> histogram{};
 };
 
 struct BucketStats {
@@ -73,6 +84,13 @@ struct ServerStats {
 // A markdown table of the buckets: steps per path, then each phase's median (and mean) in
 // microseconds. For `ferry embed-serve` and `ferry bench-embed`.
 std::string FormatStats(const ServerStats& s);
+
+// The Prometheus text exposition (version 0.0.4) of `s`: counters ferry_embed_registrations_total,
+// ferry_embed_steps_total{result}, ferry_embed_layer_steps_total{bucket,path},
+// ferry_embed_copies_total{bucket}, the gauge ferry_embed_live_clients and the histogram
+// ferry_embed_phase_seconds{bucket,phase} (kPhaseBoundsNs). `service` labels every sample
+// (service="<name>"); empty leaves it out.
+std::string RenderPrometheus(const ServerStats& s, std::string_view service = {});
 
 // The longest timeout QueryStats takes.
 inline constexpr std::chrono::seconds kMaxQueryTimeout{24 * 3600};

@@ -79,6 +79,7 @@ void StepStatsRecorder::Commit(const LayerTiming& t) {
       s.last[s.count % kStatSamples] = v;
     ++s.count;
     s.sum += v;
+    ++s.histogram[std::lower_bound(kPhaseBoundsNs.begin(), kPhaseBoundsNs.end(), v) - kPhaseBoundsNs.begin()];
   }
 }
 
@@ -95,6 +96,7 @@ std::vector<BucketStats> StepStatsRecorder::Snapshot(bool reset) {
       const Series& x = b.phases[i];
       s.phases[i].count = x.count;
       s.phases[i].sum_ns = x.sum;
+      s.phases[i].histogram = x.histogram;
       if (!x.last.empty()) {
         std::vector<uint64_t> v = x.last;
         std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());

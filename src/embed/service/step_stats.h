@@ -37,6 +37,7 @@ class StepStatsRecorder {
   struct Series {
     uint64_t count = 0, sum = 0;
     std::vector<uint64_t> last;  // ring of kStatSamples
+    std::array<uint64_t, kPhaseBoundsNs.size() + 1> histogram{};  // PhaseSummary::histogram
   };
   struct Bucket {
     uint64_t cpu = 0, uva = 0, copies = 0;
