@@ -421,7 +421,8 @@ class Bridge:
         token_bytes = out0.shape[1] * out0.element_size()
         layers = self.layers if self.layers is not None else list(range(len(names)))
         if len(layers) != len(names):
-            raise ProtocolError(f"{len(names)} layers registered ({names}), --layers gives {len(layers)}")
+            raise ProtocolError(
+                f"{len(names)} layers registered ({names}), --layers gives {len(layers)}")
         for reg in regs.values():
             if list(reg.gpu_output_buffers) != names:
                 raise ProtocolError(f"dp {reg.dp_rank} tp {reg.tp_rank} registers layers "
@@ -536,8 +537,8 @@ def _parse(argv):
     p.add_argument("--ready-fd", type=int, help="a multiprocessing Connection's fd for READY")
     p.add_argument("--death-fd", type=int, help="a pipe's read end; its EOF stops the bridge")
     a = p.parse_args(argv)
-    if not 1 <= a.num_workers <= 4096 or not 0 < a.ready_timeout <= 86400 or not 0 < a.step_timeout <= 86400 \
-            or not 0 < a.connect_timeout <= 86400:
+    timeouts = (a.ready_timeout, a.step_timeout, a.connect_timeout)
+    if not 1 <= a.num_workers <= 4096 or not all(0 < t <= 86400 for t in timeouts):
         p.error("--num-workers in [1, 4096], timeouts in (0, 86400] seconds")
     return a
 
@@ -545,7 +546,9 @@ def _parse(argv):
 def main(argv=None):
     a = _parse(argv)
     logging.basicConfig(level=logging.INFO, format="ferry ple-bridge: %(levelname)s %(message)s")
-    ready = None if a.ready_fd is None else multiprocessing.connection.Connection(a.ready_fd, readable=False)
+    ready = None
+    if a.ready_fd is not None:
+        ready = multiprocessing.connection.Connection(a.ready_fd, readable=False)
 
     def report(msg):
         if ready is not None:
@@ -602,7 +605,8 @@ class BridgeProcess:
         try:
             msg = self._ready.recv()
         except EOFError:
-            raise RuntimeError(f"ferry ple-bridge closed its READY pipe (exit {self.proc.wait(5)})") from None
+            code = self.proc.wait(5)
+            raise RuntimeError(f"ferry ple-bridge closed its READY pipe (exit {code})") from None
         if msg.get("status") != "READY":
             raise RuntimeError(f"ferry ple-bridge failed: {msg.get('error')}")
         return msg["layer_names"]
