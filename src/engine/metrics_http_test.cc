@@ -2,13 +2,17 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <string>
+#include <thread>
 
 #include "engine/metrics_server.h"
 #include "ferry/engine.h"
@@ -91,6 +95,42 @@ TEST(MetricsHttp, AStalledClientIsDroppedWithoutBlockingTheNext) {
   ASSERT_EQ(poll(&p, 1, 100), 1);
   EXPECT_EQ(recv(stalled, &c, 1, 0), 0);
   close(stalled);
+}
+
+// A signal that interrupts the server's wait for the rest of a request (the host process's
+// SIGUSR1 dump, a profiler's timer) must not drop the request: it used to end it unanswered.
+TEST(MetricsHttp, ASignalWhileReadingTheRequestDoesNotDropIt) {
+  struct sigaction quiet {}, old {};
+  quiet.sa_handler = [](int) {};
+  sigemptyset(&quiet.sa_mask);
+  quiet.sa_flags = 0;  // no SA_RESTART: poll() returns EINTR
+  ASSERT_EQ(sigaction(SIGUSR2, &quiet, &old), 0);
+  auto server = internal::MetricsServer::Start(0, [] { return std::string("m 1\n"); });
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const int fd = Connect((*server)->port());
+  const std::string first = "GET /metrics HTTP/1.0\r\n";
+  ASSERT_EQ(send(fd, first.data(), first.size(), MSG_NOSIGNAL), static_cast<ssize_t>(first.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the server waits for the rest
+  // Every other thread of this process, the server's among them, gets the signal.
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    const pid_t tid = static_cast<pid_t>(std::stol(task.path().filename().string()));
+    if (tid != static_cast<pid_t>(syscall(SYS_gettid))) syscall(SYS_tgkill, getpid(), tid, SIGUSR2);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_EQ(send(fd, "\r\n", 2, MSG_NOSIGNAL), 2);
+  std::string answer;
+  char buf[4096];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 5000) <= 0) break;
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    answer.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  server->reset();
+  sigaction(SIGUSR2, &old, nullptr);
+  EXPECT_EQ(answer.rfind("HTTP/1.0 200 OK", 0), 0u) << answer;
 }
 
 TEST(MetricsHttp, PortIsCheckedAndOffByDefault) {

@@ -98,7 +98,9 @@ void MetricsServer::Serve(int fd) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
     if (left.count() <= 0) return;
     pollfd pfds[2] = {{fd, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-    if (poll(pfds, 2, static_cast<int>(left.count())) <= 0 || pfds[1].revents) return;
+    const int ready = poll(pfds, 2, static_cast<int>(left.count()));
+    if (ready < 0 && errno == EINTR) continue;  // a signal to the process: the request stands
+    if (ready <= 0 || pfds[1].revents) return;
     ssize_t n = recv(fd, buf, std::min(sizeof(buf), kMaxRequestBytes - req.size()), 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;  // the client closed: answer what it sent
