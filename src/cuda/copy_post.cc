@@ -5,6 +5,7 @@
 
 #include "cuda/copy_engine_core.h"
 #include "cuda/cuda_status.h"
+#include "cuda/nvtx.h"
 #include "cuda/runtime.h"
 
 namespace ferry::cuda {
@@ -212,10 +213,12 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
 }
 
 Result<std::shared_ptr<Completion>> CopyEngine::Post(const OffsetBatch& batch, PostOptions options) {
+  NvtxRange range("ferry copy_engine post");
   return core_->Post(core_, batch, std::move(options));
 }
 
 Result<std::shared_ptr<Completion>> CopyEngine::Post(std::span<const Copy> copies, PostOptions options) {
+  NvtxRange range("ferry copy_engine post");
   return core_->Post(core_, copies, std::move(options));
 }
 

@@ -1,6 +1,7 @@
 // The CUDA copier: the engine's cuda::CopyEngine of each device, made on first use.
 #include <memory>
 
+#include "cuda/nvtx.h"
 #include "cuda/runtime.h"
 #include "transport/cuda_ipc/copier.h"
 
@@ -13,6 +14,7 @@ class CudaCopier final : public Copier {
 
   Status Post(int device, const cuda::OffsetBatch& batch, bool kernel_ok, bool same_device, Deadline deadline,
               std::function<void(const Status&)> on_done) override {
+    cuda::NvtxRange range("ferry cuda_ipc copy");
     FERRY_ASSIGN_OR_RETURN(cuda::CopyEngine * engine, engines_->For(device));
     cuda::PostOptions options;
     options.kernel_ok = kernel_ok;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cuda/copy_engine.h"
+#include "cuda/nvtx.h"
 #include "cuda/runtime.h"
 #include "transport/local/cuda_path.h"
 
@@ -18,6 +19,7 @@ class CudaPathImpl final : public CudaPath {
 
   Status Post(Op op, const Region& local, const Region& remote, std::span<const TransferOp> ops,
               uint64_t total_bytes, const std::shared_ptr<TransferState>& state) override {
+    cuda::NvtxRange range("ferry local cuda copy");
     const bool write = op == Op::kWrite;
     const Region& src = write ? local : remote;
     const Region& dst = write ? remote : local;
