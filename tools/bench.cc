@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,9 @@ struct BenchFlags {
   int metrics_port = 0;  // --listen: serve GET /metrics here (0 off, -1 any free port)
   uint64_t run = 1;      // pieces lie in runs of this many adjacent slots on both sides
   bool no_merge = false;  // EngineOptions::merge_adjacent_ops off
+  std::set<std::string> given;  // long names of the flags on the command line ("threads")
+
+  bool Given(const std::string& name) const { return given.count(name) > 0; }
 };
 
 constexpr int64_t kMaxPings = 10'000'000;
@@ -174,23 +178,39 @@ std::chrono::milliseconds TimeoutOr(const BenchFlags& f, std::chrono::millisecon
   return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(*t));
 }
 
+// The engines' options: the flags' values, then every FERRY_* variable set
+// (docs/configuration.md), then the flags given on the command line again, so that a flag
+// overrides the environment and the environment overrides a flag's default.
 Result<EngineOptions> MakeEngineOptions(const BenchFlags& f) {
-  EngineOptions e;
-  e.copy_threads = f.threads;
-  FERRY_ASSIGN_OR_RETURN(e.parallel_copy_bytes, ParseBytes(f.parallel_bytes));
-  e.transports = f.transports;
-  FERRY_ASSIGN_OR_RETURN(e.default_deadline, ParseSeconds(f.deadline_s, "--deadline"));
-  e.ucx.progress = f.ucx_progress == "poll"     ? UcxOptions::Progress::kPolling
-                   : f.ucx_progress == "shared" ? UcxOptions::Progress::kShared
-                                                : UcxOptions::Progress::kEvent;
-  e.ucx.rma = f.ucx_rma == "always"  ? UcxOptions::Rma::kAlways
-              : f.ucx_rma == "never" ? UcxOptions::Rma::kNever
-                                     : UcxOptions::Rma::kAuto;
-  e.ucx.lanes = f.ucx_lanes;
-  e.ucx.workers = f.ucx_workers;
-  e.ucx.post_batch = f.ucx_post_batch;
-  e.merge_adjacent_ops = !f.no_merge;
-  e.metrics_port = f.metrics_port;
+  auto apply = [&f](EngineOptions& e, bool only_given) -> Status {
+    auto use = [&](const char* name) { return !only_given || f.Given(name); };
+    if (use("threads")) e.copy_threads = f.threads;
+    if (use("parallel-bytes")) {
+      FERRY_ASSIGN_OR_RETURN(e.parallel_copy_bytes, ParseBytes(f.parallel_bytes));
+    }
+    if (use("transport")) e.transports = f.transports;
+    if (use("deadline")) {
+      FERRY_ASSIGN_OR_RETURN(e.default_deadline, ParseSeconds(f.deadline_s, "--deadline"));
+    }
+    if (use("ucx-progress"))
+      e.ucx.progress = f.ucx_progress == "poll"     ? UcxOptions::Progress::kPolling
+                       : f.ucx_progress == "shared" ? UcxOptions::Progress::kShared
+                                                    : UcxOptions::Progress::kEvent;
+    if (use("ucx-rma"))
+      e.ucx.rma = f.ucx_rma == "always"  ? UcxOptions::Rma::kAlways
+                  : f.ucx_rma == "never" ? UcxOptions::Rma::kNever
+                                         : UcxOptions::Rma::kAuto;
+    if (use("ucx-lanes")) e.ucx.lanes = f.ucx_lanes;
+    if (use("ucx-workers")) e.ucx.workers = f.ucx_workers;
+    if (use("ucx-post-batch")) e.ucx.post_batch = f.ucx_post_batch;
+    if (use("no-merge")) e.merge_adjacent_ops = !f.no_merge;
+    if (use("metrics-port")) e.metrics_port = f.metrics_port;
+    return Status::Ok();
+  };
+  EngineOptions defaults;
+  FERRY_RETURN_IF_ERROR(apply(defaults, false));
+  FERRY_ASSIGN_OR_RETURN(EngineOptions e, EngineOptions::FromEnv(defaults));
+  FERRY_RETURN_IF_ERROR(apply(e, true));
   return e;
 }
 
@@ -400,8 +420,11 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--ping-cpu", f->ping_cpu,
                   "Two processes: the CPU of the thread that pings (--peer) or answers (--listen); -1 = any")
       ->capture_default_str();
-  cmd->callback([f, timeout, exit_code] {
+  cmd->callback([f, cmd, timeout, exit_code] {
     f->timeout_given = timeout->count() > 0;
+    for (const CLI::Option* o : cmd->get_options())
+      if (o->count() > 0)
+        for (const std::string& name : o->get_lnames()) f->given.insert(name);
     *exit_code = Run(*f);
   });
 }

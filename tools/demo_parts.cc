@@ -70,10 +70,13 @@ Status MakeSide(const std::string& key, int copy_threads, const DemoConfig& c, S
                 const std::vector<std::string>& transports, const std::string& listen) {
   const uint64_t bytes = c.shape.total_bytes();
   FERRY_ASSIGN_OR_RETURN(side->buffer, Buffer::Allocate(c.kind, c.device, bytes, c.alloc));
-  EngineOptions options;
+  // From the environment (FERRY_*, docs/configuration.md); the flags, where they say more than
+  // their defaults (0 threads: the engine's choice; no --transport: all), override it. The key
+  // is always the side's: the two engines of one process need two.
+  FERRY_ASSIGN_OR_RETURN(EngineOptions options, EngineOptions::FromEnv());
   options.key = key;
-  options.copy_threads = copy_threads;
-  options.transports = transports;
+  if (copy_threads != 0) options.copy_threads = copy_threads;
+  if (!transports.empty()) options.transports = transports;
   if (!listen.empty()) options.ucx.listen_host = EngineListenHost(listen, options.ucx.listen_host);
   FERRY_ASSIGN_OR_RETURN(side->engine, Engine::Create(options));
   FERRY_ASSIGN_OR_RETURN(side->desc, side->engine->RegisterMemory(side->buffer->data(), bytes, c.kind, c.device));

@@ -45,6 +45,7 @@ class InProcessLink final : public Link {
     local_options.key = "bench-initiator";
     EngineOptions remote_options = o.engine;
     remote_options.key = "bench-target";
+    remote_options.metrics_port = 0;  // one endpoint a process: the initiator's (a fixed port fits one)
     FERRY_ASSIGN_OR_RETURN(link->local_engine_, Engine::Create(local_options));
     FERRY_ASSIGN_OR_RETURN(link->remote_engine_, Engine::Create(remote_options));
     FERRY_RETURN_IF_ERROR(link->local_engine_->AddPeer(link->remote_engine_->Describe()));

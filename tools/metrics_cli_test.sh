@@ -2,13 +2,24 @@
 # ctest metrics_cli_test: `ferry metrics` beside a running engine (a `ferry bench --listen` with
 # --metrics-port): it prints the engine's /metrics as text and as JSON, and `--serve` serves one
 # /metrics merging that engine's with a target that is down (ferry_metrics_target_up 1 and 0).
+# The engine's endpoint is asked for through the environment (FERRY_METRICS_PORT): the CLI's
+# engines start from EngineOptions::FromEnv, and a flag given overrides a variable.
 # Usage: tools/metrics_cli_test.sh FERRY_BINARY
 set -euo pipefail
 ferry=$1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; kill $(jobs -p) 2>/dev/null || true' EXIT
 
-"$ferry" bench --listen 127.0.0.1:0 --metrics-port -1 --max-bytes 1M > "$tmp/engine" 2>&1 &
+# A flag given wins over the variable: no endpoint. A bad variable is refused, naming it.
+FERRY_METRICS_PORT=-1 "$ferry" bench --sizes 4K --batches 1 --min-time 0.01 --metrics-port 0 > "$tmp/off" 2>&1 ||
+  { cat "$tmp/off"; exit 1; }
+! grep -q '/metrics' "$tmp/off" || { cat "$tmp/off"; echo "--metrics-port 0 did not override FERRY_METRICS_PORT"; exit 1; }
+set +e
+FERRY_COPY_THREADS=bogus "$ferry" demo --layers 2 --blocks 4 --block-bytes 4K > "$tmp/bad" 2>&1; rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "FERRY_COPY_THREADS" "$tmp/bad" || { cat "$tmp/bad"; echo "demo ignored FERRY_COPY_THREADS"; exit 1; }
+
+FERRY_METRICS_PORT=-1 "$ferry" bench --listen 127.0.0.1:0 --max-bytes 1M > "$tmp/engine" 2>&1 &
 for _ in $(seq 100); do grep -qE '127\.0\.0\.1:[0-9]+/metrics' "$tmp/engine" && break; sleep 0.1; done
 port=$(grep -oE '127\.0\.0\.1:[0-9]+/metrics' "$tmp/engine" | head -1 | sed -E 's/.*:([0-9]+)\/metrics/\1/')
 [ -n "$port" ] || { cat "$tmp/engine"; echo "no engine metrics port printed"; exit 1; }
