@@ -6,6 +6,7 @@ find_package(spdlog REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(ucx REQUIRED)             # ucx::ucp, ucx::uct, ucx::ucs
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)  # OpenSSL::Crypto: HMAC and nonces of peer authentication
 if(FERRY_WITH_TESTS)
   find_package(GTest REQUIRED)
 endif()

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "commands.h"
+#include "ferry/options.h"
 #include "ferry/system.h"
 #include "json_out.h"
 #include "units.h"
@@ -15,6 +16,13 @@ namespace {
 
 std::string Join(const std::vector<std::string>& items) {
   return items.empty() ? "(none)" : fmt::format("{}", fmt::join(items, ", "));
+}
+
+// Whether this environment gives engines a secret (FERRY_SECRET, FERRY_SECRET_FILE): then their
+// ucx peers must prove they hold it. The secret itself is never printed.
+bool PeersAuthenticated() {
+  auto env = EngineOptions::FromEnv();
+  return env.ok() && (!env->secret.empty() || !env->secret_file.empty());
 }
 
 nlohmann::ordered_json ToJson(const SystemInfo& info) {
@@ -42,10 +50,15 @@ nlohmann::ordered_json ToJson(const SystemInfo& info) {
           {"cuda_available", info.cuda_available},
           {"cuda_unavailable_reason", info.cuda_unavailable_reason},
           {"cuda_architectures", info.cuda_architectures},
-          {"gpus", gpus}};
+          {"gpus", gpus},
+          {"peers_authenticated", PeersAuthenticated()}};
 }
 
 void PrintText(const SystemInfo& info) {
+  fmt::print("peer authentication: {}\n", PeersAuthenticated()
+                                               ? "on (FERRY_SECRET / FERRY_SECRET_FILE): ucx peers prove the secret"
+                                               : "off: peers are not authenticated (set FERRY_SECRET or "
+                                                 "EngineOptions::secret)");
   fmt::print("ferry {}\n", info.version);
   fmt::print("transports compiled: {}\n", Join(info.transports_compiled));
   fmt::print("transports usable:   {}\n", Join(info.transports_usable));

@@ -137,6 +137,15 @@ struct EngineOptions {
   // Port of an HTTP endpoint serving GET /metrics (Prometheus text) on listen host 127.0.0.1;
   // 0 = off, -1 = pick a free port (Engine::MetricsPort() says which); 1..65535 = that port.
   int metrics_port = 0;
+  // The secret the engines of one deployment share (at least 16 bytes). Set: every connection
+  // of the ucx transport begins with a mutual challenge-response (HMAC-SHA256 over fresh nonces
+  // from both sides; the secret never travels and is in no descriptor), and a peer that cannot
+  // prove it holds the secret is refused before anything is served (counted in
+  // EngineStats::auth_failures). Empty: peers are not authenticated (`ferry info` says so).
+  // Within a host, shm admits processes of the same user only (SO_PEERCRED) either way.
+  std::string secret;
+  // The same, read from this file, which only its owner may read (chmod 600); not with `secret`.
+  std::string secret_file;
   UcxOptions ucx;
   ShmOptions shm;
 

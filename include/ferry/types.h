@@ -51,6 +51,9 @@ struct EngineStats {
   // not decode) or reached outside registered memory, and were rejected (the engine keeps
   // serving).
   uint64_t rejected_messages = 0;
+  // Connections refused because the peer did not prove that it holds EngineOptions::secret
+  // (no proof, a wrong one, a replayed one).
+  uint64_t auth_failures = 0;
   // Notifications from peers that this engine refused (backlog full, too big) and dropped.
   uint64_t dropped_notifications = 0;
   // Ops of posted batches that joined the op before them and travelled as part of it

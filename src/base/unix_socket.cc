@@ -99,6 +99,9 @@ Result<UniqueFd> ListenUnix(const UnixAddress& address) {
   Env* env = Env::Current();
   if (env->Bind(fd.get(), addr.get(), addr.len) != 0)
     return ErrnoStatus("bind " + address.name, errno);
+  // Owner only, before anyone can connect (nothing is accepted before listen): the accepting
+  // side checks the peer's user too (PeerUid).
+  if (!address.abstract && ::chmod(address.name.c_str(), 0600) != 0) return ErrnoStatus("chmod " + address.name, errno);
   if (env->Listen(fd.get(), 128) != 0) return ErrnoStatus("listen " + address.name, errno);
   return fd;
 }

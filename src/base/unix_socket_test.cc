@@ -1,6 +1,7 @@
 #include "base/unix_socket.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -101,6 +102,9 @@ TEST(UnixSocket, PathsAreProbedBeforeListening) {
     Result<UniqueFd> l = ListenUnix(UnixAddress::Path(path));
     ASSERT_TRUE(l.ok());
     EXPECT_EQ(ProbeSocketPath(path).value(), PathState::kLive);
+    struct stat st {};
+    ASSERT_EQ(::stat(path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << "a socket file is its owner's only";
     EXPECT_EQ(ListenUnix(UnixAddress::Path(path)).status().code(), Code::kAlreadyExists);
   }
   EXPECT_EQ(ProbeSocketPath(path).value(), PathState::kStale);

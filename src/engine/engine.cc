@@ -4,6 +4,7 @@
 #include <map>
 #include <random>
 
+#include "base/auth.h"
 #include "base/log.h"
 #include "cuda/copy_engine.h"
 #include "cuda/runtime.h"
@@ -85,6 +86,7 @@ Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& opti
 Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& options,
                                                        std::span<const TransportEntry> entries) {
   FERRY_RETURN_IF_ERROR(CheckOptions(options));
+  FERRY_RETURN_IF_ERROR(auth::LoadSecret(options.secret, options.secret_file).status());
   std::shared_ptr<EngineCore> core(new EngineCore(options));
   if (core->options_.key.empty()) core->options_.key = DefaultKey();
   core->inbox_ = std::make_shared<Inbox>(options.max_pending_notifications, options.max_notification_bytes,
@@ -178,6 +180,7 @@ EngineStats EngineCore::stats() const {
   EngineStats s;
   for (const auto& t : transports_) {
     s.rejected_messages += t->rejected_messages();
+    s.auth_failures += t->auth_failures();
   }
   cuda::AddTo(copy_engines_->stats(), &s);
   s.rejected_messages += inbox_->rejected();  // notification frames that did not decode
@@ -208,6 +211,7 @@ MetricsSnapshot EngineCore::metrics_snapshot() const {
   const EngineStats s = stats();
   m.dropped_notifications = s.dropped_notifications;
   m.rejected_messages = s.rejected_messages;
+  m.auth_failures = s.auth_failures;
   return m;
 }
 

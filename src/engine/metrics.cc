@@ -221,6 +221,8 @@ std::string RenderPrometheus(const MetricsSnapshot& m) {
         m.dropped_notifications);
   gauge("ferry_rejected_messages_total", "counter", "messages from peers that did not decode",
         m.rejected_messages);
+  gauge("ferry_auth_failures_total", "counter", "connections refused: the peer did not prove the deployment's secret",
+        m.auth_failures);
   return out;
 }
 

@@ -197,6 +197,8 @@ const EnvField kFields[] = {
     FERRY_ENV_FIELD("FERRY_MAX_PENDING_NOTIFICATIONS", max_pending_notifications, Count, "count"),
     FERRY_ENV_FIELD("FERRY_MAX_PENDING_NOTIFICATION_BYTES", max_pending_notification_bytes, Bytes, "size"),
     FERRY_ENV_FIELD("FERRY_METRICS_PORT", metrics_port, Int, "port; 0 = off, -1 = any free port"),
+    FERRY_ENV_FIELD("FERRY_SECRET", secret, String, "text, 16+ bytes; empty = peers not authenticated"),
+    FERRY_ENV_FIELD("FERRY_SECRET_FILE", secret_file, String, "path of a file only its owner reads"),
     FERRY_ENV_FIELD("FERRY_UCX_LISTEN_HOST", ucx.listen_host, String, "host: IPv4, IPv6 or a name"),
     FERRY_ENV_FIELD("FERRY_UCX_LISTEN_PORT", ucx.listen_port, Count, "port; 0 = any free port"),
     FERRY_ENV_FIELD("FERRY_UCX_MAX_PENDING_HANDSHAKES", ucx.max_pending_handshakes, Count, "count"),

@@ -183,6 +183,12 @@ bool Server::Impl::AcceptOne() {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     return false;
   }
+  // Another user's process gets nothing: the service writes into its clients' GPU memory.
+  auto uid = os::PeerUid(fd->get());
+  if (!uid.ok() || *uid != getuid()) {
+    FERRY_LOG_WARN("embed-serve: refused a connection from another user (uid {})", uid.ok() ? std::to_string(*uid) : "?");
+    return true;  // closed here
+  }
   if (connections.size() >= options.max_connections) {
     Status refused(Code::kResourceExhausted,
                    "the embedding service serves at most " +

@@ -11,6 +11,7 @@
 #include <random>
 #include <system_error>
 
+#include "base/auth.h"
 #include "base/codec.h"
 #include "base/log.h"
 #include "base/os.h"
@@ -43,7 +44,9 @@ Core::Core(const TransportContext& ctx)
       max_notification_bytes_(ctx.options->max_notification_bytes), inbox_(ctx.inbox) {}
 
 Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx) {
+  FERRY_ASSIGN_OR_RETURN(std::string secret, auth::LoadSecret(ctx.options->secret, ctx.options->secret_file));
   std::shared_ptr<Core> core(new Core(ctx));
+  core->secret_ = std::move(secret);
   int threads = ctx.options->copy_threads;
   if (threads <= 0) threads = std::clamp<int>(std::thread::hardware_concurrency(), 1, 8);
   if (threads > 1) { FERRY_ASSIGN_OR_RETURN(core->pool_, ThreadPool::Create(threads, "ferry-shm")); }
@@ -186,6 +189,8 @@ Result<std::shared_ptr<Conn>> Core::Dial(const std::string& peer_key, const std:
   if (!uid.ok() || *uid != getuid())
     return Status(Code::kUnavailable, "the shm socket of " + peer_key + " belongs to another user");
   auto conn = std::make_shared<Conn>(fd.release(), Conn::Role::kInitiator, peer_key, kSendTimeout);
+  // The proofs go before the I/O thread takes the socket: this thread reads the challenge.
+  if (!secret_.empty()) FERRY_RETURN_IF_ERROR(Authenticate(*conn, Deadline::After(options_.call_timeout)));
   Add(conn);
   Header hello;
   hello.type = MsgType::kHello;
@@ -240,6 +245,12 @@ void Core::Accept() {
 }
 
 void Core::Drop(const std::shared_ptr<Conn>& conn, Status why) {
+  // An initiator with another secret finds the challenge's proof wrong and hangs up.
+  if (conn->auth_pending()) {
+    conn->set_auth_pending(false);
+    auth_failures_.fetch_add(1, std::memory_order_relaxed);
+    FERRY_LOG_DEBUG("shm: a peer hung up without proving the deployment's secret");
+  }
   conn->Fail(std::move(why));
   if (conn->role() == Conn::Role::kTarget) DropRing(conn);
   {
@@ -251,7 +262,8 @@ void Core::Drop(const std::shared_ptr<Conn>& conn, Status why) {
 }
 
 void Core::Receive(const std::shared_ptr<Conn>& conn) {
-  const size_t max_bytes = kHeaderBytes + kMaxKeyBytes;  // notifications travel in the ring
+  // Notifications travel in the ring: the largest message is an authentication's first step.
+  const size_t max_bytes = kHeaderBytes + 64 + kMaxKeyBytes;
   for (int i = 0; i < 64 && !conn->failed(); ++i) {
     auto msg = os::ReceiveMessage(conn->fd(), max_bytes);
     if (!msg.ok()) {
@@ -299,9 +311,16 @@ void Core::Handle(const std::shared_ptr<Conn>& conn, os::Received& msg) {
 
 void Core::HandleAtTarget(const std::shared_ptr<Conn>& conn, const Message& m) {
   const Header& h = m.header;
+  if (h.type == MsgType::kAuth) return HandleAuth(conn, m);
   if (h.type == MsgType::kHello) {
     if (conn->hello_seen() || m.payload.empty() || m.payload.size() > kMaxKeyBytes)
       return Reject("bad hello");
+    if (!secret_.empty() && (!conn->auth().proven || conn->auth().key != m.payload)) {
+      conn->auth().key = std::string(m.payload);
+      return RefuseAuth(conn, "engine '" + engine_key_ +
+                                  "' admits authenticated peers only: give this engine the deployment's secret "
+                                  "(EngineOptions::secret, FERRY_SECRET)");
+    }
     conn->set_peer_key(std::string(m.payload));
     return OfferRing(conn);
   }

@@ -108,6 +108,17 @@ class Conn {
   // Tells the peer's sleeping I/O thread that records wait (never blocks).
   void WakePeer();
 
+  // Target side, the I/O thread's: the authentication in progress (kAuth; wire.h) and its end.
+  struct Auth {
+    std::string key;            // the initiator's engine key (step 0)
+    std::string nonce, target;  // the initiator's nonce, the target's
+    bool proven = false;
+  };
+  Auth& auth() { return auth_; }
+  // Challenged and not proven yet (any thread): a hang-up now is a failed authentication.
+  bool auth_pending() const { return auth_pending_.load(std::memory_order_acquire); }
+  void set_auth_pending(bool v) { auth_pending_.store(v, std::memory_order_release); }
+
   // Target side: the key the initiator announced (kHello), set once by the I/O thread.
   bool hello_seen() const { return hello_seen_; }
   void set_peer_key(std::string key) {
@@ -126,6 +137,8 @@ class Conn {
   const Role role_;
   std::string peer_key_;  // target side: written by the I/O thread before any use
   bool hello_seen_ = false;
+  Auth auth_;
+  std::atomic<bool> auth_pending_{false};
   const Duration send_timeout_;
   Mutex send_mu_;  // one sendmsg at a time: a message and its descriptors go together
   std::atomic<bool> failed_{false};
@@ -158,6 +171,8 @@ class Core : public std::enable_shared_from_this<Core> {
   ThreadPool* pool() const { return pool_.get(); }
   uint64_t parallel_copy_bytes() const { return parallel_copy_bytes_; }
   uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
+  // Connections refused because the peer did not prove the deployment's secret.
+  uint64_t auth_failures() const { return auth_failures_.load(std::memory_order_relaxed); }
   // Drains the notification rings into the inbox from this thread; whether any had records.
   bool Poll() EXCLUDES(drain_mu_);
 
@@ -178,6 +193,11 @@ class Core : public std::enable_shared_from_this<Core> {
   void HandleAtInitiator(const std::shared_ptr<Conn>& conn, const Message& m, int region_fd, int table_fd);
   void Drop(const std::shared_ptr<Conn>& conn, Status why) EXCLUDES(mu_);
   void Reject(const std::string& why);
+  // Target side: a peer failed authentication; counted, logged once per key, dropped.
+  void RefuseAuth(const std::shared_ptr<Conn>& conn, const std::string& why);
+  void HandleAuth(const std::shared_ptr<Conn>& conn, const Message& m);
+  // Initiator side: proves the secret on `conn` before it is handed to the I/O thread.
+  Status Authenticate(Conn& conn, Deadline deadline);
   void Wake();
   void Add(const std::shared_ptr<Conn>& conn) EXCLUDES(mu_);
   // Whether `conn` maps region `id` of ours.
@@ -235,6 +255,9 @@ class Core : public std::enable_shared_from_this<Core> {
   std::thread io_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> auth_failures_{0};
+  std::string secret_;  // EngineOptions::secret (or its file); empty = peers not authenticated
+  std::set<std::string> auth_logged_;  // I/O thread: keys whose failed authentication was logged
   std::atomic<uint64_t> poll_calls_{0};  // Poll() calls: while it grows, the I/O thread sleeps lightly
   uint64_t poll_calls_seen_ = 0;        // I/O thread only
 

@@ -11,7 +11,7 @@ namespace {
 
 Status Bad(const std::string& what) { return Status(Code::kInvalidArgument, "malformed shm message: " + what); }
 
-bool CarriesPayload(MsgType t) { return t == MsgType::kHello; }
+bool CarriesPayload(MsgType t) { return t == MsgType::kHello || t == MsgType::kAuth; }
 
 }  // namespace
 
@@ -35,7 +35,7 @@ Result<Header> DecodeHeader(const void* data, size_t length) {
   if (data == nullptr || length < kHeaderBytes) return Bad("message of " + std::to_string(length) + " bytes");
   const auto* p = static_cast<const uint8_t*>(data);
   if (p[0] != kShmWireVersion) return Bad("wire version " + std::to_string(p[0]));
-  if (p[1] < static_cast<uint8_t>(MsgType::kHello) || p[1] > static_cast<uint8_t>(MsgType::kWake))
+  if (p[1] < static_cast<uint8_t>(MsgType::kHello) || p[1] > static_cast<uint8_t>(MsgType::kAuth))
     return Bad("unknown message type " + std::to_string(p[1]));
   for (int i = 3; i < 8; ++i)
     if (p[i] != 0) return Bad("reserved bytes are not zero");
@@ -48,7 +48,8 @@ Result<Header> DecodeHeader(const void* data, size_t length) {
   h.offset = LoadLe64(p + 24);
   h.size = LoadLe64(p + 32);
   h.extra = LoadLe64(p + 40);
-  if (h.type != MsgType::kOpenReply && h.type != MsgType::kAck && h.type != MsgType::kRing && h.code != 0)
+  if (h.type != MsgType::kOpenReply && h.type != MsgType::kAck && h.type != MsgType::kRing && h.type != MsgType::kAuth &&
+      h.code != 0)
     return Bad("status code on a request");
   return h;
 }

@@ -16,6 +16,11 @@
 //   kRevoke    target -> initiator: `region` is being deregistered; stop, unmap, then kUnmapped
 //   kUnmapped  initiator -> target: the initiator no longer maps `region`
 //   kWake      initiator -> target: records wait in the ring and the target's I/O thread sleeps
+//   kAuth      the deployment's secret proven both ways before the hello (EngineOptions::secret,
+//              base/auth.h); `region` is the step. 0, initiator -> target: its nonce and engine
+//              key. 1, target -> initiator: its nonce and proof, or `code` not 0 when it does not
+//              authenticate. 2, initiator -> target: its proof. The hello must then name the key
+//              of step 0.
 // Notifications themselves travel in the ring, not over the socket.
 #pragma once
 
@@ -32,7 +37,7 @@ namespace ferry::internal::shm {
 // The version of the socket messages' header layout and types above: byte 0 of every header.
 // A receiver rejects a message of another version. (The notification ring's layout has its
 // own, kRingVersion in ring_format.h.)
-inline constexpr uint8_t kShmWireVersion = 3;
+inline constexpr uint8_t kShmWireVersion = 4;
 
 // A region's `shm` descriptor data: the target's socket name, '#', and the region's key as 16
 // hex digits.
@@ -54,6 +59,7 @@ enum class MsgType : uint8_t {
   kRevoke = 6,
   kUnmapped = 7,
   kWake = 8,
+  kAuth = 9,
 };
 
 struct Header {

@@ -69,7 +69,7 @@ TEST(ShmWire, RejectsMalformed) {
   b = good;
   b[1] = 0;  // type
   EXPECT_EQ(bad(b), Code::kInvalidArgument);
-  b[1] = 9;
+  b[1] = 10;  // past kAuth
   EXPECT_EQ(bad(b), Code::kInvalidArgument);
   b = good;
   b[5] = 1;  // reserved

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "base/host_port.h"
+#include "base/auth.h"
 #include "base/log.h"
 
 namespace ferry::internal::ucx {
@@ -56,7 +57,9 @@ Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx, std::uni
     return Status(Code::kInvalidArgument, "ucx.handshake_timeout must be in (0, 1 h]");
   if (o.connect_timeout <= std::chrono::milliseconds(0) || o.connect_timeout > std::chrono::hours(1))
     return Status(Code::kInvalidArgument, "ucx.connect_timeout must be in (0, 1 h]");
+  FERRY_ASSIGN_OR_RETURN(std::string secret, auth::LoadSecret(ctx.options->secret, ctx.options->secret_file));
   std::shared_ptr<Core> core(new Core());
+  core->secret_ = std::move(secret);
   core->engine_key_ = ctx.engine_key;
   core->options_ = o;
   core->inbox_ = ctx.inbox;
@@ -135,6 +138,7 @@ Status Core::Listen() {
   d.max_pending = options_.max_pending_handshakes;
   d.max_connections = options_.max_connections;
   d.handshake_timeout = options_.handshake_timeout;
+  d.secret = secret_;
   FERRY_ASSIGN_OR_RETURN(door_, Door::Create(
                                     d, [this](const Hello& h, Deadline deadline) { return Admit(h, deadline); },
                                     [this](uint64_t id) {
@@ -168,6 +172,7 @@ Status Core::Listen() {
 }
 
 uint64_t Core::refused_connections() const { return door_ ? door_->refused() : 0; }
+uint64_t Core::auth_failures() const { return door_ ? door_->auth_failures() : 0; }
 
 Core::~Core() {
   Shutdown();

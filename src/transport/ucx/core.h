@@ -205,6 +205,9 @@ class Core : public std::enable_shared_from_this<Core> {
   uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
   // Connections the door refused (door.h).
   uint64_t refused_connections() const;
+  // Handshakes refused for want of a valid proof of the deployment's secret (door.h).
+  uint64_t auth_failures() const;
+  bool authenticates() const { return !secret_.empty(); }
   uint16_t listen_port() const { return door_ ? door_->port() : 0; }
   // GPU memory staged through bounce buffers (staged.h).
   Stager& stager() { return *stager_; }
@@ -263,6 +266,7 @@ class Core : public std::enable_shared_from_this<Core> {
   void HandleRevoke(Shard& s, const AmHeader& h);
 
   std::string engine_key_;
+  std::string secret_;  // EngineOptions::secret (or its file); empty = peers not authenticated
   UcxOptions options_;
   std::shared_ptr<Inbox> inbox_;
   RmaPolicy rma_;

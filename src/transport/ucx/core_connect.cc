@@ -180,7 +180,7 @@ Result<std::shared_ptr<Conn>> Core::Dial(const EngineDesc& peer, const std::stri
   hello.to_key = peer.key;
   hello.lanes = static_cast<uint16_t>(lanes);
   hello.worker_address = shard.worker_address;
-  FERRY_ASSIGN_OR_RETURN(Dialed d, ucx::Dial(peer_address, hello, deadline));
+  FERRY_ASSIGN_OR_RETURN(Dialed d, ucx::Dial(peer_address, hello, deadline, secret_));
   auto address = CheckedWorkerAddress(d.welcome.worker_address);
   if (!address.ok()) {
     close(d.control);

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/auth.h"
 #include "base/host_port.h"
 #include "base/log.h"
 #include "base/os.h"
@@ -253,6 +254,9 @@ void Door::Read(Pending& p, bool* done) {
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   if (n <= 0) {
     *done = true;
+    // An initiator with another secret finds the challenge's proof wrong and hangs up.
+    if (p.challenged)
+      return RefuseAuth(p.fd, "'" + p.hello.from_key + "' closed the connection without proving the deployment's secret (a different secret?)");
     return Refuse(p.fd, n == 0 ? "closed before a ferry handshake" : "socket error before a ferry handshake");
   }
   p.buf.append(chunk, static_cast<size_t>(n));
@@ -270,13 +274,79 @@ void Door::Read(Pending& p, bool* done) {
     return Refuse(p.fd, std::string(length.status().message()).c_str());
   }
   if (*length == 0 || p.buf.size() < *length) return;
-  *done = true;
-  Finish(p);
+  *done = Finish(p);
 }
 
-void Door::Finish(Pending& p) {
+void Door::RefuseAuth(int fd, const std::string& why) {
+  auth_failures_.fetch_add(1, std::memory_order_relaxed);
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+    if (ss.ss_family == AF_INET) inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, host, sizeof(host));
+    if (ss.ss_family == AF_INET6) inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, host, sizeof(host));
+  }
+  if (auth_logged_.size() < 1024 && auth_logged_.insert(host).second)
+    FERRY_LOG_WARN("ucx: a peer at {} failed authentication: {} (logged once per address)", host, why);
+  Welcome w;
+  w.code = Code::kPermissionDenied;
+  w.message = why;
+  w.key = options_.key;
+  std::string frame = EncodeWelcome(w);
+  (void)!Os()->Send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  Refuse(fd, why.c_str());
+}
+
+bool Door::Finish(Pending& p) {
+  if (p.challenged) {
+    auto proof = DecodeProof(p.buf);
+    if (!proof.ok()) {
+      RefuseAuth(p.fd, "not a proof of the deployment's secret: " + std::string(proof.status().message()));
+      return true;
+    }
+    if (!auth::MacEqual(proof->mac, InitiatorProof(options_.secret, p.hello, p.target_nonce))) {
+      RefuseAuth(p.fd, "engine '" + options_.key + "' refused '" + p.hello.from_key +
+                           "': its proof of the deployment's secret is wrong (a different secret?)");
+      return true;
+    }
+    Answer(p, p.hello);
+    return true;
+  }
   auto hello = DecodeHello(p.buf);
-  if (!hello.ok()) return Refuse(p.fd, std::string(hello.status().message()).c_str());
+  if (!hello.ok()) {
+    Refuse(p.fd, std::string(hello.status().message()).c_str());
+    return true;
+  }
+  if (!options_.secret.empty() && hello->to_key == options_.key) {
+    if (hello->nonce.empty()) {
+      RefuseAuth(p.fd, "engine '" + options_.key +
+                           "' admits authenticated peers only: give this engine the deployment's secret "
+                           "(EngineOptions::secret, FERRY_SECRET)");
+      return true;
+    }
+    auto nonce = auth::Nonce();
+    if (!nonce.ok()) {
+      Refuse(p.fd, std::string(nonce.status().message()).c_str());
+      return true;
+    }
+    Challenge c{*nonce, TargetProof(options_.secret, *hello, *nonce)};
+    std::string frame = EncodeChallenge(c);
+    if (Os()->Send(p.fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(frame.size())) {
+      Refuse(p.fd, "the challenge could not be sent");
+      return true;
+    }
+    p.challenged = true;
+    p.hello = std::move(hello).value();
+    p.target_nonce = std::move(nonce).value();
+    p.buf.clear();
+    return false;  // the proof comes next, within the same handshake deadline
+  }
+  Answer(p, *hello);
+  return true;
+}
+
+void Door::Answer(Pending& p, const Hello& hello_in) {
+  const Hello* hello = &hello_in;
   Welcome w;
   if (hello->to_key != options_.key) {
     w.code = Code::kFailedPrecondition;
@@ -300,7 +370,12 @@ void Door::Finish(Pending& p) {
   established_.push_back(Established{p.fd, w.conn_id});
 }
 
-Result<Dialed> Dial(const std::string& address, const Hello& hello, Deadline deadline) {
+Result<Dialed> Dial(const std::string& address, Hello hello, Deadline deadline, std::string_view secret) {
+  if (!secret.empty()) {
+    FERRY_ASSIGN_OR_RETURN(hello.nonce, auth::Nonce());
+  } else {
+    hello.nonce.clear();
+  }
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline.remaining());
   FERRY_ASSIGN_OR_RETURN(SocketAddress addr,
                          ParseAddress(address, std::clamp(left, std::chrono::milliseconds(1), kDefaultResolveTimeout)));
@@ -334,23 +409,61 @@ Result<Dialed> Dial(const std::string& address, const Hello& hello, Deadline dea
     if (n < 0 && errno != EAGAIN && errno != EINTR) return fail(os::ErrnoStatus(Code::kUnavailable, "sending ferry's handshake to " + address, errno));
     if (!WaitFd(fd, POLLOUT, deadline)) return fail(Status(Code::kUnavailable, address + " did not take ferry's handshake within " + ms + " ms"));
   }
-  std::string buf;
-  size_t want = kDoorPrefixBytes;
-  while (buf.size() < want) {
-    char chunk[4096];
-    ssize_t n = Os()->Recv(fd, chunk, std::min(sizeof(chunk), want - buf.size()), 0);
-    if (n == 0) return fail(Status(Code::kUnavailable, address + " closed the connection during ferry's handshake"));
-    if (n < 0) {
-      if (errno != EAGAIN && errno != EINTR) return fail(os::ErrnoStatus(Code::kUnavailable, "receiving ferry's handshake from " + address, errno));
-      if (!WaitFd(fd, POLLIN, deadline))
-        return fail(Status(Code::kUnavailable, address + " did not answer ferry's handshake within " + ms +
-                                                   " ms (a stopped or busy engine, or not a ferry engine)"));
-      continue;
+  // One whole frame: exactly as many bytes as it announces, never more.
+  auto read_frame = [&](std::string* buf) -> Status {
+    buf->clear();
+    size_t want = kDoorPrefixBytes;
+    while (buf->size() < want) {
+      char chunk[4096];
+      ssize_t n = Os()->Recv(fd, chunk, std::min(sizeof(chunk), want - buf->size()), 0);
+      if (n == 0) return Status(Code::kUnavailable, address + " closed the connection during ferry's handshake");
+      if (n < 0) {
+        if (errno != EAGAIN && errno != EINTR) return os::ErrnoStatus(Code::kUnavailable, "receiving ferry's handshake from " + address, errno);
+        if (!WaitFd(fd, POLLIN, deadline))
+          return Status(Code::kUnavailable, address + " did not answer ferry's handshake within " + ms +
+                                                " ms (a stopped or busy engine, or not a ferry engine)");
+        continue;
+      }
+      buf->append(chunk, static_cast<size_t>(n));
+      auto length = DoorFrameLength(*buf);
+      if (!length.ok()) return length.status().WithContext(address);
+      if (*length != 0) want = *length;
     }
-    buf.append(chunk, static_cast<size_t>(n));
-    auto length = DoorFrameLength(buf);
-    if (!length.ok()) return fail(length.status().WithContext(address));
-    if (*length != 0) want = *length;
+    return Status::Ok();
+  };
+  std::string buf;
+  if (Status r = read_frame(&buf); !r.ok()) return fail(r);
+  auto fields = DoorFrameFields(buf);
+  if (!fields.ok()) return fail(fields.status().WithContext(address));
+  if (*fields == 2) {  // a challenge: the target authenticates its peers
+    auto challenge = DecodeChallenge(buf);
+    if (!challenge.ok()) return fail(challenge.status().WithContext(address));
+    if (secret.empty())
+      return fail(Status(Code::kPermissionDenied, "engine at " + address +
+                                                      " admits authenticated peers only: give this engine the "
+                                                      "deployment's secret (EngineOptions::secret, FERRY_SECRET)"));
+    if (!auth::MacEqual(challenge->mac, TargetProof(secret, hello, challenge->nonce)))
+      return fail(Status(Code::kPermissionDenied, "engine at " + address +
+                                                      " could not prove that it holds the deployment's secret "
+                                                      "(a different secret?)"));
+    const std::string proof = EncodeProof(Proof{InitiatorProof(secret, hello, challenge->nonce)});
+    for (size_t sent = 0; sent < proof.size();) {
+      ssize_t n = Os()->Send(fd, proof.data() + sent, proof.size() - sent, MSG_NOSIGNAL);
+      if (n > 0) {
+        sent += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno != EAGAIN && errno != EINTR) return fail(os::ErrnoStatus(Code::kUnavailable, "sending ferry's proof to " + address, errno));
+      if (!WaitFd(fd, POLLOUT, deadline)) return fail(Status(Code::kUnavailable, address + " did not take ferry's proof within " + ms + " ms"));
+    }
+    if (Status r = read_frame(&buf); !r.ok()) return fail(r);
+  } else if (!secret.empty()) {
+    auto refusal = DecodeWelcome(buf);
+    if (refusal.ok() && refusal->code != Code::kOk)
+      return fail(Status(refusal->code, "engine at " + address + " refused the connection: " + refusal->message));
+    return fail(Status(Code::kPermissionDenied, "engine at " + address +
+                                                    " does not authenticate its peers (it has no secret); this engine "
+                                                    "talks to authenticated peers only"));
   }
   auto welcome = DecodeWelcome(buf);
   if (!welcome.ok()) return fail(welcome.status().WithContext(address));

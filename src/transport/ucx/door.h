@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,6 +37,9 @@ struct DoorOptions {
   size_t max_pending = 64;
   size_t max_connections = 512;
   std::chrono::milliseconds handshake_timeout{5000};
+  // Non-empty: a hello must carry a nonce, and the initiator must prove that it holds this
+  // secret (door_wire.h, base/auth.h) before it is admitted.
+  std::string secret;
 };
 
 class Door {
@@ -61,12 +65,18 @@ class Door {
   uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
   size_t pending() const { return pending_count_.load(std::memory_order_relaxed); }
   size_t established() const { return established_count_.load(std::memory_order_relaxed); }
+  // Handshakes refused for want of a valid proof of the secret (counted in refused() too).
+  uint64_t auth_failures() const { return auth_failures_.load(std::memory_order_relaxed); }
 
  private:
   struct Pending {
     int fd;
     Clock::time_point deadline;
     std::string buf;
+    // After the challenge went out: the hello it answered, and the nonce it carried.
+    bool challenged = false;
+    Hello hello;
+    std::string target_nonce;
   };
   struct Established {
     int fd;
@@ -76,8 +86,12 @@ class Door {
   void Loop() EXCLUDES(mu_);
   void Accept();
   void Read(Pending& p, bool* done);  // *done: p is finished (established or closed)
-  void Finish(Pending& p);
+  bool Finish(Pending& p);  // whether p is finished
+  void Answer(Pending& p, const Hello& hello);
   void Refuse(int fd, const char* why);
+  // Refuses with a welcome that says why (the initiator can report it), counted as an
+  // authentication failure and logged once per peer address.
+  void RefuseAuth(int fd, const std::string& why);
 
   const DoorOptions options_;
   const AdmitFn admit_;
@@ -90,12 +104,14 @@ class Door {
   std::atomic<uint64_t> refused_{0};
   std::atomic<size_t> pending_count_{0};
   std::atomic<size_t> established_count_{0};
+  std::atomic<uint64_t> auth_failures_{0};
 
   // Door thread only.
   std::vector<Pending> pending_;
   std::vector<Established> established_;
   Clock::time_point paused_until_{};
   uint64_t accept_errors_ = 0;
+  std::set<std::string> auth_logged_;  // peer addresses whose failed authentication was logged
 
   Mutex mu_;
   std::vector<uint64_t> forget_ GUARDED_BY(mu_);
@@ -111,6 +127,10 @@ struct Dialed {
   Welcome welcome;
   int control = -1;
 };
-Result<Dialed> Dial(const std::string& address, const Hello& hello, Deadline deadline);
+// With a `secret`, the hello carries a nonce, the target must prove that it holds the secret
+// (a challenge), and the initiator answers with its own proof; a target that does not
+// authenticate, or proves wrong, is refused with kPermissionDenied. Without one, a target that
+// challenges is refused the same way.
+Result<Dialed> Dial(const std::string& address, Hello hello, Deadline deadline, std::string_view secret = {});
 
 }  // namespace ferry::internal::ucx

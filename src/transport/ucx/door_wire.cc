@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "base/auth.h"
 #include "base/codec.h"
 #include "base/endian.h"
 #include "ferry/descriptors.h"
@@ -38,12 +39,61 @@ Result<codec::Reader> Body(std::string_view frame) {
 
 std::string EncodeHello(const Hello& h) {
   codec::Writer w;
-  w.Array(4);
+  w.Array(5);
   w.Str(h.from_key);
   w.Str(h.to_key);
   w.UInt(h.lanes);
   w.Bin(h.worker_address);
+  w.Bin(h.nonce);
   return Frame(w.Take());
+}
+
+std::string EncodeChallenge(const Challenge& c) {
+  codec::Writer w;
+  w.Array(2);
+  w.Bin(c.nonce);
+  w.Bin(c.mac);
+  return Frame(w.Take());
+}
+
+std::string EncodeProof(const Proof& p) {
+  codec::Writer w;
+  w.Array(1);
+  w.Bin(p.mac);
+  return Frame(w.Take());
+}
+
+std::string TargetProof(std::string_view secret, const Hello& hello, std::string_view target_nonce) {
+  return auth::Mac(secret, "ferry ucx door: target", {hello.nonce, target_nonce, hello.to_key, hello.from_key});
+}
+
+std::string InitiatorProof(std::string_view secret, const Hello& hello, std::string_view target_nonce) {
+  return auth::Mac(secret, "ferry ucx door: initiator", {target_nonce, hello.nonce, hello.from_key, hello.to_key});
+}
+
+Result<size_t> DoorFrameFields(std::string_view frame) {
+  FERRY_ASSIGN_OR_RETURN(codec::Reader reader, Body(frame));
+  return size_t{reader.root().size()};
+}
+
+Result<Challenge> DecodeChallenge(std::string_view frame) {
+  FERRY_ASSIGN_OR_RETURN(codec::Reader reader, Body(frame));
+  codec::ArrayReader a = reader.root();
+  if (a.size() != 2) return Bad("challenge of " + std::to_string(a.size()) + " fields");
+  FERRY_ASSIGN_OR_RETURN(std::string_view nonce, a.Bytes("nonce", auth::kNonceBytes));
+  FERRY_ASSIGN_OR_RETURN(std::string_view mac, a.Bytes("proof", auth::kMacBytes));
+  if (nonce.size() != auth::kNonceBytes) return Bad("a nonce of " + std::to_string(nonce.size()) + " bytes");
+  if (mac.size() != auth::kMacBytes) return Bad("a proof of " + std::to_string(mac.size()) + " bytes");
+  return Challenge{std::string(nonce), std::string(mac)};
+}
+
+Result<Proof> DecodeProof(std::string_view frame) {
+  FERRY_ASSIGN_OR_RETURN(codec::Reader reader, Body(frame));
+  codec::ArrayReader a = reader.root();
+  if (a.size() != 1) return Bad("proof of " + std::to_string(a.size()) + " fields");
+  FERRY_ASSIGN_OR_RETURN(std::string_view mac, a.Bytes("proof", auth::kMacBytes));
+  if (mac.size() != auth::kMacBytes) return Bad("a proof of " + std::to_string(mac.size()) + " bytes");
+  return Proof{std::string(mac)};
 }
 
 std::string EncodeWelcome(const Welcome& wl) {
@@ -75,12 +125,15 @@ Result<size_t> DoorFrameLength(std::string_view prefix) {
 Result<Hello> DecodeHello(std::string_view frame) {
   FERRY_ASSIGN_OR_RETURN(codec::Reader reader, Body(frame));
   codec::ArrayReader a = reader.root();
-  if (a.size() != 4) return Bad("hello of " + std::to_string(a.size()) + " fields");
+  if (a.size() != 5) return Bad("hello of " + std::to_string(a.size()) + " fields");
   Hello h;
   FERRY_ASSIGN_OR_RETURN(std::string_view from, a.Bytes("from key", kMaxKeyBytes));
   FERRY_ASSIGN_OR_RETURN(std::string_view to, a.Bytes("to key", kMaxKeyBytes));
   FERRY_ASSIGN_OR_RETURN(uint64_t lanes, a.UInt("lanes"));
   FERRY_ASSIGN_OR_RETURN(std::string_view address, a.Bytes("worker address", kMaxWorkerAddressBytes));
+  FERRY_ASSIGN_OR_RETURN(std::string_view nonce, a.Bytes("nonce", auth::kNonceBytes));
+  if (!nonce.empty() && nonce.size() != auth::kNonceBytes) return Bad("a nonce of " + std::to_string(nonce.size()) + " bytes");
+  h.nonce = nonce;
   if (from.empty()) return Bad("empty engine key");
   if (lanes < 1 || lanes > kMaxDoorLanes) return Bad(std::to_string(lanes) + " lanes");
   if (address.empty()) return Bad("empty worker address");

@@ -55,6 +55,32 @@ TEST(DoorWire, RejectsWhatIsNotAFerryHandshake) {
   EXPECT_EQ(refused->code, Code::kResourceExhausted);
 }
 
+TEST(DoorWire, ChallengesAndProofsRoundTripAndMalformedOnesAreRefused) {
+  Hello h{"prefill", "decode", 1, "w", std::string(32, 'i')};
+  auto back = DecodeHello(EncodeHello(h));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->nonce, h.nonce);
+  h.nonce = "short";
+  EXPECT_EQ(DecodeHello(EncodeHello(h)).status().code(), Code::kInvalidArgument);
+  h.nonce = std::string(32, 'i');
+  const std::string tn(32, 't');
+  Challenge c{tn, TargetProof("secret-0123456789", h, tn)};
+  auto cb = DecodeChallenge(EncodeChallenge(c));
+  ASSERT_TRUE(cb.ok()) << cb.status().ToString();
+  EXPECT_EQ(cb->nonce, tn);
+  EXPECT_EQ(cb->mac, c.mac);
+  EXPECT_EQ(*DoorFrameFields(EncodeChallenge(c)), 2u);
+  EXPECT_EQ(*DoorFrameFields(EncodeWelcome({})), 5u);
+  auto pb = DecodeProof(EncodeProof(Proof{InitiatorProof("secret-0123456789", h, tn)}));
+  ASSERT_TRUE(pb.ok());
+  EXPECT_NE(pb->mac, c.mac);  // each side's proof has its own label
+  EXPECT_EQ(DecodeChallenge(EncodeChallenge(Challenge{"n", c.mac})).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(DecodeChallenge(EncodeChallenge(Challenge{tn, "m"})).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(DecodeProof(EncodeProof(Proof{"m"})).status().code(), Code::kInvalidArgument);
+  EXPECT_EQ(DecodeProof(EncodeChallenge(c)).status().code(), Code::kInvalidArgument);  // wrong shape
+  EXPECT_EQ(DecodeChallenge(EncodeHello(h)).status().code(), Code::kInvalidArgument);
+}
+
 TEST(DoorWire, RandomBytesNeverCrash) {
   std::mt19937 rng(11);
   std::string good = EncodeHello({"prefill", "decode", 2, std::string(64, 'w')});
@@ -65,6 +91,9 @@ TEST(DoorWire, RandomBytesNeverCrash) {
     (void)DoorFrameLength(s);
     (void)DecodeHello(s);
     (void)DecodeWelcome(s);
+    (void)DecodeChallenge(s);
+    (void)DecodeProof(s);
+    (void)DoorFrameFields(s);
   }
 }
 
