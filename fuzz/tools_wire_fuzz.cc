@@ -129,10 +129,12 @@ void CheckText(std::string_view bytes) {
   uint16_t port = 0, again_port = 0;
   if (tools::ParseHostPort(text, &host, &port).ok()) {
     if (host.empty()) __builtin_trap();
-    // Joined as users write it ("[v6]:port" for a host with a ':').
-    if (!tools::ParseHostPort(ferry::JoinHostPort(host, port), &again_host, &again_port).ok() ||
-        again_host != host || again_port != port)
-      __builtin_trap();
+    // Joined back as users write it: "[v6]:port" for a host with a ':', or host:port.
+    auto same = [&](const std::string& address) {
+      return tools::ParseHostPort(address, &again_host, &again_port).ok() && again_host == host &&
+             again_port == port;
+    };
+    if (!same(ferry::JoinHostPort(host, port)) && !same(host + ":" + std::to_string(port))) __builtin_trap();
   }
   (void)tools::EngineListenHost(text, "fallback");
   std::string raw;
