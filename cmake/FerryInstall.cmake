@@ -129,6 +129,10 @@ if(TARGET _ferry)
           COMPONENT python EXCLUDE_FROM_ALL)
   file(GLOB _py CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/python/ferry/*.py)
   install(FILES ${_py} DESTINATION ${FERRY_INSTALL_PYTHONDIR}/ferry COMPONENT python EXCLUDE_FROM_ALL)
+  # The module's type stubs and the PEP 561 marker, so that type checkers and IDEs see ferry's
+  # signatures (the compiled module has none of its own).
+  install(FILES ${PROJECT_SOURCE_DIR}/python/ferry/_ferry.pyi ${PROJECT_SOURCE_DIR}/python/ferry/py.typed
+          DESTINATION ${FERRY_INSTALL_PYTHONDIR}/ferry COMPONENT python EXCLUDE_FROM_ALL)
 endif()
 
 if(FERRY_WITH_TESTS AND NOT FERRY_SANITIZE)

@@ -8,7 +8,9 @@
 #   - consumer/ (two engines, a local write, bytes checked) builds and runs with
 #     find_package(ferry) (shared, then COMPONENTS static) and with pkg-config (ferry, then
 #     ferry-static); the shared builds load the installed libferry.so, the static ones none;
-#   - the installed `ferry` CLI runs.
+#   - the installed `ferry` CLI runs;
+#   - where the build has the Python module, `--component python` installs the package with its
+#     type stubs (_ferry.pyi) and PEP 561 marker (py.typed).
 set -euo pipefail
 build=$(cd "$1" && pwd)
 cxx=${2:-c++}
@@ -45,6 +47,20 @@ for s in "ferry::Engine::Create" "ferry::kv::Connector::Create" "ferry::embed::P
   grep -q "$s" <<<"$syms" || fail "libferry.so does not export $s"
 done
 if grep -qw "cudaMalloc" <<<"$syms"; then fail "libferry.so exports the CUDA runtime"; fi
+
+if ls "$build"/python/ferry/_ferry*.so >/dev/null 2>&1; then
+  step "cmake --install $build --component python"
+  cmake --install "$build" --prefix "$prefix/py" --component python >"$tmp/install_py.log" ||
+    { cat "$tmp/install_py.log"; fail "cmake --install --component python"; }
+  pkg=$(dirname "$(find "$prefix/py" -name '__init__.py' -path '*/ferry/*' | head -1)")
+  [ -d "$pkg" ] || fail "no ferry package installed under $prefix/py"
+  for f in _ferry.pyi py.typed; do
+    [ -f "$pkg/$f" ] || fail "the python component did not install ferry/$f"
+  done
+  cmp -s "$pkg/_ferry.pyi" "$here/../../python/ferry/_ferry.pyi" || fail "installed _ferry.pyi differs from the source"
+else
+  step "no Python module in $build: the python component is not checked"
+fi
 
 step "each public header compiles alone"
 for h in "$prefix"/include/ferry/*.h; do

@@ -60,6 +60,7 @@ for line in zf.read(record).decode().splitlines():
     assert digest == want and int(size) == len(data), path
 assert listed == names, names ^ listed
 assert any(re.match(r"ferry/_ferry\..*\.so$", n) for n in names), names
+assert "ferry/_ferry.pyi" in names and "ferry/py.typed" in names, names  # type stubs, PEP 561
 cli = next(n for n in names if re.match(r"ferry-[^/]+\.data/scripts/ferry$", n))
 assert (zf.getinfo(cli).external_attr >> 16) & 0o111, "the CLI is not executable"
 meta = zf.read(record.replace("RECORD", "METADATA")).decode()

@@ -213,6 +213,10 @@ def _wheel_files(stage):
             files[rel] = (src, 0o644)
     if not any(re.match(r"ferry/_ferry\..*(so|pyd)$", p) for p in files):
         raise RuntimeError("ferry: the build installed no ferry/_ferry module under " + package)
+    # The module's type stubs and the PEP 561 marker: a wheel without them types as Any.
+    for typed in ("ferry/_ferry.pyi", "ferry/py.typed"):
+        if typed not in files:
+            raise RuntimeError("ferry: the build installed no %s under %s" % (typed, package))
     cli = os.path.join(stage, "bin", "ferry")
     if not os.path.exists(cli):
         raise RuntimeError("ferry: the build installed no CLI at " + cli)
