@@ -1,6 +1,7 @@
 #include "side_channel.h"
 
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -50,37 +51,92 @@ Status ParseHostPort(const std::string& address, std::string* host, uint16_t* po
   size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0)
     return Status(Code::kInvalidArgument, "address '" + address + "' is not host:port");
+  std::string h = address.substr(0, colon);
+  if (h.front() == '[') {
+    // "[v6]:port": the host without its brackets.
+    if (h.size() < 3 || h.back() != ']')
+      return Status(Code::kInvalidArgument, "bad IPv6 host in '" + address + "' (want [v6]:port)");
+    h = h.substr(1, h.size() - 2);
+  } else if (h.find(':') != std::string::npos) {
+    return Status(Code::kInvalidArgument, "an IPv6 host needs brackets: '" + address + "' (want [v6]:port)");
+  }
+  if (h.size() > 255) return Status(Code::kInvalidArgument, "host too long in '" + address + "'");
   char* end = nullptr;
   long p = std::strtol(address.c_str() + colon + 1, &end, 10);
   if (end == address.c_str() + colon + 1 || *end != '\0' || p < 0 || p > 65535)
     return Status(Code::kInvalidArgument, "bad port in '" + address + "'");
-  *host = address.substr(0, colon);
+  *host = h;
   *port = static_cast<uint16_t>(p);
   return Status::Ok();
 }
 
-static Result<sockaddr_in> Resolve(const std::string& address) {
+namespace {
+
+struct SocketAddr {
+  sockaddr_storage storage{};
+  socklen_t len = 0;
+  const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
+};
+
+// "host:port" or "[v6]:port", host numeric (IPv4, IPv6) or a name (getaddrinfo; a name with
+// both kinds of address gives its IPv4 one, as the engine's listeners do, so that "localhost"
+// reaches a listener on 127.0.0.1).
+Result<SocketAddr> Resolve(const std::string& address) {
   std::string host;
   uint16_t port = 0;
   FERRY_RETURN_IF_ERROR(ParseHostPort(address, &host, &port));
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1)
-    return Status(Code::kInvalidArgument, "'" + host + "' is not an IPv4 address");
-  return addr;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  const int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+  if (rc != 0)
+    return Status(rc == EAI_NONAME ? Code::kInvalidArgument : Code::kUnavailable,
+                  "cannot resolve '" + host + "': " + gai_strerror(rc));
+  const addrinfo* pick = found;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next)
+    if (a->ai_family == AF_INET) {
+      pick = a;
+      break;
+    }
+  SocketAddr out;
+  if (pick == nullptr || pick->ai_addrlen > sizeof(out.storage)) {
+    freeaddrinfo(found);
+    return Status(Code::kInvalidArgument, "no address for '" + host + "'");
+  }
+  std::memcpy(&out.storage, pick->ai_addr, pick->ai_addrlen);
+  out.len = static_cast<socklen_t>(pick->ai_addrlen);
+  freeaddrinfo(found);
+  return out;
 }
+
+// "127.0.0.1:80", "[::1]:80".
+std::string ToString(const sockaddr_storage& ss) {
+  char host[INET6_ADDRSTRLEN] = {};
+  if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+    return "[" + std::string(host) + "]:" + std::to_string(ntohs(a->sin6_port));
+  }
+  const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+  inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+  return std::string(host) + ":" + std::to_string(ntohs(a->sin_port));
+}
+
+}  // namespace
 
 SideChannel::~SideChannel() { close(fd_); }
 
 Result<std::unique_ptr<SideChannel>> SideChannel::Dial(const std::string& address,
                                                        std::chrono::milliseconds timeout) {
-  FERRY_ASSIGN_OR_RETURN(sockaddr_in addr, Resolve(address));
+  FERRY_ASSIGN_OR_RETURN(SocketAddr addr, Resolve(address));
   const auto until = Clock::now() + timeout;
   for (;;) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(addr.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return Errno("socket");
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    if (connect(fd, addr.get(), addr.len) == 0) {
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       return std::unique_ptr<SideChannel>(new SideChannel(fd));
@@ -144,22 +200,20 @@ bool SideChannel::Readable(std::chrono::milliseconds timeout) {
 SideListener::~SideListener() { close(fd_); }
 
 Result<std::unique_ptr<SideListener>> SideListener::Listen(const std::string& address) {
-  FERRY_ASSIGN_OR_RETURN(sockaddr_in addr, Resolve(address));
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  FERRY_ASSIGN_OR_RETURN(SocketAddr addr, Resolve(address));
+  int fd = socket(addr.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Errno("socket");
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 4) != 0) {
+  if (bind(fd, addr.get(), addr.len) != 0 || listen(fd, 4) != 0) {
     Status s = Errno("listening on " + address);
     close(fd);
     return s;
   }
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  char host[INET_ADDRSTRLEN];
-  inet_ntop(AF_INET, &addr.sin_addr, host, sizeof(host));
-  return std::unique_ptr<SideListener>(
-      new SideListener(fd, std::string(host) + ":" + std::to_string(ntohs(addr.sin_port))));
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  return std::unique_ptr<SideListener>(new SideListener(fd, ToString(bound)));
 }
 
 Result<std::unique_ptr<SideChannel>> SideListener::Accept(std::chrono::milliseconds timeout) {
@@ -182,10 +236,13 @@ Result<std::unique_ptr<SideChannel>> SideListener::Accept(std::chrono::milliseco
 }
 
 std::string EngineListenHost(const std::string& address, const std::string& fallback) {
-  const size_t colon = address.rfind(':');
-  const std::string host = colon == std::string::npos ? address : address.substr(0, colon);
-  in_addr parsed = {};
-  return inet_pton(AF_INET, host.c_str(), &parsed) == 1 ? host : fallback;
+  std::string host;
+  uint16_t port = 0;
+  if (!ParseHostPort(address, &host, &port).ok()) return fallback;
+  in_addr v4 = {};
+  in6_addr v6 = {};
+  const bool numeric = inet_pton(AF_INET, host.c_str(), &v4) == 1 || inet_pton(AF_INET6, host.c_str(), &v6) == 1;
+  return numeric ? host : fallback;
 }
 
 }  // namespace ferry::tools

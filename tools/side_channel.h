@@ -25,7 +25,7 @@ class SideChannel {
   SideChannel(const SideChannel&) = delete;
   SideChannel& operator=(const SideChannel&) = delete;
 
-  // Connects to "host:port", retrying until `timeout` (the other side may still be starting).
+  // Connects to "host:port" or "[v6]:port" (host: IPv4, IPv6 or a name), retrying until `timeout` (the other side may still be starting).
   static Result<std::unique_ptr<SideChannel>> Dial(const std::string& address,
                                                    std::chrono::milliseconds timeout);
 
@@ -41,17 +41,17 @@ class SideChannel {
   int fd_;
 };
 
-// The ucx listen host for an engine whose side channel listens on `address` ("host:port"): its
-// host when that is an IPv4 address (so peers that reach the side channel reach the engine),
-// else `fallback`.
+// The ucx listen host for an engine whose side channel listens on `address` ("host:port" or
+// "[v6]:port"): its host when that is a numeric IPv4 or IPv6 address (so peers that reach the
+// side channel reach the engine), else `fallback`.
 std::string EngineListenHost(const std::string& address, const std::string& fallback);
 
 class SideListener {
  public:
   ~SideListener();
-  // Listens on "host:port" (port 0 = any free port).
+  // Listens on "host:port" or "[v6]:port" (port 0 = any free port; host: IPv4, IPv6 or a name).
   static Result<std::unique_ptr<SideListener>> Listen(const std::string& address);
-  // "host:port" actually bound.
+  // "host:port" actually bound ("[v6]:port" for IPv6).
   const std::string& address() const { return address_; }
   Result<std::unique_ptr<SideChannel>> Accept(std::chrono::milliseconds timeout);
 
@@ -61,7 +61,7 @@ class SideListener {
   std::string address_;
 };
 
-// Splits "host:port"; kInvalidArgument when malformed.
+// Splits "host:port" or "[v6]:port" (host without brackets); kInvalidArgument when malformed.
 Status ParseHostPort(const std::string& address, std::string* host, uint16_t* port);
 
 }  // namespace ferry::tools

@@ -114,5 +114,67 @@ TEST(SideChannel, SilentPeerIsDeadlineExceeded) {
   EXPECT_EQ(p.channel->Receive(50ms).status().code(), Code::kDeadlineExceeded);
 }
 
+// Whether this host can listen on the IPv6 loopback (containers often have IPv6 off).
+bool HasIpv6Loopback() {
+  const int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 a = {};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  close(fd);
+  return ok;
+}
+
+TEST(SideChannelAddress, ParsesBracketedIpv6AndRefusesBareOnes) {
+  std::string host;
+  uint16_t port = 0;
+  ASSERT_TRUE(ParseHostPort("[::1]:8080", &host, &port).ok());
+  EXPECT_EQ(host, "::1");
+  EXPECT_EQ(port, 8080);
+  ASSERT_TRUE(ParseHostPort("localhost:0", &host, &port).ok());
+  EXPECT_EQ(host, "localhost");
+  for (const char* bad : {"::1:80", "[::1:80", "[]:80", "host", ":80", "host:x", "host:65536"})
+    EXPECT_EQ(ParseHostPort(bad, &host, &port).code(), Code::kInvalidArgument) << bad;
+  EXPECT_EQ(EngineListenHost("[::1]:5", "fallback"), "::1");
+  EXPECT_EQ(EngineListenHost("10.1.2.3:5", "fallback"), "10.1.2.3");
+  EXPECT_EQ(EngineListenHost("localhost:5", "fallback"), "fallback");
+  EXPECT_EQ(EngineListenHost("::1:5", "fallback"), "fallback");
+}
+
+TEST(SideChannelAddress, AHostNameListensAndDialsOverIpv4) {
+  auto listener = SideListener::Listen("localhost:0");
+  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  const std::string bound = (*listener)->address();
+  EXPECT_EQ(bound.rfind("127.0.0.1:", 0), 0u) << bound;
+  auto dialed = SideChannel::Dial("localhost:" + bound.substr(bound.rfind(':') + 1), 5s);
+  ASSERT_TRUE(dialed.ok()) << dialed.status().ToString();
+  auto accepted = (*listener)->Accept(5s);
+  ASSERT_TRUE(accepted.ok()) << accepted.status().ToString();
+  ASSERT_TRUE((*dialed)->Send("over a name").ok());
+  auto got = (*accepted)->Receive(5s);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, "over a name");
+  // An unknown name: kInvalidArgument, or kUnavailable where no resolver answers at all.
+  const Code unknown = SideListener::Listen("no-such-host.invalid:0").status().code();
+  EXPECT_TRUE(unknown == Code::kInvalidArgument || unknown == Code::kUnavailable) << static_cast<int>(unknown);
+}
+
+TEST(SideChannelAddress, ListensAndDialsOnTheIpv6Loopback) {
+  if (!HasIpv6Loopback()) GTEST_SKIP() << "this host has no IPv6 loopback (::1 cannot be bound)";
+  auto listener = SideListener::Listen("[::1]:0");
+  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  const std::string bound = (*listener)->address();
+  ASSERT_EQ(bound.rfind("[::1]:", 0), 0u) << bound;
+  auto dialed = SideChannel::Dial(bound, 5s);
+  ASSERT_TRUE(dialed.ok()) << dialed.status().ToString();
+  auto accepted = (*listener)->Accept(5s);
+  ASSERT_TRUE(accepted.ok()) << accepted.status().ToString();
+  ASSERT_TRUE((*accepted)->Send("v6").ok());
+  auto got = (*dialed)->Receive(5s);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, "v6");
+}
+
 }  // namespace
 }  // namespace ferry::tools
