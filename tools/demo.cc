@@ -95,7 +95,7 @@ int Run(const DemoFlags& f) {
   Side producer, consumer;
   if (Status s = MakeSide("demo-prefill", f.threads, c, &producer, f.transports); !s.ok())
     return Fail(kCmd, s.WithContext("producer"));
-  if (Status s = MakeSide("demo-decode", f.threads, c, &consumer, f.transports); !s.ok())
+  if (Status s = MakeSide("demo-decode", f.threads, c, &consumer, f.transports, "", false); !s.ok())
     return Fail(kCmd, s.WithContext("consumer"));
   auto session = Connect(producer, consumer);
   if (!session.ok()) return Fail(kCmd, session.status());

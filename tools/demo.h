@@ -73,8 +73,11 @@ struct Side {
 };
 
 // `listen`: the side channel's address, where the engine listens too (EngineListenHost).
+// `metrics`: false leaves out the /metrics endpoint FERRY_METRICS_PORT asks for (the second
+// engine of one process: a fixed port fits one).
 Status MakeSide(const std::string& key, int copy_threads, const DemoConfig& c, Side* side,
-                const std::vector<std::string>& transports = {}, const std::string& listen = "");
+                const std::vector<std::string>& transports = {}, const std::string& listen = "",
+                bool metrics = true);
 
 // Waits (up to `timeout`) for `message` from `from` among the consumer's notifications.
 Status AwaitNotification(Engine& consumer, const std::string& from, const std::string& message, Duration timeout);

@@ -67,7 +67,7 @@ Result<DemoConfig> Configure(const DemoFlags& f) {
 }
 
 Status MakeSide(const std::string& key, int copy_threads, const DemoConfig& c, Side* side,
-                const std::vector<std::string>& transports, const std::string& listen) {
+                const std::vector<std::string>& transports, const std::string& listen, bool metrics) {
   const uint64_t bytes = c.shape.total_bytes();
   FERRY_ASSIGN_OR_RETURN(side->buffer, Buffer::Allocate(c.kind, c.device, bytes, c.alloc));
   // From the environment (FERRY_*, docs/configuration.md); the flags, where they say more than
@@ -77,6 +77,7 @@ Status MakeSide(const std::string& key, int copy_threads, const DemoConfig& c, S
   options.key = key;
   if (copy_threads != 0) options.copy_threads = copy_threads;
   if (!transports.empty()) options.transports = transports;
+  if (!metrics) options.metrics_port = 0;
   if (!listen.empty()) options.ucx.listen_host = EngineListenHost(listen, options.ucx.listen_host);
   FERRY_ASSIGN_OR_RETURN(side->engine, Engine::Create(options));
   FERRY_ASSIGN_OR_RETURN(side->desc, side->engine->RegisterMemory(side->buffer->data(), bytes, c.kind, c.device));
