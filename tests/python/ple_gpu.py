@@ -2,7 +2,9 @@
 unchanged (its module body compiled from the file's own syntax tree), against the bridge and
 `ferry embed-serve`, with stand-ins for what it imports from vLLM (config, parallel groups,
 logger, the PLE layer and its CUDA semaphore), for msgspec (Debian 12 has none) and, where the
-cuda-python package or torch.accelerator.device_index is missing, for those.
+cuda-python package or torch.accelerator.device_index is missing, for those. Where pyzmq is
+missing (the GPU machine), the seed and the bridge both use tests/python/zmq_standin
+(ple_helpers picks it; the seed's `import zmq` finds it in sys.modules for the test).
 
 The stand-in semaphore is vLLM's: a one-element int32 CUDA tensor; signal and reset are
 cuStreamWriteValue32(1 / 0), the layer's wait is cuStreamWaitValue32(== 1) on the current
@@ -286,6 +288,9 @@ def run_round(tmp_path, service, seed, layer_cls, ranks, mrv2):
 def run_seed_connector(tmp_path, monkeypatch):
     """The whole GPU test; vLLM's protocol module is in sys.modules already (the fixture)."""
     ranks = {"dp": 0, "tp": 0}
+    if H.ZMQ_STANDIN:
+        print(f"ple_gpu: {H.ZMQ_STANDIN}")
+    H.use_zmq(monkeypatch.setitem)  # the seed's `import zmq`: the bridge's zmq
     layer_cls = install_standins(ranks, monkeypatch)
     seed = load_seed(monkeypatch)
     service = H.Service(tmp_path)

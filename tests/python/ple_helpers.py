@@ -3,6 +3,7 @@ protocol dataclasses under vLLM's module name (so that pickles name them as vLLM
 the expected rows from ferry's own reference (ferry.embed: row ids, synthetic rows)."""
 
 import dataclasses
+import importlib.util
 import os
 import signal
 import subprocess
@@ -15,8 +16,50 @@ import uuid
 import numpy as np
 import pytest
 
-from ferry import embed, ple_bridge
-from test_embed_service import ferry_bin
+ZMQ_STANDIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zmq_standin")
+
+
+def _load_zmq():
+    """(zmq module, why the stand-in is used or None). Real pyzmq whenever it imports, unless
+    FERRY_TEST_ZMQ_STANDIN=1 forces tests/python/zmq_standin (pure Python, both ends)."""
+    if os.environ.get("FERRY_TEST_ZMQ_STANDIN") != "1":
+        try:
+            import zmq
+            return zmq, None
+        except ImportError as e:
+            why = f"pyzmq is not importable ({e})"
+    else:
+        why = "FERRY_TEST_ZMQ_STANDIN=1"
+    # Loaded without entering sys.modules for good: other tests (test_mori) must still see
+    # that there is no real zmq. use_zmq() enters it for one test at a time.
+    spec = importlib.util.spec_from_file_location(
+        "zmq", os.path.join(ZMQ_STANDIN_DIR, "zmq", "__init__.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod, f"{why}: using ferry's zmq stand-in ({ZMQ_STANDIN_DIR})"
+
+
+zmq, ZMQ_STANDIN = _load_zmq()
+
+
+def use_zmq(setitem):
+    """Makes `import zmq` give this module's zmq (through pytest's monkeypatch.setitem, undone
+    after the test): vLLM's seed imports it."""
+    if ZMQ_STANDIN:
+        setitem(sys.modules, "zmq", zmq)
+
+
+# ferry.ple_bridge imports zmq at its top: it gets the same zmq as the test.
+_saved = sys.modules.get("zmq")
+sys.modules["zmq"] = zmq
+try:
+    from ferry import embed, ple_bridge
+finally:
+    if _saved is None:
+        del sys.modules["zmq"]
+    else:
+        sys.modules["zmq"] = _saved
+from test_embed_service import ferry_bin  # noqa: E402
 
 # A small model: V tokens, EOS, N-grams, H heads per order, E values per token (bf16).
 V, EOS, N, H, E, B, P = 1000, 2, 3, 2, 64, 97, 8
@@ -132,15 +175,21 @@ class Service:
         return self.log.read_text()
 
 
+def child_env():
+    """The environment of a child that imports ferry and zmq: this process's sys.path, with the
+    zmq stand-in first when this process uses it (so the child's `import zmq` gets it too)."""
+    path = ([ZMQ_STANDIN_DIR] if ZMQ_STANDIN else []) + sys.path
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+
+
 def start_bridge(tmp_path, socket, num_workers, *args):
     """The bridge as a child process (ferry.ple_bridge.spawn), its log in tmp_path."""
     # As vLLM's get_open_zmq_ipc_path: a short path (a Unix socket's is at most 107 bytes).
     ipc = f"ipc://{tempfile.gettempdir()}/ferry-ple-{uuid.uuid4().hex[:12]}.ipc"
     log = tmp_path / "bridge.log"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     p = ple_bridge.spawn(ipc, socket, num_workers,
                          args=["--step-timeout", "10", "--ready-timeout", "30", *args],
-                         stdout=open(log, "a"), stderr=subprocess.STDOUT, env=env)
+                         stdout=open(log, "a"), stderr=subprocess.STDOUT, env=child_env())
     p.ipc, p.log = ipc, log
     return p
 

@@ -13,35 +13,46 @@ The GPU path's stream operations (wait for 0, copy, write 1 or 2) over a stand-i
 host memory. GPU (test_gpu_seed_connector, the work in ple_gpu.py): the seed's
 PleOffloadConnector executed unchanged against the bridge; skipped, with the reason printed,
 where torch.cuda is not available.
+
+zmq: pyzmq where it imports, else (or with FERRY_TEST_ZMQ_STANDIN=1) tests/python/zmq_standin in
+this process and in the bridge child alike; a run on the stand-in says so in the warnings.
 """
 
 import os
 import pickle
 import random
+import sys
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="vLLM's registration pickles torch tensors")
-zmq = pytest.importorskip("zmq")
 
 import ferry  # noqa: E402
-from ferry import ple_bridge  # noqa: E402
+# ple_helpers first: it finds zmq (pyzmq, else tests/python/zmq_standin) for ferry.ple_bridge.
 from ple_helpers import (  # noqa: E402
-    E, LAYER_NAMES, LAYERS, MAX_REQS, MAX_TOKENS, N, TOKEN_BYTES, V, Service, expected_rows,
-    install_vllm_protocol, make_step, start_bridge, wait_value,
+    E, LAYER_NAMES, LAYERS, MAX_REQS, MAX_TOKENS, N, TOKEN_BYTES, V, ZMQ_STANDIN, Service,
+    child_env, expected_rows, install_vllm_protocol, make_step, start_bridge, use_zmq,
+    wait_value, zmq,
 )
+from ferry import ple_bridge  # noqa: E402
 from multiprocessing.reduction import ForkingPickler  # noqa: E402
 import torch.multiprocessing as torch_mp  # noqa: E402
 
 proto = None  # vLLM's protocol module (stand-in), entered into sys.modules for each test
 
+if ZMQ_STANDIN:  # said once per run, in pytest's warnings summary and on stderr
+    print(f"test_ple_bridge: {ZMQ_STANDIN}", file=sys.stderr)
+    warnings.warn(f"test_ple_bridge: {ZMQ_STANDIN}")
+
 
 @pytest.fixture(autouse=True)
 def vllm_protocol(monkeypatch):
     global proto
+    use_zmq(monkeypatch.setitem)
     proto = install_vllm_protocol(monkeypatch.setitem)
     yield proto
 
@@ -130,6 +141,18 @@ def close(bridge, workers, ctx):
     ctx.term()
     rc = bridge.stop(20)
     return rc, bridge.log.read_text()
+
+
+def test_the_bridge_child_imports_the_same_zmq():
+    """The bridge runs as `python3 -m ferry.ple_bridge`: its zmq must be the test's (pyzmq, or
+    the stand-in on both ends; the two do not speak to each other)."""
+    import subprocess
+    code = "import zmq, ferry.ple_bridge as b; print(getattr(b.zmq, 'STANDIN', False))"
+    r = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(bool(ZMQ_STANDIN))
+    assert getattr(ple_bridge.zmq, "STANDIN", False) == bool(ZMQ_STANDIN)
 
 
 # --- messages ---------------------------------------------------------------------------------
