@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "kv/handshake.h"
+#include "loopback.h"
 
 namespace {
 
@@ -44,16 +45,6 @@ int Listen(uint16_t* port) {
   return fd;
 }
 
-int Dial(uint16_t port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) __builtin_trap();
-  return fd;
-}
-
 // Everything the other side sends until it closes (or 5 s pass: a hang is a finding).
 std::string ReadToEnd(int fd) {
   std::string out;
@@ -64,6 +55,7 @@ std::string ReadToEnd(int fd) {
     if (r < 0 && errno == EINTR) continue;  // libFuzzer's timer signal
     if (r <= 0) __builtin_trap();
     const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return out;
     out.append(buf, static_cast<size_t>(n));
   }
@@ -76,9 +68,8 @@ void CheckServer(std::string_view request) {
     return s->release();  // lives for the whole run
   }();
   request = request.substr(0, 8);
-  const int fd = Dial(server->port());
-  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size()))
-    __builtin_trap();
+  const int fd = fuzz::DialLoopback(server->port());
+  fuzz::SendAll(fd, request);
   shutdown(fd, SHUT_WR);
   const std::string answer = ReadToEnd(fd);
   close(fd);
@@ -102,12 +93,13 @@ uint16_t Peer() {
     const int listener = Listen(&p);
     std::thread([listener] {
       for (;;) {
-        const int fd = accept(listener, nullptr, nullptr);
+        const int fd = accept(listener, nullptr, nullptr);  // EINTR: tried again
         if (fd < 0) continue;
         char request[8];
         size_t got = 0;
         while (got < sizeof(request)) {
           const ssize_t n = recv(fd, request + got, sizeof(request) - got, 0);
+          if (n < 0 && errno == EINTR) continue;
           if (n <= 0) break;
           got += static_cast<size_t>(n);
         }
@@ -118,6 +110,7 @@ uint16_t Peer() {
         }
         for (size_t sent = 0; sent < answer.size();) {
           const ssize_t n = send(fd, answer.data() + sent, answer.size() - sent, MSG_NOSIGNAL);
+          if (n < 0 && errno == EINTR) continue;
           if (n <= 0) break;
           sent += static_cast<size_t>(n);
         }

@@ -20,6 +20,7 @@
 #include <string_view>
 
 #include "engine/metrics_server.h"
+#include "loopback.h"
 
 namespace {
 
@@ -39,19 +40,8 @@ MetricsServer* Server() {
 
 // The answer to `request`, read until the server closes; "" when the connection failed.
 std::string Exchange(int port, std::string_view request) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) __builtin_trap();
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) __builtin_trap();
-  size_t sent = 0;
-  while (sent < request.size()) {
-    const ssize_t n = send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) break;
-    sent += static_cast<size_t>(n);
-  }
+  const int fd = fuzz::DialLoopback(static_cast<uint16_t>(port));
+  fuzz::SendAll(fd, request);
   shutdown(fd, SHUT_WR);
   std::string answer;
   char buf[4096];
@@ -61,6 +51,7 @@ std::string Exchange(int port, std::string_view request) {
     if (r < 0 && errno == EINTR) continue;  // libFuzzer's timer signal
     if (r <= 0) __builtin_trap();           // the server must answer within its timeout
     const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     answer.append(buf, static_cast<size_t>(n));
   }

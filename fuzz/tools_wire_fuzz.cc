@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "base/host_port.h"
+#include "loopback.h"
 #include "pd_channel.h"
 #include "side_channel.h"
 
@@ -44,14 +45,8 @@ void CheckSideChannel(std::string_view bytes) {
   std::string host;
   uint16_t port = 0;
   if (!tools::ParseHostPort(listener->address(), &host, &port).ok()) __builtin_trap();
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) __builtin_trap();
-  // Up to 4 KiB fits in the socket's buffer before the listener accepts.
-  if (send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) __builtin_trap();
+  const int fd = fuzz::DialLoopback(port);
+  fuzz::SendAll(fd, bytes);  // up to 4 KiB fits in the socket's buffer before the accept
   shutdown(fd, SHUT_WR);
   auto channel = listener->Accept(std::chrono::seconds(5));
   if (!channel.ok()) __builtin_trap();
@@ -102,7 +97,7 @@ void CheckLine(const nlohmann::json& j) {
 void CheckLines(std::string_view bytes) {
   int fds[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) __builtin_trap();
-  if (send(fds[1], bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size())) __builtin_trap();
+  fuzz::SendAll(fds[1], bytes);
   close(fds[1]);
   pd::LineChannel channel(fds[0]);
   size_t newlines = 0;
