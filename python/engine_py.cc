@@ -160,8 +160,10 @@ std::unique_ptr<PyEngine> MakeEngine(
     int64_t max_pending_handshakes, int64_t max_connections, double handshake_timeout_ms, int64_t lanes,
     int64_t workers, int64_t post_batch, const std::string& progress, const std::string& rma,
     int64_t max_am_bytes, double connect_timeout_ms, double revoke_timeout_ms, double call_timeout_ms,
-    int64_t metrics_port) {
+    int64_t metrics_port, std::string secret, std::string secret_file) {
   EngineOptions o;
+  o.secret = std::move(secret);
+  o.secret_file = std::move(secret_file);
   o.key = std::move(key);
   o.default_deadline = Millis(default_deadline_ms, "default_deadline_ms");
   if (deregister_timeout_ms) o.deregister_timeout = Millis(*deregister_timeout_ms, "deregister_timeout_ms");
@@ -275,6 +277,8 @@ py::dict EnvEngineKwargs() {
   k["max_pending_notifications"] = o.max_pending_notifications;
   k["max_pending_notification_bytes"] = o.max_pending_notification_bytes;
   k["metrics_port"] = o.metrics_port;
+  k["secret"] = o.secret;
+  k["secret_file"] = o.secret_file;
   k["listen_host"] = o.ucx.listen_host;
   k["listen_port"] = o.ucx.listen_port;
   k["max_pending_handshakes"] = o.ucx.max_pending_handshakes;
@@ -314,7 +318,8 @@ void BindEngine(py::module_& m) {
       "workers, post_batch, progress ('polling'|'event'|'shared'), rma ('auto'|'always'|\n"
       "'never'), max_am_bytes, connect_timeout_ms; the shm transport's revoke_timeout_ms and\n"
       "call_timeout_ms; metrics_port (0 off, -1 a free port: an HTTP GET /metrics endpoint on\n"
-      "127.0.0.1, see metrics_port_in_use). A value out of range raises ferry.InvalidArgumentError (a ValueError\n"
+      "127.0.0.1, see metrics_port_in_use); secret or secret_file (the deployment's shared\n"
+      "secret, 16+ bytes: peers over ucx must prove they hold it). A value out of range raises ferry.InvalidArgumentError (a ValueError\n"
       "and a ferry.Error with code INVALID_ARGUMENT) naming the field; RESOURCE_EXHAUSTED when a\n"
       "thread cannot start. Use as a context manager or call close() to shut it down before it\n"
       "is garbage-collected.")
@@ -336,7 +341,8 @@ void BindEngine(py::module_& m) {
            py::arg("max_am_bytes") = d.ucx.max_am_bytes,
            py::arg("connect_timeout_ms") = Ms(d.ucx.connect_timeout),
            py::arg("revoke_timeout_ms") = Ms(d.shm.revoke_timeout),
-           py::arg("call_timeout_ms") = Ms(d.shm.call_timeout), py::arg("metrics_port") = d.metrics_port)
+           py::arg("call_timeout_ms") = Ms(d.shm.call_timeout), py::arg("metrics_port") = d.metrics_port,
+           py::arg("secret") = "", py::arg("secret_file") = "")
       .def_property_readonly(
           "key", [](const PyEngine& s) { return Call(s, [](Engine& e) { return e.key(); }); },
           "Unique key of this engine.")
@@ -460,6 +466,7 @@ void BindEngine(py::module_& m) {
             auto st = Call(s, [](Engine& e) { return e.stats(); });
             py::dict out;
             out["rejected_messages"] = st.rejected_messages;
+            out["auth_failures"] = st.auth_failures;
             out["dropped_notifications"] = st.dropped_notifications;
             out["merged_ops"] = st.merged_ops;
             out["gpu_kernel_launches"] = st.gpu_kernel_launches;
@@ -469,6 +476,7 @@ void BindEngine(py::module_& m) {
             return out;
           },
           "Counters: {'rejected_messages': malformed or out-of-bounds messages from peers,\n"
+          "'auth_failures': connections refused for want of a proof of the secret,\n"
           "'dropped_notifications': notifications refused here (backlog full, too big),\n"
           "'merged_ops': ops of posted batches that travelled as part of the op before them,\n"
           "'gpu_kernel_launches', 'gpu_kernel_pieces', 'gpu_dma_calls', 'gpu_dma_copies': the GPU\n"
@@ -505,6 +513,7 @@ void BindEngine(py::module_& m) {
             out["registered_bytes"] = m.registered_bytes;
             out["dropped_notifications"] = m.dropped_notifications;
             out["rejected_messages"] = m.rejected_messages;
+            out["auth_failures"] = m.auth_failures;
             return out;
           },
           py::kw_only(), py::arg("format") = "dict",
@@ -514,7 +523,7 @@ void BindEngine(py::module_& m) {
           "bounds: the last is above them), 'count', 'sum_seconds'}}], 'failures': {cause: count}\n"
           "(peer_dead, deadline, rejected, out_of_range, aborted, other), 'transfers_in_flight',\n"
           "'peers', 'registered_regions', 'registered_bytes', 'dropped_notifications',\n"
-          "'rejected_messages'}; format='prometheus': the same as Prometheus text.")
+          "'rejected_messages', 'auth_failures'}; format='prometheus': the same as Prometheus text.")
       .def(
           "in_flight",
           [](const PyEngine& s) {

@@ -55,6 +55,12 @@ run write-shm-replicated "$all_done" "${small[@]}" --mode write --transport shm 
 run mla-write-shm "$all_done" "${small[@]}" --model tiny-mla --mode write --transport shm --prefill-tp 2
 run mla-read-ucx "$all_done" "${small[@]}" --model tiny-mla --mode read --transport ucx --decode-tp 2 \
   --decode-block-tokens 32
+# Authenticated peers: every worker takes the deployment's secret from the environment, and every
+# ucx and shm connection between them proves it (EngineOptions::secret).
+export FERRY_SECRET=pd-test-deployment-secret-0123
+run write-ucx-secret "$all_done" "${small[@]}" --mode write --transport ucx --requests 4
+run read-shm-secret "$all_done" "${small[@]}" --mode read --transport shm --requests 4
+unset FERRY_SECRET
 printf '# seconds tokens\n0 16\n0.01 17\n0.02 300\n0.05 1\n' > "$tmp/trace"
 run trace "$all_done and s['requests'] == 4" --trace "$tmp/trace" --layer-us 50 --timeout 40
 # The fault run: a prefill worker dies with requests in flight; every request still ends (done

@@ -151,10 +151,15 @@ Status Worker::Setup() {
   FERRY_ASSIGN_OR_RETURN(kv::TensorOrder order, kv::ParseTensorOrder(cfg_.layout));
   FERRY_ASSIGN_OR_RETURN(kv::CacheLayout layout, kv::MakeLayout(id, order));
 
-  EngineOptions eo;
+  // The FERRY_* environment first (docs/configuration.md: a secret, timeouts, ucx options), then
+  // what this worker must be: its key, its transport, one copy thread unless the environment
+  // says otherwise (many workers share the host's cores), and no fixed metrics port (many
+  // workers cannot share one; -1, any free port, stays).
+  FERRY_ASSIGN_OR_RETURN(EngineOptions eo, EngineOptions::FromEnv());
   eo.key = fmt::format("pd-{}-dp{}-tp{}-{}", cfg_.instance, cfg_.dp_rank, cfg_.tp_rank, getpid());
   eo.transports = EngineTransports(cfg_.transport);
-  eo.copy_threads = 1;  // many workers share the host's cores
+  if (eo.copy_threads == 0) eo.copy_threads = 1;
+  if (eo.metrics_port != -1) eo.metrics_port = 0;
   FERRY_ASSIGN_OR_RETURN(engine_, Engine::Create(eo));
   const HeadSlice heads = HeadsOf(id.total_kv_heads, id.mla, id.tp_size, id.tp_rank);
   FERRY_ASSIGN_OR_RETURN(cache_,

@@ -19,7 +19,8 @@ class Engine:
     workers, post_batch, progress ('polling'|'event'|'shared'), rma ('auto'|'always'|
     'never'), max_am_bytes, connect_timeout_ms; the shm transport's revoke_timeout_ms and
     call_timeout_ms; metrics_port (0 off, -1 a free port: an HTTP GET /metrics endpoint on
-    127.0.0.1, see metrics_port_in_use). A value out of range raises ferry.InvalidArgumentError (a ValueError
+    127.0.0.1, see metrics_port_in_use); secret or secret_file (the deployment's shared
+    secret, 16+ bytes: peers over ucx must prove they hold it). A value out of range raises ferry.InvalidArgumentError (a ValueError
     and a ferry.Error with code INVALID_ARGUMENT) naming the field; RESOURCE_EXHAUSTED when a
     thread cannot start. Use as a context manager or call close() to shut it down before it
     is garbage-collected.
@@ -32,7 +33,7 @@ class Engine:
         """
         ...
     @overload
-    def __init__(self, *, key: str = '', default_deadline_ms: float = 30000.0, deregister_timeout_ms: Optional[float] = None, copy_threads: int = 0, parallel_copy_bytes: int = 4194304, pin_host_memory: bool = True, merge_adjacent_ops: bool = True, transports: List[str] = [], max_notification_bytes: int = 65536, max_pending_notifications: int = 65536, max_pending_notification_bytes: int = 67108864, listen_host: str = '127.0.0.1', listen_port: int = 0, max_pending_handshakes: int = 64, max_connections: int = 512, handshake_timeout_ms: float = 5000.0, lanes: int = 1, workers: int = 1, post_batch: int = 256, progress: str = 'event', rma: str = 'auto', max_am_bytes: int = 8388608, connect_timeout_ms: float = 10000.0, revoke_timeout_ms: float = 5000.0, call_timeout_ms: float = 10000.0, metrics_port: int = 0) -> None:
+    def __init__(self, *, key: str = '', default_deadline_ms: float = 30000.0, deregister_timeout_ms: Optional[float] = None, copy_threads: int = 0, parallel_copy_bytes: int = 4194304, pin_host_memory: bool = True, merge_adjacent_ops: bool = True, transports: List[str] = [], max_notification_bytes: int = 65536, max_pending_notifications: int = 65536, max_pending_notification_bytes: int = 67108864, listen_host: str = '127.0.0.1', listen_port: int = 0, max_pending_handshakes: int = 64, max_connections: int = 512, handshake_timeout_ms: float = 5000.0, lanes: int = 1, workers: int = 1, post_batch: int = 256, progress: str = 'event', rma: str = 'auto', max_am_bytes: int = 8388608, connect_timeout_ms: float = 10000.0, revoke_timeout_ms: float = 5000.0, call_timeout_ms: float = 10000.0, metrics_port: int = 0, secret: str = '', secret_file: str = '') -> None:
         """Unset keyword arguments come from the FERRY_* environment variables (docs/configuration.md), then the defaults.
         """
         ...
@@ -83,6 +84,13 @@ class Engine:
         """This engine's EngineDesc, to hand to peers.
         """
         ...
+    def fence_peer(self, key: str, timeout_s: float = 1.0) -> None:
+        """Ends the connections peer `key` made to this engine, so nothing it sent before the call
+        lands here afterwards (what a consumer does before reusing blocks a silent producer may
+        still write). Raises ferry.Error DEADLINE_EXCEEDED when writes were still landing at
+        the timeout (call again later).
+        """
+        ...
     def in_flight(self) -> list:
         """Every transfer still running, oldest first: [{'id', 'peer', 'transport', 'path',
         'bytes', 'age_ms', 'deadline_in_ms' (negative once past; None without one)}].
@@ -97,7 +105,7 @@ class Engine:
         bounds: the last is above them), 'count', 'sum_seconds'}}], 'failures': {cause: count}
         (peer_dead, deadline, rejected, out_of_range, aborted, other), 'transfers_in_flight',
         'peers', 'registered_regions', 'registered_bytes', 'dropped_notifications',
-        'rejected_messages'}; format='prometheus': the same as Prometheus text.
+        'rejected_messages', 'auth_failures'}; format='prometheus': the same as Prometheus text.
         """
         ...
     @property
@@ -158,6 +166,7 @@ class Engine:
         ...
     def stats(self) -> dict:
         """Counters: {'rejected_messages': malformed or out-of-bounds messages from peers,
+        'auth_failures': connections refused for want of a proof of the secret,
         'dropped_notifications': notifications refused here (backlog full, too big),
         'merged_ops': ops of posted batches that travelled as part of the op before them,
         'gpu_kernel_launches', 'gpu_kernel_pieces', 'gpu_dma_calls', 'gpu_dma_copies': the GPU
@@ -235,6 +244,8 @@ class Session:
     """A route from one local region to one remote region (Engine.open_session()).
     """
     def __repr__(self) -> str: ...
+    @property
+    def connected(self) -> bool: ...
     @property
     def local(self) -> MemoryDesc: ...
     @property
@@ -560,7 +571,7 @@ class kv:
         def stats(self) -> dict:
             """Counters, as a dict: requests_done, requests_failed, requests_aborted, layers_written,
             layers_read, layers_deferred, bytes, ops_posted, messages_sent, messages_received,
-            messages_rejected, blocks_expired, checksum_failures, peers_lost.
+            messages_rejected, blocks_expired, checksum_failures, peers_lost, peers_fenced.
             """
             ...
         def wait_finished(self, timeout_ms: float) -> List[Finished]:

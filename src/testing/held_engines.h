@@ -38,7 +38,7 @@ class HeldEnginesTest : public ::testing::Test {
     auto a = EngineCore::Create(options, entries);
     options.key = "held-b" + std::to_string(counter++);
     auto b = EngineCore::Create(options, entries);
-    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_TRUE(a.ok() && b.ok()) << (a.ok() ? b.status().ToString() : a.status().ToString());
     a_ = *a;
     b_ = *b;
     a_buf_.assign(kLayers * kLayer, 0);

@@ -361,12 +361,31 @@ def test_closed_engine_raises_aborted():
 
 def test_stats_start_at_zero_and_count_nothing_for_good_traffic(transport):
     with ferry.Engine(key=fresh_key("s"), transports=[transport]) as e:
-        assert e.stats() == {"rejected_messages": 0, "dropped_notifications": 0, "merged_ops": 0,
+        assert e.stats() == {"rejected_messages": 0, "auth_failures": 0, "dropped_notifications": 0, "merged_ops": 0,
                              "gpu_kernel_launches": 0, "gpu_kernel_pieces": 0, "gpu_dma_calls": 0,
                              "gpu_dma_copies": 0}
         buf, d = register_host(e, 4096)
         e.open_session(d, d).write(0, 2048, 1024).wait()
         assert e.stats()["rejected_messages"] == 0
+
+
+def test_engines_that_share_a_secret_connect_and_others_are_refused():
+    secret = "python-deployment-secret-01"
+    with ferry.Engine(key=fresh_key("sa"), transports=["ucx"], secret=secret) as a, \
+            ferry.Engine(key=fresh_key("sb"), transports=["ucx"], secret=secret) as b, \
+            ferry.Engine(key=fresh_key("sc"), transports=["ucx"]) as c:
+        abuf, ad = register_host(a, 4096)
+        bbuf, bd = register_host(b, 4096)
+        cbuf, cd = register_host(c, 4096)
+        a.add_peer(b.describe().pack())
+        assert a.open_session(ad, ferry.MemoryDesc.unpack(bd.pack())).write(0, 0, 4096).wait()
+        c.add_peer(b.describe().pack())
+        with pytest.raises(ferry.Error) as refused:
+            c.open_session(cd, ferry.MemoryDesc.unpack(bd.pack())).write(0, 0, 4096).wait()
+        assert refused.value.code == "PERMISSION_DENIED"
+        assert b.stats()["auth_failures"] == 1
+        assert "ferry_auth_failures_total" in b.metrics(format="prometheus")
+    assert error_code(ferry.Engine, transports=["ucx"], secret="short") == "INVALID_ARGUMENT"
 
 
 # ---- where the ucx transport listens ------------------------------------------------------
