@@ -622,12 +622,25 @@ class BridgeProcess:
             return self.proc.wait()
 
 
+# The bridge unpickles torch tensors, so it imports torch anyway: first, before ferry's
+# extension, because an extension built with another pybind11 than torch's, loaded before
+# torch, can break torch's own import (seen with torch 2.11 beside pybind11 3.1: "free():
+# invalid pointer" while torch.nn loads). Then the module runs as ``python3 -m`` would run it.
+_LAUNCH = ("import runpy, sys\n"
+           "try:\n"
+           "    import torch  # noqa: F401\n"
+           "except ImportError:\n"
+           "    pass\n"
+           "sys.argv[0] = 'ferry.ple_bridge'\n"
+           "runpy.run_module('ferry.ple_bridge', run_name='__main__', alter_sys=True)\n")
+
+
 def spawn(ipc_addr, embed_socket, num_workers, args=(), **popen):
-    """Starts ``python3 -m ferry.ple_bridge`` with a READY pipe and a death pipe (the bridge
+    """Starts the bridge (``python3 -m ferry.ple_bridge``, torch imported first) with a READY pipe and a death pipe (the bridge
     stops when this process closes it or dies), as vLLM's PleOffloadWorker.make_process does."""
     ready_r, ready_w = multiprocessing.Pipe(duplex=False)
     death_r, death_w = os.pipe()
-    cmd = [sys.executable, "-m", "ferry.ple_bridge", "--ipc-path", ipc_addr, "--embed-socket",
+    cmd = [sys.executable, "-c", _LAUNCH, "--ipc-path", ipc_addr, "--embed-socket",
            embed_socket, "--num-workers", str(num_workers), "--ready-fd", str(ready_w.fileno()),
            "--death-fd", str(death_r), *args]
     try:
