@@ -78,7 +78,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (auto h = ucx::DecodeHello(bytes); h.ok()) {
     auto again = ucx::DecodeHello(ucx::EncodeHello(*h));
     if (!again.ok() || again->from_key != h->from_key || again->to_key != h->to_key || again->lanes != h->lanes ||
-        again->worker_address != h->worker_address || h->lanes < 1 || h->lanes > ucx::kMaxDoorLanes)
+        again->worker_address != h->worker_address || again->nonce != h->nonce || h->lanes < 1 ||
+        h->lanes > ucx::kMaxDoorLanes || (!h->nonce.empty() && h->nonce.size() != 32))
       __builtin_trap();
   }
   if (auto w = ucx::DecodeWelcome(bytes); w.ok()) {
@@ -86,5 +87,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     auto again = ucx::DecodeWelcome(ucx::EncodeWelcome(*w));
     if (!again.ok() || again->conn_id != w->conn_id || again->worker_address != w->worker_address) __builtin_trap();
   }
+  // The authentication frames (a target's challenge, an initiator's proof): fixed sizes or refused.
+  if (auto c = ucx::DecodeChallenge(bytes); c.ok()) {
+    if (c->nonce.size() != 32 || c->mac.size() != 32) __builtin_trap();
+    auto again = ucx::DecodeChallenge(ucx::EncodeChallenge(*c));
+    if (!again.ok() || again->nonce != c->nonce || again->mac != c->mac) __builtin_trap();
+  }
+  if (auto p = ucx::DecodeProof(bytes); p.ok() && p->mac.size() != 32) __builtin_trap();
+  if (auto n = ucx::DoorFrameFields(bytes); n.ok() && *n > 8) __builtin_trap();
   return 0;
 }

@@ -48,5 +48,10 @@ int main(int argc, char** argv) {
   w.conn_id = 0x1234567890abcdefull;
   w.worker_address = std::string(180, '\x22');
   std::ofstream(dir + "/welcome") << ucx::EncodeWelcome(w);
+  ucx::Hello authed{"prefill-0", "decode-0", 1, std::string(64, '\x11'), std::string(32, '\x33')};
+  std::ofstream(dir + "/hello_nonce") << ucx::EncodeHello(authed);
+  const std::string target_nonce(32, '\x44');
+  std::ofstream(dir + "/challenge") << ucx::EncodeChallenge({target_nonce, ucx::TargetProof("seed-secret-0123456", authed, target_nonce)});
+  std::ofstream(dir + "/proof") << ucx::EncodeProof({ucx::InitiatorProof("seed-secret-0123456", authed, target_nonce)});
   return 0;
 }
