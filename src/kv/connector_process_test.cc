@@ -489,7 +489,9 @@ TEST_F(CutLink, NothingLandsInReturnedBlocksWhenTheLinkComesBack) {
     crossed = de[0].f.outcome == Outcome::kDone;
   }
   EXPECT_TRUE(crossed) << "no request crossed the restored link";
-  if (crossed) EXPECT_EQ(r.d->Call("check 9 8,9 32"), "BAD 0");
+  if (crossed) {
+    EXPECT_EQ(r.d->Call("check 9 8,9 32"), "BAD 0");
+  }
 }
 }  // namespace
 }  // namespace ferry::kv::testing
