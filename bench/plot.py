@@ -3,9 +3,11 @@
 
 Inputs are `ferry bench --json FILE` outputs, or a results table (bench/results/*.md) whose
 `$ ferry bench ...` blocks hold the tool's printed tables; each run is one colour, each batch
-size one marker. A baseline is drawn beside the runs when the input carries one (a JSON
-"baseline" list of {"piece_bytes", "gbps"} points, or --baseline GBPS:LABEL for a figure of
-the same run quoted in the table's text); otherwise the picture says that there is none.
+size one marker. A baseline is drawn beside the runs when the input carries one (`ferry bench
+--json` measures one for host memory in the same run: its "baseline" list of {"piece_bytes",
+"batch", "gbps"}, one thread's memcpy of each point's pieces; or --baseline GBPS:LABEL for a
+figure of the same run quoted in the table's text); otherwise the picture says that there is
+none.
 
     python3 bench/plot.py run.json [more.json ...] --out sweep.png [--title T]
     python3 bench/plot.py bench/results/cli_h200.md --out bench/results/cli_h200.png
@@ -36,8 +38,10 @@ def runs_from_json(path):
         d = json.load(f)
     points = [(p["piece_bytes"], p["batch"], p["gbps"]) for p in d.get("points", [])]
     op = d["points"][0]["op"] if d.get("points") else "?"
-    baseline = [(p["piece_bytes"], p["gbps"]) for p in d.get("baseline", [])]
-    return [{"label": f"{op}, {d.get('link', path)}", "points": points, "baseline": baseline}]
+    # ferry bench's own: one baseline point per (piece, batch), measured in the same run.
+    baseline = [(p["piece_bytes"], p.get("batch", 0), p["gbps"]) for p in d.get("baseline", [])]
+    return [{"label": f"{op}, {d.get('link', path)}", "points": points, "baseline": baseline,
+             "baseline_what": d.get("baseline_what", "baseline")}]
 
 
 def runs_from_md(path):
@@ -104,11 +108,13 @@ def main(argv):
             ax.plot([s for s, _ in pts], [g for _, g in pts], color=colour,
                     marker=markers[batches.index(batch) % len(markers)], markersize=4, linewidth=1.2,
                     label=f"{run['label']}, batch {batch}")
-        if run["baseline"]:
+        for batch in sorted({b for _, b, _ in run["baseline"]}):
             has_baseline = True
-            pts = sorted(run["baseline"])
+            pts = sorted((s, g) for s, b, g in run["baseline"] if b == batch)
             ax.plot([s for s, _ in pts], [g for _, g in pts], color=colour, linestyle="--",
-                    linewidth=1, label=f"baseline of: {run['label']}")
+                    marker=markers[batches.index(batch) % len(markers)] if batch in batches else None,
+                    markersize=3, markerfacecolor="none", linewidth=1,
+                    label=f"{run.get('baseline_what', 'baseline')}, batch {batch}")
     for spec in args.baseline:
         gbps, _, label = spec.partition(":")
         ax.axhline(float(gbps), color="grey", linestyle="--", linewidth=1, label=label or "baseline")

@@ -30,6 +30,7 @@ struct BenchFlags {
   std::string max_bytes = "256M";
   std::string op = "write";
   std::string kind = "host";
+  bool no_baseline = false;
   std::string alloc = "heap";  // host buffers: heap or shared (reachable by `shm`)
   int device = 0;
   uint64_t iters = 5;
@@ -103,6 +104,12 @@ Result<Grid> MakeGrid(const BenchFlags& f) {
                   fmt::format("every point exceeds --max-bytes {}", FormatBytes(max_bytes)));
   return grid;
 }
+
+struct BaselinePoint {
+  uint64_t piece_bytes = 0;
+  uint64_t batch = 0;
+  double gbps = 0;
+};
 
 std::string Micros(double us) {
   if (us < 10) return fmt::format("{:.2f}", us);
@@ -316,6 +323,7 @@ int Run(const BenchFlags& f) {
   std::fflush(out);
 
   std::vector<PointResult> results;
+  std::vector<BaselinePoint> baseline;
   Progress progress("bench", grid->points.size());
   for (const PointSpec& spec : grid->points) {
     progress.Update(results.size(),
@@ -328,6 +336,9 @@ int Run(const BenchFlags& f) {
                                fmt::format("{} x {}", FormatBytes(spec.piece_bytes), spec.batch)));
     }
     results.push_back(std::move(r).value());
+    // The same run's baseline, beside each host-memory point in the JSON (bench/plot.py draws it).
+    if (f.kind == "host" && !f.no_baseline)
+      baseline.push_back({spec.piece_bytes, spec.batch, MemcpyBaselineGbps(ops, spec.min_time / 4)});
   }
   progress.Done();
   PrintTable(out, results);
@@ -346,7 +357,13 @@ int Run(const BenchFlags& f) {
     fmt::print(out, "skipped (over --max-bytes {}): {}\n", f.max_bytes, fmt::join(names, ", "));
   }
   std::fflush(out);
-  Status s = WriteJson(f.json, JsonReport(f, **link, *grid, results, pings ? &*pings : nullptr));
+  nlohmann::ordered_json doc = JsonReport(f, **link, *grid, results, pings ? &*pings : nullptr);
+  doc["baseline_what"] = baseline.empty() ? "none (--kind cuda or --no-baseline)"
+                                          : "memcpy of the same pieces by one thread, host buffers, this run";
+  doc["baseline"] = nlohmann::ordered_json::array();
+  for (const BaselinePoint& b : baseline)
+    doc["baseline"].push_back({{"piece_bytes", b.piece_bytes}, {"batch", b.batch}, {"gbps", b.gbps}});
+  Status s = WriteJson(f.json, doc);
   if (!s.ok()) return Fail("bench", s);
   return 0;
 }
@@ -391,6 +408,8 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
   cmd->add_flag("--no-merge", f->no_merge, "Keep adjacent ops apart (EngineOptions::merge_adjacent_ops off)");
+  cmd->add_flag("--no-baseline", f->no_baseline,
+                "Skip the same run's baseline (one thread's memcpy of each point's pieces, host memory)");
   AddJsonFlag(cmd, &f->json, "Every point (and --pings' latency)");
   cmd->add_option("--listen", f->listen,
                   "Two processes: serve a buffer of --max-bytes for one --peer run; side channel "

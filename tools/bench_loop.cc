@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -66,6 +67,34 @@ Result<PointResult> MeasurePoint(const Session& session, const PointSpec& spec,
   result.gbps = GigabytesPerSecond(static_cast<double>(result.bytes), result.seconds);
   result.latency = Summarize(latencies_us);
   return result;
+}
+
+double MemcpyBaselineGbps(std::span<const TransferOp> ops, Duration min_time, uint64_t min_iters) {
+  using Clock = std::chrono::steady_clock;
+  uint64_t src_end = 0, dst_end = 0, batch_bytes = 0;
+  for (const TransferOp& o : ops) {
+    src_end = std::max(src_end, o.local_offset + o.size);
+    dst_end = std::max(dst_end, o.remote_offset + o.size);
+    batch_bytes += o.size;
+  }
+  if (batch_bytes == 0) return 0;
+  std::vector<std::byte> src(src_end, std::byte{1}), dst(dst_end, std::byte{0});
+  auto copy_batch = [&] {
+    for (const TransferOp& o : ops) std::memcpy(dst.data() + o.remote_offset, src.data() + o.local_offset, o.size);
+  };
+  copy_batch();  // warm-up: the pages are touched once before timing, as the engine's are
+  uint64_t iters = 0;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point now = start;
+  while (iters < min_iters || now < start + min_time) {
+    copy_batch();
+    ++iters;
+    now = Clock::now();
+  }
+  // Keeps the copies from being optimized away.
+  volatile std::byte sink = dst[ops.front().remote_offset];
+  (void)sink;
+  return GigabytesPerSecond(static_cast<double>(batch_bytes * iters), std::chrono::duration<double>(now - start).count());
 }
 
 }  // namespace ferry::tools

@@ -45,4 +45,9 @@ std::vector<TransferOp> PlanScatteredOps(uint64_t piece_bytes, uint64_t batch, u
 Result<PointResult> MeasurePoint(const Session& session, const PointSpec& spec,
                                  std::span<const TransferOp> ops);
 
+// The baseline of the same run for a host-memory point: one thread's memcpy of the same pieces
+// (same sizes, same scattered offsets) between two plain host buffers, timed for at least
+// `min_time` and `min_iters` batches; GB/s as MeasurePoint counts it.
+double MemcpyBaselineGbps(std::span<const TransferOp> ops, Duration min_time, uint64_t min_iters = 5);
+
 }  // namespace ferry::tools

@@ -38,7 +38,10 @@ for transport in local ucx; do
   "$ferry" bench "${how[@]}" --sizes 4K --batches 1 --min-time 0.01 --json - > "$tmp/b.json" 2> "$tmp/b.err" ||
     { cat "$tmp/b.err"; exit 1; }
   grep -q "in-process, host -> host, $transport (direct)" "$tmp/b.err" || { cat "$tmp/b.err"; echo "bench --transport $transport: another path ran"; exit 1; }
-  python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["points"][0]["gbps"] > 0' "$tmp/b.json" ||
+  # Every point has the same run's baseline beside it (one thread's memcpy of the same pieces).
+  python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["points"][0]["gbps"] > 0
+b = d["baseline"]; assert len(b) == len(d["points"]) and b[0]["gbps"] > 0, d
+assert (b[0]["piece_bytes"], b[0]["batch"]) == (d["points"][0]["piece_bytes"], d["points"][0]["batch"]), d' "$tmp/b.json" ||
     { cat "$tmp/b.json"; exit 1; }
   "$ferry" demo "${how[@]}" "${shape[@]}" > "$tmp/d" 2>&1 || { cat "$tmp/d"; exit 1; }
   grep -q "^path $transport" "$tmp/d" || { cat "$tmp/d"; echo "demo --transport $transport: another path ran"; exit 1; }
