@@ -257,6 +257,11 @@ class FerryConnector(KVConnectorBase_V1):
         return FerryKVConnectorStats(data=dict(data) if data else {})
 
     @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        from ._vllm_metrics import FerryPromMetrics  # vllm:ferry_* (see that module)
+        return FerryPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    @classmethod
     def get_required_kvcache_layout(cls, vllm_config):
         return None  # ferry reads any layout from the tensors' shapes and strides
 
