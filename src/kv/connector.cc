@@ -406,6 +406,17 @@ void Connector::Impl::Run() {
       notes = engine->PopNotifications(kTopic);
       if (!woken && !polling) next_sweep = now + 50ms;
     }
+    if (!notes.empty()) {
+      // Calls queued while the messages were taken run first: a call that returned before a peer
+      // reacted to it (HoldForRead, then the consumer's read and release) is in the mailbox by
+      // the time that reaction's message is popped, and must not be overtaken by it.
+      std::deque<internal::Command> late;
+      {
+        MutexLock l(&mailbox->mu);
+        late.swap(mailbox->commands);
+      }
+      for (auto& c : late) c.run();
+    }
     for (const auto& n : notes) HandleNotification(n);
     if (!notes.empty()) now = Clock::now();
     // Deadlines are checked every millisecond while requests are open.
