@@ -1,0 +1,3 @@
+// Placeholder: filled in by its owner.
+#include <benchmark/benchmark.h>
+BENCHMARK_MAIN();
