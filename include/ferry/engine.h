@@ -146,6 +146,26 @@ class Session {
   std::shared_ptr<internal::SessionCore> core_;
 };
 
+// How a region is registered (Engine::RegisterMemory).
+struct RegionOptions {
+  // Engine keys of the peers that may reach the region; empty = every peer (the default).
+  // This engine always reaches its own region. Any other engine is refused before any byte
+  // moves: its OpenSession to the region fails with kPermissionDenied (a message naming the
+  // region), and a peer that skips that check has each request refused the same way. Each
+  // refusal is counted (EngineStats::access_denied, ferry_access_denied_total) and logged once
+  // per (peer, region). Who a peer is comes from its connection: with EngineOptions::secret
+  // the key it authenticated with (the proofs of the ucx door and of shm cover both keys);
+  // without a secret a key is only a claim, and access lists stop mistakes, not attackers
+  // (a warning is logged once). Over `cuda_ipc`, whose IPC handles travel in descriptors
+  // that any process of the host could open, a restricted GPU region is not exported at all:
+  // peers reach it through `ucx` (staged), which checks every request. Over `ucx` a
+  // restricted region's descriptor carries no RDMA remote key: peers reach it through active
+  // messages, each checked. Over `shm` the region's memory file is handed to allowed peers
+  // only; put a restricted region in a shared buffer of its own (AllocateSharedHost), as a
+  // peer that holds a buffer's file could map all of it.
+  std::vector<std::string> allowed_peers;
+};
+
 class Engine {
  public:
   static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options = {});
@@ -166,6 +186,10 @@ class Engine {
   // use when its deadline passes is reported with kDeadlineExceeded and must not be freed).
   Result<MemoryDesc> RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind = MemoryKind::kHost,
                                     int device = -1);
+  // The same, with `options` (an access list). kInvalidArgument for an empty or overlong
+  // (over 256 bytes) key or more than 1024 keys in allowed_peers.
+  Result<MemoryDesc> RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind, int device,
+                                    const RegionOptions& options);
   // Makes every later transfer on the region fail with kFailedPrecondition, then waits for the
   // transfers still using it (EngineOptions::deregister_timeout). For GPU memory
   // reached by other processes (cuda_ipc), that includes their copies into it: no peer copy

@@ -66,6 +66,9 @@ struct EngineStats {
   uint64_t gpu_kernel_pieces = 0;
   uint64_t gpu_dma_calls = 0;
   uint64_t gpu_dma_copies = 0;
+  // Requests of peers refused because a region's access list (RegionOptions::allowed_peers)
+  // does not name them, before any byte moved. Each (peer, region) pair is also logged once.
+  uint64_t access_denied = 0;
 };
 
 }  // namespace ferry

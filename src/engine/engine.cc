@@ -69,6 +69,22 @@ bool Carries(const Capabilities& caps, MemoryKind kind) {
   return kind == MemoryKind::kHost ? caps.host_memory : caps.cuda_memory;
 }
 
+// RegionOptions::allowed_peers checked, sorted and deduplicated, with this engine's own key
+// added to a non-empty list (Region::allowed_peers).
+Result<std::vector<std::string>> AccessList(const RegionOptions& o, const std::string& self) {
+  if (o.allowed_peers.empty()) return std::vector<std::string>{};
+  if (o.allowed_peers.size() > 1024) return Status(Code::kInvalidArgument, "allowed_peers has more than 1024 keys");
+  for (const std::string& k : o.allowed_peers)
+    if (k.empty() || k.size() > kMaxKeyBytes)
+      return Status(Code::kInvalidArgument, "allowed_peers holds an empty key or one over " +
+                                                std::to_string(kMaxKeyBytes) + " bytes");
+  std::vector<std::string> keys = o.allowed_peers;
+  keys.push_back(self);
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  return keys;
+}
+
 }  // namespace
 
 EngineCore::EngineCore(const EngineOptions& options) : options_(options) {}
@@ -186,6 +202,7 @@ EngineStats EngineCore::stats() const {
   s.rejected_messages += inbox_->rejected();  // notification frames that did not decode
   s.dropped_notifications = inbox_->dropped();
   s.merged_ops = merged_ops_.load(std::memory_order_relaxed);
+  s.access_denied = access_denials_->count();
   return s;
 }
 
@@ -212,6 +229,7 @@ MetricsSnapshot EngineCore::metrics_snapshot() const {
   m.dropped_notifications = s.dropped_notifications;
   m.rejected_messages = s.rejected_messages;
   m.auth_failures = s.auth_failures;
+  m.access_denied = s.access_denied;
   return m;
 }
 
@@ -231,8 +249,10 @@ std::vector<TransportInfo> EngineCore::transport_info() const {
   return out;
 }
 
-Result<MemoryDesc> EngineCore::RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind, int device) {
+Result<MemoryDesc> EngineCore::RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind, int device,
+                                              const RegionOptions& region_options) {
   if (closed()) return Status(Code::kAborted, "the engine was shut down");
+  FERRY_ASSIGN_OR_RETURN(std::vector<std::string> allowed, AccessList(region_options, options_.key));
   if (ptr == nullptr || bytes == 0)
     return Status(Code::kInvalidArgument, "cannot register a null or empty region");
   if (bytes > UINT64_MAX - reinterpret_cast<uint64_t>(ptr))
@@ -242,6 +262,8 @@ Result<MemoryDesc> EngineCore::RegisterMemory(void* ptr, uint64_t bytes, MemoryK
   region->base = static_cast<std::byte*>(ptr);
   region->size = bytes;
   region->kind = kind;
+  region->allowed_peers = std::move(allowed);
+  region->denials = access_denials_;
 
   if (kind == MemoryKind::kCuda) {
     if (!cuda::Available())
@@ -288,6 +310,10 @@ Result<MemoryDesc> EngineCore::RegisterMemory(void* ptr, uint64_t bytes, MemoryK
     if (region->pinned) (void)cuda::HostUnregister(ptr);
     return Status(Code::kUnavailable, "no transport can carry " + std::string(MemoryKindName(kind)) + " memory");
   }
+  if (region->restricted() && options_.secret.empty() && options_.secret_file.empty() &&
+      !warned_unauthenticated_.exchange(true))
+    FERRY_LOG_WARN("engine {}: a region with an access list, but no EngineOptions::secret: peers' keys are "
+                   "claims, not proven, so the list stops mistakes, not attackers (logged once)", options_.key);
   MutexLock lock(&mu_);
   regions_[static_cast<uint64_t>(region->id)] = RegionEntry{region, desc};
   return desc;
@@ -445,6 +471,9 @@ Result<std::shared_ptr<SessionCore>> EngineCore::OpenSession(const MemoryDesc& l
     }
     auto channel = (*endpoint)->OpenChannel(region, remote);
     if (!channel.ok()) {
+      // The target's access list refused this engine: another transport would be refused
+      // too (and counted again there).
+      if (channel.status().code() == Code::kPermissionDenied) return channel.status();
       last = channel.status();
       continue;
     }
@@ -480,7 +509,11 @@ EngineDesc Engine::Describe() const { return core_->desc(); }
 std::vector<std::string> Engine::transports() const { return core_->transport_names(); }
 std::vector<TransportInfo> Engine::transport_info() const { return core_->transport_info(); }
 Result<MemoryDesc> Engine::RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind, int device) {
-  return core_->RegisterMemory(ptr, bytes, kind, device);
+  return core_->RegisterMemory(ptr, bytes, kind, device, RegionOptions{});
+}
+Result<MemoryDesc> Engine::RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind, int device,
+                                          const RegionOptions& options) {
+  return core_->RegisterMemory(ptr, bytes, kind, device, options);
 }
 Status Engine::DeregisterMemory(RegionId region) { return core_->DeregisterMemory(region); }
 Status Engine::AddPeer(const EngineDesc& peer) { return core_->AddPeer(peer); }

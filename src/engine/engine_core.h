@@ -53,7 +53,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::vector<std::string> transport_names() const;
   std::vector<TransportInfo> transport_info() const;
 
-  Result<MemoryDesc> RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind, int device) EXCLUDES(mu_);
+  Result<MemoryDesc> RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind, int device,
+                                    const RegionOptions& region_options) EXCLUDES(mu_);
   Status DeregisterMemory(RegionId region) EXCLUDES(mu_);
   Status AddPeer(const EngineDesc& peer) EXCLUDES(mu_);
   Status RemovePeer(std::string_view key) EXCLUDES(mu_);
@@ -126,6 +127,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::atomic<uint64_t> next_region_{1};
   std::atomic<uint64_t> next_transfer_{1};
   std::atomic<uint64_t> merged_ops_{0};
+  // Refusals of the regions' access lists (EngineStats::access_denied); each region points here.
+  std::shared_ptr<AccessDenials> access_denials_ = std::make_shared<AccessDenials>();
+  std::atomic<bool> warned_unauthenticated_{false};  // the warning of RegisterMemory, once
 
   mutable Mutex mu_;
   std::unordered_map<uint64_t, RegionEntry> regions_ GUARDED_BY(mu_);

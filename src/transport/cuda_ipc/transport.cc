@@ -270,6 +270,12 @@ class IpcTransport final : public Transport {
 
   Result<TransportData> Register(const std::shared_ptr<Region>& region) override {
     if (region->kind != MemoryKind::kCuda) return Status(Code::kUnsupported, "cuda_ipc carries GPU memory");
+    // An IPC handle (or VMM descriptor) in a descriptor lets any process of the host that
+    // sees it open the memory, and cuda_ipc has no authenticated connection of its own over
+    // which to hand it to allowed peers only: a region with an access list is not exported
+    // here, and peers reach it through a transport that checks each request (ucx, staged).
+    if (region->restricted())
+      return Status(Code::kUnsupported, "cuda_ipc does not export regions with an access list");
     auto ipc = RegisterIpc(region);
     if (ipc.ok()) return ipc;
     // No IPC handle (memory mapped with the VMM API has none): its allocations' descriptors.

@@ -13,6 +13,12 @@
 // one Copier post on the device of the local region (copier.h: one kernel launch for the small
 // pieces, DMA for large ones), completed by polling.
 //
+// Access lists (RegionOptions::allowed_peers): a region with one is not exported here
+// (Register returns kUnsupported). Its handle would travel in the descriptor, open to any
+// process of the host that sees it, and this transport has no authenticated connection of its
+// own to hand it to allowed peers only; peers reach such a region through ucx (staged), which
+// checks every request.
+//
 // Deregistration contract: the owner's DeregisterMemory() withdraws the region's lease slot
 // and waits until no live peer process holds a lease on it; every batch of a peer holds a
 // lease from before its copies are enqueued until they are complete on the GPU. So once

@@ -136,6 +136,12 @@ class LocalEndpoint final : public Endpoint {
     if (reinterpret_cast<uint64_t>(region->base) != remote.address || region->size != remote.size ||
         region->kind != remote.kind)
       return Status(Code::kInvalidArgument, "remote descriptor does not match the registered region");
+    // Engines of one process trust each other's code, but an access list still says which of
+    // them may reach the region (it stops mistakes, as between engines without a secret).
+    if (!region->Admit(kName, shared_->engine_key))
+      return Status(Code::kPermissionDenied, "engine " + peer_->key + "'s access list for region " +
+                                                 std::to_string(static_cast<uint64_t>(remote.region)) +
+                                                 " does not name this engine");
     if (region->kind == MemoryKind::kCuda || local->kind == MemoryKind::kCuda) {
       if (!shared_->cuda) return Status(Code::kUnsupported, "no CUDA device for a CUDA region");
     }

@@ -135,7 +135,7 @@ Result<TransportData> Core::Register(const std::shared_ptr<Region>& region) {
   {
     MutexLock lock(&mu_);
     exported_[static_cast<uint64_t>(region->id)] = Exported{reinterpret_cast<uint64_t>(region->base),
-                                                            region->size, key, fd, span->offset, slot, generation};
+                                                            region->size, key, fd, span->offset, slot, generation, region};
   }
   return TransportData{std::string(kName), PackAccess(socket_name_, key)};
 }
@@ -342,6 +342,9 @@ void Core::HandleAtTarget(const std::shared_ptr<Conn>& conn, const Message& m) {
       } else if (it->second.address != h.offset || it->second.size != h.size) {
         Reject("open of region " + std::to_string(h.region) + " with a wrong address or size");
         reply.code = static_cast<uint8_t>(Code::kInvalidArgument);
+      } else if (!it->second.region->Admit(kName, conn->peer_key())) {
+        // Not on the region's access list: its memory file stays here (counted and logged).
+        reply.code = static_cast<uint8_t>(Code::kPermissionDenied);
       } else {
         reply.offset = it->second.file_offset;
         reply.size = it->second.slot;

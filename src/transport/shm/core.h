@@ -240,6 +240,7 @@ class Core : public std::enable_shared_from_this<Core> {
     uint64_t file_offset;
     uint32_t slot;  // in table_
     uint64_t generation;
+    std::shared_ptr<Region> region;  // its access list (Region::Admit) is checked at kOpen
   };
 
   const std::string engine_key_;

@@ -175,6 +175,9 @@ class ShmEndpoint final : public Endpoint {
           return waiter->Set(Status(s.code(), "remote region " + std::to_string(region) + " is not registered"));
         if (s.code() == Code::kInvalidArgument)
           return waiter->Set(Status(s.code(), "remote descriptor does not match the registered region"));
+        if (s.code() == Code::kPermissionDenied)
+          return waiter->Set(Status(s.code(), "the target's access list for region " + std::to_string(region) +
+                                                  " does not name this engine"));
         return waiter->Set(s);
       }
       auto mapping = Mapping::Map(fd, reply.offset, size);

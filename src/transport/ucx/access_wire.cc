@@ -22,4 +22,9 @@ std::string_view AccessRest(const MemoryDesc& remote) {
   return std::string_view(remote.FindAccess("ucx")->data).substr(8);
 }
 
+bool HasRemoteKey(const MemoryDesc& remote) {
+  const std::string_view rest = AccessRest(remote);
+  return rest != kStagedAccess && rest != kNoRemoteKey;
+}
+
 }  // namespace ferry::internal::ucx

@@ -102,6 +102,9 @@ Result<ucp_rkey_h> Conn::RemoteKey(const MemoryDesc& remote, size_t lane) {
     const TransportData* access = remote.FindAccess("ucx");
     if (access == nullptr) return Status(Code::kInvalidArgument, "remote region has no ucx key");
     FERRY_RETURN_IF_ERROR(AccessKey(remote).status());
+    if (!HasRemoteKey(remote))
+      return Status(Code::kInvalidArgument, "remote region " + std::to_string(static_cast<uint64_t>(remote.region)) +
+                                                " has no remote key (active messages only)");
     ucs_status_t st = ucp_ep_rkey_unpack(eps_[lane], AccessRest(remote).data(), &keys[lane]);
     if (st != UCS_OK) return FromUcs(st, "unpacking the remote key");
   }

@@ -213,12 +213,15 @@ void Core::Shutdown() {
 }
 
 Result<TransportData> Core::Register(const std::shared_ptr<Region>& region) {
-  if (region->kind == MemoryKind::kCuda) {
-    // Staged: peers reach it only through active messages, never by RMA.
+  if (region->kind == MemoryKind::kCuda || region->restricted()) {
+    // Staged (GPU memory), or a region with an access list: peers reach it only through
+    // active messages, each checked against the list (FindRegion), never by RMA. An RDMA
+    // remote key would let whoever holds the descriptor read and write the memory with no
+    // question asked here, so none is made (nor is the memory mapped for RMA).
     const uint64_t key = RandomKey();
     MutexLock lock(&regions_mu_);
     regions_[static_cast<uint64_t>(region->id)] = Registered{region, nullptr, key};
-    return TransportData{"ucx", PackAccess(key, "staged")};
+    return TransportData{"ucx", PackAccess(key, region->kind == MemoryKind::kCuda ? kStagedAccess : kNoRemoteKey)};
   }
   ucp_mem_map_params_t params = {};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
@@ -251,7 +254,7 @@ void Core::Deregister(const Region& region) {
     memh = it->second.memh;
     regions_.erase(it);  // active messages to the region fail from now on
   }
-  if (memh == nullptr) return;  // staged: no remote key was handed out
+  if (memh == nullptr) return;  // staged or restricted: no remote key was handed out
   // Peers may hold its remote key: have each drop it and complete the RMA it posted before the
   // memory is unmapped. A peer that does not answer in time is dead or hung; go on without it.
   auto state = std::make_shared<TransferState>(TransferId{}, 0, TransferPath{"ucx", false},
@@ -285,13 +288,26 @@ bool Core::Poll() {
   return any;
 }
 
-std::shared_ptr<Region> Core::FindRegion(uint64_t id, uint64_t key) {
-  MutexLock lock(&regions_mu_);
-  auto it = regions_.find(id);
-  if (it == regions_.end()) return nullptr;
-  // A wrong key is as good as no region: the caller rejects the message.
-  if (it->second.key != key) return nullptr;
-  return it->second.region;
+std::shared_ptr<Region> Core::FindRegion(Shard& s, const AmHeader& h, Code* refusal) {
+  *refusal = Code::kFailedPrecondition;
+  std::shared_ptr<Region> region;
+  {
+    MutexLock lock(&regions_mu_);
+    auto it = regions_.find(h.region);
+    if (it == regions_.end()) return nullptr;
+    // A wrong key is as good as no region: the caller rejects the message.
+    if (it->second.key != h.key) return nullptr;
+    region = it->second.region;
+  }
+  if (!region->restricted()) return region;
+  // Who asks is the engine that made the connection (door.h), never what a message says.
+  const Accepted* from = s.FindAccepted(h.conn);
+  if (from == nullptr) return nullptr;
+  if (!region->Admit("ucx", from->peer_key)) {
+    *refusal = Code::kPermissionDenied;
+    return nullptr;
+  }
+  return region;
 }
 
 bool Core::UseRma(const Conn& conn) const {

@@ -177,7 +177,9 @@ struct Shard {
     if (it != receiving.end() && --it->second == 0) receiving.erase(it);
   }
   // Acks `token` to accepted connection `conn` on `lane`, if it is still there.
-  void SendAck(uint64_t conn, uint8_t lane, uint64_t token, Code code);
+  // `region`: the region a refusal is about (kPermissionDenied), so that the initiator's error
+  // names it; 0 otherwise.
+  void SendAck(uint64_t conn, uint8_t lane, uint64_t token, Code code, uint64_t region = 0);
   // The same on one of this shard's own connections (an ack of a target's revocation).
   void SendAckOn(const Conn& conn, uint64_t token, Code code);
 };
@@ -243,8 +245,13 @@ class Core : public std::enable_shared_from_this<Core> {
   };
   Core() = default;
   Status Listen();
-  // The region `id` if `key` is its key; otherwise null, and the message is rejected.
-  std::shared_ptr<Region> FindRegion(uint64_t id, uint64_t key) EXCLUDES(regions_mu_);
+  // The region that request `h` names, if h.key is its key and the engine of accepted
+  // connection h.conn (the key it gave, and proved with a secret, in the handshake) is on the
+  // region's access list; otherwise null, and *refusal says why: kFailedPrecondition (no such
+  // region, a wrong key, a connection that is gone: the caller rejects the message) or
+  // kPermissionDenied (counted and logged through the region; answered, not rejected).
+  // On shard 0's thread (it holds the accepted connections).
+  std::shared_ptr<Region> FindRegion(Shard& s, const AmHeader& h, Code* refusal) EXCLUDES(regions_mu_);
   void Reject(const char* why);
   static void Forget(Shard& s);
 

@@ -9,12 +9,14 @@
 namespace ferry::internal::ucx {
 
 void Core::HandleCheck(Shard& s, const AmHeader& h) {
-  auto region = FindRegion(h.region, h.key);
+  Code refusal;
+  auto region = FindRegion(s, h, &refusal);
   Code code = Code::kOk;
-  if (!region || !region->live()) code = Code::kFailedPrecondition;
+  if (!region) code = refusal;
+  else if (!region->live()) code = Code::kFailedPrecondition;
   else if (reinterpret_cast<uint64_t>(region->base) != h.offset || region->size != h.size)
     code = Code::kInvalidArgument;
-  s.SendAck(h.conn, h.lane, h.token, code);
+  s.SendAck(h.conn, h.lane, h.token, code, code == Code::kPermissionDenied ? h.region : 0);
 }
 
 namespace {
@@ -166,8 +168,10 @@ bool Receive(ucp_worker_h worker, void* data, const ucp_am_recv_param_t* param, 
 }  // namespace
 
 void Core::HandleWrite(Shard& s, const AmHeader& h, void* data, const ucp_am_recv_param_t* param, bool* keep) {
-  auto region = FindRegion(h.region, h.key);
+  Code refusal;
+  auto region = FindRegion(s, h, &refusal);
   if (!region) {
+    if (refusal == Code::kPermissionDenied) return s.SendAck(h.conn, h.lane, h.token, refusal, h.region);
     Reject("write to an unknown region");
     return s.SendAck(h.conn, h.lane, h.token, Code::kFailedPrecondition);
   }
@@ -194,7 +198,9 @@ void Core::HandleWrite(Shard& s, const AmHeader& h, void* data, const ucp_am_rec
 }
 
 void Core::HandleReadReq(Shard& s, const AmHeader& h) {
-  auto region = FindRegion(h.region, h.key);
+  Code refusal;
+  auto region = FindRegion(s, h, &refusal);
+  if (!region && refusal == Code::kPermissionDenied) return s.SendAck(h.conn, h.lane, h.token, refusal, h.region);
   Code code = Code::kOk;
   if (!region) code = Code::kFailedPrecondition;
   else if (!InBounds(h.offset, h.size, region->size)) code = Code::kOutOfRange;
@@ -246,6 +252,10 @@ void Core::HandleAck(Shard& s, const AmHeader& h) {
     case Code::kResourceExhausted: st = Status(Code::kResourceExhausted, "the receiver's notification backlog is full"); break;
     case Code::kInvalidArgument: st = Status(Code::kInvalidArgument, "the receiver rejected the notification"); break;
     case Code::kUnsupported: st = Status(Code::kUnsupported, "the target cannot take this access to that region"); break;
+    case Code::kPermissionDenied:
+      st = Status(Code::kPermissionDenied, "the target's access list for region " + std::to_string(h.region) +
+                                               " does not name this engine");
+      break;
     default: st = Status(static_cast<Code>(h.code), "the target failed the operation"); break;
   }
   it->second.state->PartDone(st);

@@ -49,12 +49,13 @@ void Shard::Send(ucp_ep_h ep, const AmHeader& h, const void* data, std::string p
   else delete ctx;  // done at once, or failed (the peer's error handler reports it)
 }
 
-void Shard::SendAck(uint64_t conn, uint8_t lane, uint64_t token, Code code) {
+void Shard::SendAck(uint64_t conn, uint8_t lane, uint64_t token, Code code, uint64_t region) {
   ucp_ep_h ep = ReplyEp(conn, lane);
   if (ep == nullptr) return;  // the connection is gone; so is whoever waited for the answer
   AmHeader h;
   h.type = MsgType::kAck;
   h.token = token;
+  h.region = region;
   h.conn = conn;
   h.lane = lane;
   h.code = static_cast<uint8_t>(code);

@@ -35,7 +35,9 @@ void Stager::HandleWrite(Shard& s, const AmHeader& h, void* data, size_t length,
                          bool* keep) {
   Core& core = *impl_->core;
   Reply reply = Reply{h.conn, h.lane};
-  auto region = core.FindRegion(h.region, h.key);
+  Code refusal;
+  auto region = core.FindRegion(s, h, &refusal);
+  if (!region && refusal == Code::kPermissionDenied) return s.SendAck(reply.conn, reply.lane, h.token, refusal, h.region);
   auto hold = region ? RegionUse::Make(region) : nullptr;
   if (!hold) {
     core.Reject("staged write to an unknown region");
@@ -113,7 +115,9 @@ void Stager::HandleReadReq(Shard& s, const AmHeader& h, const void* data, size_t
     core.Reject("staged read request sent by rendezvous");
     return s.SendAck(reply.conn, reply.lane, h.token, Code::kInvalidArgument);
   }
-  auto region = core.FindRegion(h.region, h.key);
+  Code refusal;
+  auto region = core.FindRegion(s, h, &refusal);
+  if (!region && refusal == Code::kPermissionDenied) return s.SendAck(reply.conn, reply.lane, h.token, refusal, h.region);
   auto hold = region ? RegionUse::Make(region) : nullptr;
   if (!hold) {
     core.Reject("staged read of an unknown region");

@@ -38,7 +38,7 @@ class UcxChannel final : public Channel {
   UcxChannel(std::shared_ptr<Core> core, std::vector<std::shared_ptr<Conn>> conns,
              std::shared_ptr<Region> local, MemoryDesc remote, uint64_t remote_key)
       : core_(std::move(core)), conns_(std::move(conns)), local_(std::move(local)),
-        remote_(std::move(remote)), remote_key_(remote_key) {}
+        remote_(std::move(remote)), remote_key_(remote_key), rma_(HasRemoteKey(remote_)) {}
 
   Status Post(Op op, std::span<const TransferOp> ops, uint64_t total_bytes,
               const std::shared_ptr<TransferState>& state) override {
@@ -63,7 +63,8 @@ class UcxChannel final : public Channel {
       const auto& conn = conns_[k];
       bool submitted = conn->shard().worker->Submit([this_core = core_, conn, local = local_,
                                                      remote = remote_, op, batch = std::move(shares[k]),
-                                                     state, hold, staged = staged(), key = remote_key_] {
+                                                     state, hold, staged = staged(), key = remote_key_,
+                                                     rma = rma_] {
         if (staged) {
           if (conn->failed()) return state->PartDone(conn->failure());
           if (!state->finished()) {
@@ -72,7 +73,7 @@ class UcxChannel final : public Channel {
           }
           return state->PartDone(Status::Ok());
         }
-        Run(*this_core, *conn, *local, remote, key, op, *batch, state, hold);
+        Run(*this_core, *conn, *local, remote, key, rma, op, *batch, state, hold);
       });
       if (!submitted) state->PartDone(Status(Code::kAborted, "the ucx transport was shut down"));
     }
@@ -105,12 +106,14 @@ class UcxChannel final : public Channel {
   }
 
   // On the progress thread: posts every op, then finishes the task's part.
-  static void Run(Core& core, Conn& conn, Region& local, const MemoryDesc& remote, uint64_t key, Op op,
+  // `rma`: the remote region has a remote key (a region with an access list has none: each of
+  // its requests goes as an active message, which the target checks).
+  static void Run(Core& core, Conn& conn, Region& local, const MemoryDesc& remote, uint64_t key, bool rma, Op op,
                   const std::vector<TransferOp>& ops, const std::shared_ptr<TransferState>& state,
                   const std::shared_ptr<RegionUse>& hold) {
     if (conn.failed()) return state->PartDone(conn.failure());
     if (state->finished()) return state->PartDone(Status::Ok());  // e.g. its deadline passed
-    Status s = core.UseRma(conn) ? PostRma(core, conn, local, remote, op, ops, state)
+    Status s = rma && core.UseRma(conn) ? PostRma(core, conn, local, remote, op, ops, state)
                                  : PostAm(core, conn, local, remote, key, op, ops, state, hold);
     state->PartDone(s);
   }
@@ -210,6 +213,7 @@ class UcxChannel final : public Channel {
   std::shared_ptr<Region> local_;
   MemoryDesc remote_;
   const uint64_t remote_key_;
+  const bool rma_;
 };
 
 // ---- Endpoint --------------------------------------------------------------------------------
@@ -256,6 +260,10 @@ class UcxEndpoint final : public Endpoint {
       return Status(Code::kFailedPrecondition, "remote region " +
                                                    std::to_string(static_cast<uint64_t>(remote.region)) +
                                                    " is not registered");
+    if (s.code() == Code::kPermissionDenied)
+      return Status(Code::kPermissionDenied, "engine " + conns_[0]->peer().key + "'s access list for region " +
+                                                 std::to_string(static_cast<uint64_t>(remote.region)) +
+                                                 " does not name this engine");
     FERRY_RETURN_IF_ERROR(s);
     return std::unique_ptr<Channel>(new UcxChannel(core_, conns_, local, remote, key));
   }
