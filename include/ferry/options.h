@@ -134,6 +134,13 @@ struct EngineOptions {
   size_t max_notification_bytes = 64 * 1024;
   size_t max_pending_notifications = 1 << 16;
   size_t max_pending_notification_bytes = 64 << 20;
+  // How many of those undelivered notifications may come from one peer (by its engine key), so
+  // that one peer that floods cannot fill the backlog and starve the others: beyond it that
+  // peer's notifications are refused as the full backlog refuses them (kResourceExhausted,
+  // counted in EngineStats::dropped_notifications). 0 = a quarter of max_pending_notifications
+  // but at least 64 (all of a smaller backlog, which one peer's burst may fill); at most
+  // max_pending_notifications (a larger value is that).
+  size_t max_pending_notifications_per_peer = 0;
   // Port of an HTTP endpoint serving GET /metrics (Prometheus text) on listen host 127.0.0.1;
   // 0 = off, -1 = pick a free port (Engine::MetricsPort() says which); 1..65535 = that port.
   int metrics_port = 0;

@@ -196,6 +196,8 @@ const EnvField kFields[] = {
     FERRY_ENV_FIELD("FERRY_MAX_NOTIFICATION_BYTES", max_notification_bytes, Bytes, "size"),
     FERRY_ENV_FIELD("FERRY_MAX_PENDING_NOTIFICATIONS", max_pending_notifications, Count, "count"),
     FERRY_ENV_FIELD("FERRY_MAX_PENDING_NOTIFICATION_BYTES", max_pending_notification_bytes, Bytes, "size"),
+    FERRY_ENV_FIELD("FERRY_MAX_PENDING_NOTIFICATIONS_PER_PEER", max_pending_notifications_per_peer, Count,
+                    "count; 0 = a quarter of max_pending_notifications, at least 64"),
     FERRY_ENV_FIELD("FERRY_METRICS_PORT", metrics_port, Int, "port; 0 = off, -1 = any free port"),
     FERRY_ENV_FIELD("FERRY_SECRET", secret, String, "text, 16+ bytes; empty = peers not authenticated"),
     FERRY_ENV_FIELD("FERRY_SECRET_FILE", secret_file, String, "path of a file only its owner reads"),

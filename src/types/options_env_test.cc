@@ -161,6 +161,20 @@ TEST(OptionsEnvTest, UnitsAndEmptyOptional) {
 }
 
 // docs/configuration.md holds EnvTableMarkdown() verbatim, between its two markers.
+// The per-peer notification bound reads like the global one; "0" keeps the derived default.
+TEST(OptionsEnvTest, PerPeerNotificationBound) {
+  EXPECT_EQ(EngineOptions{}.max_pending_notifications_per_peer, 0u);
+  ScopedVars vars;
+  vars.Set("FERRY_MAX_PENDING_NOTIFICATIONS_PER_PEER", "100");
+  Result<EngineOptions> o = EngineOptions::FromEnv();
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->max_pending_notifications_per_peer, 100u);
+  vars.Set("FERRY_MAX_PENDING_NOTIFICATIONS_PER_PEER", "-1");
+  o = EngineOptions::FromEnv();
+  EXPECT_EQ(o.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(o.status().message().find("FERRY_MAX_PENDING_NOTIFICATIONS_PER_PEER"), std::string::npos);
+}
+
 TEST(OptionsEnvTest, DocsTableMatchesTheList) {
   std::ifstream in(std::string(FERRY_SOURCE_DIR) + "/docs/configuration.md");
   ASSERT_TRUE(in) << "docs/configuration.md not found under " << FERRY_SOURCE_DIR;
