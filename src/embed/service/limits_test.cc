@@ -1,3 +1,195 @@
-// Placeholder: filled in by its owner.
+// The embedding service's bounds against a peer on its socket (docs/limits.md lists them):
+// datagrams over os::kMaxMessageBytes, descriptors over os::kMaxMessageFds, a client that asks
+// for stats and never reads the answers, and a churn of connections. Each is refused or dropped
+// with the documented error, starts no thread, leaks no descriptor, keeps resident memory
+// bounded, and a good client is served afterwards; each case takes a second or two.
+//
+// Shown elsewhere and not repeated: max_connections (service_hostile_test.cc,
+// ConnectionsPastTheLimitAreRefused), idle connections start no thread (IdleConnectionsStartNoThreads),
+// max_queued_steps (service_test.cc, StepsPastTheQueueLimitFailWithResourceExhausted), requests
+// over the registered capacity (BadRequestsFailUnderTheirSeq), staging sized by need
+// (StagingIsSizedByNeed), the decoder's field bounds (protocol_test.cc and fuzz/).
+#include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
-TEST(PlaceholderLimits, Empty) { SUCCEED(); }
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "ferry/embed_server.h"
+#include "testing/embed_service.h"
+#include "testing/resources.h"
+
+namespace ferry::embed::service {
+namespace {
+
+using namespace testing;  // NOLINT: test helpers
+using ferry::testing::Eventually;
+using ferry::testing::ResidentBytes;
+using ferry::testing::ThreadCount;
+
+// Resident memory a flood may add (allocator caches): far below one buffer of a claimed size
+// per message.
+constexpr uint64_t kRssSlack = 32 << 20;
+
+// Open descriptors of this process (the service runs in it: a descriptor it leaks shows here).
+int OpenFds() {
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  int n = 0;
+  while (dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  ::closedir(d);
+  return n - 1;  // the directory's own
+}
+
+void ExpectServesAClient(const std::string& path, uint32_t seed) {
+  auto c = MakeClient(path, 0, 0, 1);
+  ASSERT_TRUE(c);
+  Forward({c.get()}, MakeStep(4, 64, seed));
+}
+
+// A datagram larger than os::kMaxMessageBytes is consumed, not buffered at its size: from a new
+// connection it is answered kInvalidArgument and the connection closed, from a registered rank
+// it fails that step only. Threads and memory stay as they were.
+TEST(EmbedServiceLimits, DatagramsOverTheMessageLimitAreRefused) {
+  std::string path = TempSocketPath("limits-big");
+  auto server = StartServer(SmallServerOptions(path));
+  ASSERT_TRUE(server);
+  ExpectServesAClient(path, 1);
+  ASSERT_TRUE(Eventually([&] { return server->memory().connections == 0; }));
+  const int threads = ThreadCount();
+  const uint64_t rss = ResidentBytes();
+  const std::string big(2 * kMaxMessageBytes, 'z');
+  for (int i = 0; i < 20; ++i) {
+    Result<UniqueFd> fd = ConnectTo(path);
+    ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+    ASSERT_EQ(::send(fd->get(), big.data(), big.size(), MSG_NOSIGNAL), static_cast<ssize_t>(big.size()));
+    Result<AnyMessage> d = NextMessage(fd->get(), std::chrono::seconds(2));
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    ASSERT_TRUE(std::holds_alternative<Registered>(*d));
+    EXPECT_EQ(std::get<Registered>(*d).status.code(), Code::kInvalidArgument) << std::get<Registered>(*d).status.ToString();
+    EXPECT_EQ(Receive(fd->get(), Deadline::After(std::chrono::seconds(2))).status().code(), Code::kUnavailable);
+  }
+  std::unique_ptr<RawRank> r = RegisterRaw(path, 1);
+  ASSERT_TRUE(r);
+  ASSERT_EQ(::send(r->fd.get(), big.data(), big.size(), MSG_NOSIGNAL), static_cast<ssize_t>(big.size()));
+  Reply reply = r->NextReply();
+  EXPECT_EQ(reply.status.code(), Code::kInvalidArgument) << reply.status.ToString();
+  r.reset();
+  EXPECT_TRUE(Eventually([&] { return server->memory().connections == 0; }));
+  EXPECT_EQ(ThreadCount(), threads);
+  EXPECT_LT(ResidentBytes(), rss + kRssSlack);
+  ExpectServesAClient(path, 2);
+}
+
+// Descriptors past os::kMaxMessageFds (a registration brings two) are closed, none kept: the
+// message is refused and this process holds as many descriptors after as before.
+TEST(EmbedServiceLimits, DescriptorsOverTheLimitAreClosed) {
+  std::string path = TempSocketPath("limits-fds");
+  auto server = StartServer(SmallServerOptions(path));
+  ASSERT_TRUE(server);
+  ExpectServesAClient(path, 3);
+  ASSERT_TRUE(Eventually([&] { return server->memory().connections == 0; }));
+  std::vector<UniqueFd> files;
+  std::vector<int> raw;
+  for (size_t i = 0; i < 2 * kMaxMessageFds; ++i) {
+    files.emplace_back(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    ASSERT_TRUE(files.back().valid());
+    raw.push_back(files.back().get());
+  }
+  const int fds = OpenFds();
+  const int threads = ThreadCount();
+  std::string reg = Encode(SmallRegister(0, 0, 1));
+  for (int i = 0; i < 10; ++i) {
+    Result<UniqueFd> fd = ConnectTo(path);
+    ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+    // Sent by hand: os::SendMessage refuses more than kMaxMessageFds itself.
+    msghdr m = {};
+    iovec iov = {reg.data(), reg.size()};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 2 * kMaxMessageFds)] = {};
+    m.msg_control = control;
+    m.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * raw.size());
+    std::memcpy(CMSG_DATA(c), raw.data(), sizeof(int) * raw.size());
+    ASSERT_EQ(::sendmsg(fd->get(), &m, MSG_NOSIGNAL), static_cast<ssize_t>(reg.size())) << errno;
+    Result<AnyMessage> d = NextMessage(fd->get(), std::chrono::seconds(2));
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    ASSERT_TRUE(std::holds_alternative<Registered>(*d));
+    EXPECT_EQ(std::get<Registered>(*d).status.code(), Code::kInvalidArgument) << std::get<Registered>(*d).status.ToString();
+  }
+  EXPECT_TRUE(Eventually([&] { return server->memory().connections == 0 && server->memory().groups == 0; }));
+  EXPECT_TRUE(Eventually([&] { return OpenFds() == fds; })) << OpenFds() << " descriptors open, " << fds << " before";
+  EXPECT_EQ(ThreadCount(), threads);
+  ExpectServesAClient(path, 4);
+}
+
+// A monitoring connection that asks for stats without end and reads none of the answers does
+// not make the service queue them: its first send that would wait drops the connection
+// (server_internal.h, Connection::Send), and the service goes on serving.
+TEST(EmbedServiceLimits, AStatsFloodFromAPeerThatDoesNotReadIsDropped) {
+  std::string path = TempSocketPath("limits-stats");
+  auto server = StartServer(SmallServerOptions(path));
+  ASSERT_TRUE(server);
+  ExpectServesAClient(path, 5);
+  ASSERT_TRUE(Eventually([&] { return server->memory().connections == 0; }));
+  const int threads = ThreadCount();
+  const uint64_t rss = ResidentBytes();
+  Result<UniqueFd> fd = ConnectTo(path);
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  const std::string ask = Encode(StatsRequest{false});
+  int sent = 0;
+  bool dropped = false;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!dropped && std::chrono::steady_clock::now() < until) {
+    const ssize_t n = ::send(fd->get(), ask.data(), ask.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n == static_cast<ssize_t>(ask.size())) {
+      ++sent;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } else {
+      dropped = true;  // EPIPE / ECONNRESET: the service shut the connection down
+    }
+  }
+  EXPECT_TRUE(dropped) << sent << " requests sent and the connection still open";
+  EXPECT_GT(sent, 10);
+  EXPECT_TRUE(Eventually([&] { return server->memory().connections == 0; }));
+  EXPECT_EQ(ThreadCount(), threads);
+  EXPECT_LT(ResidentBytes(), rss + kRssSlack);
+  ExpectServesAClient(path, 6);
+}
+
+// Connections that come and go by the thousand leave no thread, descriptor or connection behind.
+TEST(EmbedServiceLimits, ConnectionChurnLeavesNothing) {
+  std::string path = TempSocketPath("limits-churn");
+  auto server = StartServer(SmallServerOptions(path));
+  ASSERT_TRUE(server);
+  ExpectServesAClient(path, 7);
+  ASSERT_TRUE(Eventually([&] { return server->memory().connections == 0; }));
+  const int threads = ThreadCount();
+  const int fds = OpenFds();
+  const uint64_t rss = ResidentBytes();
+  for (int round = 0; round < 20; ++round) {
+    std::vector<UniqueFd> batch;
+    for (int i = 0; i < 50; ++i) {
+      Result<UniqueFd> fd = ConnectTo(path);
+      ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+      batch.push_back(std::move(fd).value());
+    }
+    EXPECT_EQ(ThreadCount(), threads);
+  }
+  EXPECT_TRUE(Eventually([&] { return server->memory().connections == 0; }));
+  EXPECT_TRUE(Eventually([&] { return OpenFds() == fds; })) << OpenFds() << " descriptors open, " << fds << " before";
+  EXPECT_LT(ResidentBytes(), rss + kRssSlack);
+  ExpectServesAClient(path, 8);
+}
+
+}  // namespace
+}  // namespace ferry::embed::service
