@@ -1,0 +1,134 @@
+"""The soak's figures: what the workers reported (the last tick or the final report of each
+incarnation), the faults, the resources of the long-lived processes, and the invariants."""
+
+import glob
+import os
+import time
+
+# The roles that start requests (the other side of each pair serves them): their counts are
+# the soak's requests issued, succeeded and failed.
+INITIATORS = ("kvw.consumer", "kvr.producer", "batch.sender", "embed.client")
+SUMMED = ("issued", "ok", "failed", "verified_bytes", "corrupt_bytes", "ended_twice", "double_free",
+          "blocks_mismatch")
+
+
+class Tally:
+    def __init__(self):
+        self.last = {}     # (role, inc) -> (event, when received: monotonic)
+        self.finals = {}
+        self.hung = set()  # (role, request) seen overdue
+        self.stalls, self.crashes, self.no_exit, self.missing_final = [], [], [], []
+        self.faults, self.resources = {}, {}
+        self.drain_s = 0.0
+        self.log_corrupt = self.log_tracebacks = 0
+
+    def record(self, role, inc, ev) -> None:
+        self.last[(role, inc)] = (ev, time.monotonic())
+        if ev.get("ev") == "final":
+            self.finals[(role, inc)] = ev
+        for r in ev.get("overdue", []):
+            self.hung.add((role, r))
+
+    def all_drained(self, keys, since: float) -> bool:
+        for k in keys:
+            got = self.last.get(k)
+            if got is None or got[1] < since or not got[0].get("draining") or got[0].get("outstanding"):
+                return False
+        return True
+
+    def crash(self, role, inc, rc) -> None:
+        self.crashes.append(f"{role}#{inc} exited {rc}")
+
+    def stall(self, role, inc, secs) -> None:
+        self.stalls.append(f"{role}#{inc} silent {secs:.0f} s")
+
+    def expect_final(self, role, inc) -> None:
+        if (role, inc) not in self.finals:
+            self.missing_final.append(f"{role}#{inc}")
+
+    def scan_logs(self, rundir: str) -> None:
+        for path in glob.glob(os.path.join(rundir, "*.log")):
+            with open(path, errors="replace") as f:
+                for line in f:
+                    self.log_corrupt += "bytes differ" in line
+                    self.log_tracebacks += line.startswith("Traceback")
+
+    def summary(self, fd_margin: int, rss_margin, netem_reason) -> dict:
+        roles = {}
+        lost = 0
+        for (role, inc), (ev, _) in sorted(self.last.items()):
+            r = roles.setdefault(role, {"incarnations": 0, "codes": {}, **{k: 0 for k in SUMMED}})
+            r["incarnations"] += 1
+            for k in SUMMED:
+                r[k] += ev["c"].get(k, 0)
+            for code, n in ev.get("codes", {}).items():
+                r["codes"][code] = r["codes"].get(code, 0) + n
+            if (role, inc) not in self.finals:
+                lost += ev.get("outstanding", 0)  # in flight when the process was killed
+        init = [roles.get(r, {}) for r in INITIATORS]
+        codes = {}
+        for r in init:
+            for code, n in r.get("codes", {}).items():
+                codes[code] = codes.get(code, 0) + n
+        unfinished = sum(f.get("outstanding", 0) for f in self.finals.values())
+        leaked = sum(f.get("blocks_leaked", 0) for f in self.finals.values())
+        pending = sum(f.get("connector_pending", 0) for f in self.finals.values())
+        res = {}
+        for role, s in self.resources.items():
+            first, end = s.get("first"), s.get("end")
+            if not first or not end or first["pid"] != end["pid"]:
+                res[role] = {"ok": False, "why": "not sampled twice in one process", **s}
+                continue
+            fd_ok = end["fds"] <= first["fds"] + fd_margin
+            rss_ok = end["rss_kib"] <= first["rss_kib"] * rss_margin[0] + rss_margin[1]
+            res[role] = {"fds": [first["fds"], end["fds"]], "rss_mib": [round(first["rss_kib"] / 1024, 1),
+                                                                      round(end["rss_kib"] / 1024, 1)],
+                         "ok": fd_ok and rss_ok}
+        out = {
+            "requests_issued": sum(r.get("issued", 0) for r in init),
+            "requests_succeeded": sum(r.get("ok", 0) for r in init),
+            "requests_failed_reported": sum(r.get("failed", 0) for r in init),
+            "failed_by_code": codes,
+            "requests_hung": len(self.hung) + unfinished,
+            "workers_stalled": self.stalls,
+            "unexpected_exits": self.crashes,
+            "workers_without_final_report": self.missing_final + self.no_exit,
+            "ended_twice": sum(r["ended_twice"] for r in roles.values()),
+            "blocks_leaked": leaked + pending,
+            "blocks_freed_twice": sum(r["double_free"] for r in roles.values()),
+            "blocks_mismatched": sum(r["blocks_mismatch"] for r in roles.values()),
+            "bytes_verified": sum(r["verified_bytes"] for r in roles.values()),
+            "bytes_corrupted": sum(r["corrupt_bytes"] for r in roles.values()),
+            "corruption_lines_in_logs": self.log_corrupt,
+            "tracebacks_in_logs": self.log_tracebacks,
+            "faults": dict(self.faults),
+            "netem": netem_reason or "on",
+            "in_flight_in_killed_processes": lost,
+            "drain_s": round(self.drain_s, 1),
+            "resources": res,
+            "resource_margin": f"fds +{fd_margin}; RSS x{rss_margin[0]} + {rss_margin[1] // 1024} MiB",
+            "roles": roles,
+        }
+        out["ok"] = (out["requests_hung"] == 0 and not self.stalls and not self.crashes
+                     and not out["workers_without_final_report"] and out["ended_twice"] == 0
+                     and out["blocks_leaked"] == 0 and out["blocks_freed_twice"] == 0
+                     and out["blocks_mismatched"] == 0 and out["bytes_corrupted"] == 0
+                     and self.log_corrupt == 0 and self.log_tracebacks == 0
+                     and all(r["ok"] for r in res.values()) and out["requests_succeeded"] > 0)
+        return out
+
+
+def render(r: dict) -> str:
+    lines = ["== ferry soak: " + ("PASSED" if r["ok"] else "FAILED") + f" (seed {r.get('seed')})"]
+    for k in ("requests_issued", "requests_succeeded", "requests_failed_reported", "failed_by_code",
+              "requests_hung", "workers_stalled", "unexpected_exits", "workers_without_final_report",
+              "ended_twice", "blocks_leaked", "blocks_freed_twice", "blocks_mismatched", "bytes_verified",
+              "bytes_corrupted", "corruption_lines_in_logs", "tracebacks_in_logs", "faults", "netem",
+              "in_flight_in_killed_processes", "drain_s", "resource_margin"):
+        lines.append(f"  {k:32} {r[k]}")
+    for role, s in r["resources"].items():
+        lines.append(f"  resources {role:22} {s}")
+    for role, s in r["roles"].items():
+        lines.append(f"  role {role:27} x{s['incarnations']} issued {s['issued']} ok {s['ok']} "
+                     f"failed {s['failed']} {s['codes']}")
+    return "\n".join(lines)

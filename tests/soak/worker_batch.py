@@ -1,0 +1,208 @@
+"""A plain-batch worker of the soak: a sender posts write_batch() of scattered pieces with a
+notification, and a receiver checks the pieces when the notification comes (ferry delivers it
+after the data is in place) and acknowledges with a notification of its own.
+
+The sender's region and the receiver's are SLOTS slots of SLOT bytes; a batch stays inside one
+slot, whose bytes are pattern(seq). A slot is reused only after the receiver acknowledged it, a
+new receiver incarnation appeared (a fresh region), or, after a failed or unacknowledged batch,
+a quarantine of 15 s (a failed write may still sit in a cut link, and ferry promises no
+more without a fence; the link is never down for more than 4 s).
+"""
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+import numpy as np
+
+import ferry
+from common import Reporter, Signals, Watch, now_ms, pattern, publish
+
+SLOTS, SLOT = 16, 64 << 10
+XFER_DEADLINE_MS = 5000
+ACK_DEADLINE_MS = 10000
+QUARANTINE_MS = 15000
+
+
+def make_ops(rng: random.Random, slot: int):
+    """1..16 non-overlapping pieces inside `slot`, in a shuffled order on the remote side."""
+    n = rng.randint(1, 16)
+    sub = SLOT // n
+    remote = list(range(n))
+    rng.shuffle(remote)
+    ops = []
+    for i in range(n):
+        size = rng.randint(1, sub)
+        lo = i * sub + rng.randint(0, sub - size)
+        ro = remote[i] * sub + rng.randint(0, sub - size)
+        ops.append((slot * SLOT + lo, slot * SLOT + ro, size))
+    return ops
+
+
+class Base:
+    def __init__(self, a, role: str, deadline_ms: float):
+        self.a = a
+        self.rep = Reporter(f"{a.pair}.{role}", a.inc, deadline_ms, 20000)
+        self.sig = Signals(self.rep)
+        self.key = f"{a.pair}.{role}.{a.run}.{a.inc}"
+        self.engine = ferry.Engine(key=self.key, transports=["ucx"], listen_host=a.listen,
+                                   connect_timeout_ms=3000, handshake_timeout_ms=3000)
+        self.buf = np.zeros(SLOTS * SLOT, np.uint8)
+        self.desc = self.engine.register_memory(self.buf)
+        publish(a.rundir, f"{a.pair}.{role}", {"key": self.key, "inc": a.inc,
+                                               "engine": self.engine.describe().pack().hex(),
+                                               "mem": self.desc.pack().hex()})
+
+    def close(self) -> None:
+        self.rep.extra["in_flight_at_exit"] = len(self.engine.in_flight())
+        self.engine.close()
+        self.rep.stop_ticks()
+        self.rep.emit("final")
+
+
+class Receiver(Base):
+    def __init__(self, a):
+        super().__init__(a, "receiver", 5000)
+        self.watch = Watch(a.rundir, f"{a.pair}.sender")
+        self.sender = None
+
+    def run(self) -> None:
+        self.rep.run_ticks()
+        while not self.sig.quit:
+            rec = self.watch.changed()
+            if rec is not None:
+                self.engine.add_peer(bytes.fromhex(rec["engine"]))
+                self.sender = rec["key"]
+            got = self.engine.pop_notifications()
+            if not got:
+                time.sleep(0.005)
+            for sender, msg in got:
+                m = json.loads(msg)
+                name = f"{m['inc']}.{m['s']}"
+                self.rep.start(name)
+                want = pattern(SLOT, self.a.run, m["s"])
+                bad = 0
+                for lo, ro, size in m["ops"]:
+                    x = lo - m["slot"] * SLOT
+                    bad += int(np.count_nonzero(self.buf[ro : ro + size] != want[x : x + size]))
+                    self.rep.count("verified_bytes", size)
+                if bad:
+                    self.rep.count("corrupt_bytes", bad)
+                    sys.stderr.write(f"soak: batch {name}: {bad} bytes differ\n")
+                self.rep.end(name, "CORRUPT" if bad else "OK")
+                try:
+                    self.engine.notify(sender, json.dumps({"s": m["s"], "bad": bad}))
+                except ferry.Error:
+                    self.rep.count("ack_failed")
+        self.close()
+
+
+class Sender(Base):
+    def __init__(self, a):
+        super().__init__(a, "sender", XFER_DEADLINE_MS + ACK_DEADLINE_MS)
+        self.watch = Watch(a.rundir, f"{a.pair}.receiver")
+        self.rng = random.Random(f"{a.seed}/{a.pair}/sender/{a.inc}")
+        self.session, self.peer_inc, self.peer_key = None, None, None
+        self.slot_free_at = [0.0] * SLOTS  # ms; inf while busy
+        self.reqs = {}  # seq -> [transfer, slot, started, peer_inc, state]
+        self.seq, self.next_ms = 0, 0.0
+
+    def follow(self) -> None:
+        rec = self.watch.changed()
+        if rec is None:
+            return
+        try:
+            self.engine.add_peer(bytes.fromhex(rec["engine"]))
+            self.session = self.engine.open_session(self.desc, ferry.MemoryDesc.unpack(bytes.fromhex(rec["mem"])))
+        except ferry.Error:
+            self.rep.count("errors_raised")
+            self.session = None
+            return
+        if self.peer_key and self.peer_key != rec["key"]:
+            try:
+                self.engine.remove_peer(self.peer_key)
+            except ferry.Error:
+                pass
+        self.peer_key, self.peer_inc = rec["key"], rec["inc"]
+        self.slot_free_at = [0.0] * SLOTS  # a fresh region: nothing old can land in it
+        self.rep.count("peers_learnt")
+
+    def issue(self) -> None:
+        t = now_ms()
+        if self.rep.draining or self.session is None or t < self.next_ms:
+            return
+        slot = next((i for i, f in enumerate(self.slot_free_at) if f <= t), None)
+        if slot is None:
+            return
+        self.next_ms = t + 1000.0 / self.a.rate
+        self.seq += 1
+        seq = self.seq
+        self.buf[slot * SLOT : (slot + 1) * SLOT] = pattern(SLOT, self.a.run, seq)
+        ops = make_ops(self.rng, slot)
+        note = json.dumps({"s": seq, "slot": slot, "inc": self.a.inc, "ops": ops})
+        self.slot_free_at[slot] = float("inf")
+        self.rep.start(str(seq))
+        xfer = self.session.write_batch(np.array(ops, np.uint64), deadline_ms=XFER_DEADLINE_MS, notification=note)
+        self.reqs[seq] = [xfer, slot, t, self.peer_inc, "xfer"]
+
+    def release(self, entry, after_ms: float) -> None:
+        if entry[3] == self.peer_inc:
+            self.slot_free_at[entry[1]] = now_ms() + after_ms
+
+    def poll(self) -> None:
+        for sender, msg in self.engine.pop_notifications():
+            m = json.loads(msg)
+            entry = self.reqs.get(m["s"])
+            if entry is None:
+                continue
+            self.release(entry, 0)
+            if entry[4] != "late":  # an ack may overtake the sender's look at the transfer
+                self.rep.end(str(m["s"]), "CORRUPT" if m["bad"] else "OK")
+            del self.reqs[m["s"]]
+        t = now_ms()
+        for seq, entry in list(self.reqs.items()):
+            xfer, state = entry[0], entry[4]
+            if state == "xfer" and xfer.test():
+                code = xfer.status()[0]
+                if code == "OK":
+                    entry[4] = "ack"
+                else:
+                    self.rep.end(str(seq), code)
+                    self.release(entry, QUARANTINE_MS)
+                    del self.reqs[seq]
+            elif state == "ack" and t - entry[2] > ACK_DEADLINE_MS:
+                self.rep.end(str(seq), "NO_ACK")  # the slot waits for the ack, or a quarantine
+                entry[4] = "late"
+                self.release(entry, QUARANTINE_MS)
+            elif state == "late" and (entry[3] != self.peer_inc or t - entry[2] > QUARANTINE_MS):
+                del self.reqs[seq]
+
+    def run(self) -> None:
+        self.rep.run_ticks()
+        while not self.sig.quit:
+            self.follow()
+            self.issue()
+            self.poll()
+            time.sleep(0.002)
+        self.close()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--pair", required=True)
+    p.add_argument("--role", choices=["sender", "receiver"], required=True)
+    p.add_argument("--listen", default="127.0.0.1")
+    p.add_argument("--rundir", required=True)
+    p.add_argument("--run", default=str(os.getppid()))
+    p.add_argument("--inc", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rate", type=float, default=40.0)
+    a = p.parse_args()
+    (Sender if a.role == "sender" else Receiver)(a).run()
+
+
+if __name__ == "__main__":
+    main()
