@@ -15,8 +15,10 @@
 // finish, for every rank, and its Reply carries the error.
 //
 // With CUDA outputs the copies to the GPUs are issued by a copy pump thread per group, behind
-// the gather, in few large copies; a layer step may instead run the UVA kernel on rank 0's
-// stream, writing rank 0's output directly, with device-to-device copies to the other ranks,
+// the gather, in few large copies, and the layers of a step overlap: layer k + 1 is gathered
+// while layer k's last copies run, and the pump sets layer k's DONE behind them (DONE still in
+// layer order, each after all of its layer's bytes). A layer step may instead run the UVA
+// kernel on rank 0's stream, writing rank 0's output directly, with device-to-device copies to the other ranks,
 // when the table is pinned: the step policy (StepPolicyOptions) picks per token-count bucket.
 // Every layer step's phases are timed and reported by stats() and the protocol's StatsRequest.
 //
@@ -106,16 +108,24 @@ struct ServerOptions {
   StepPolicyOptions policy;
   // Connections served at once (registered ranks and monitoring connections).
   size_t max_connections = 256;
+  // CPUs kept for the copy pumps, so that they and the gather threads do not take turns on
+  // the same cores: the last pump_cpus CPUs this process may run on go to the pumps, the others
+  // to the gather threads (the groups' threads and the Gatherer's workers). -1 (auto): one CPU
+  // when there are more CPUs than gather.threads, else none; 0: nothing is pinned. At most
+  // the CPUs available less one (the gather keeps one).
+  int pump_cpus = -1;
 };
 
 // The longest wait_timeout ServerOptions may hold.
 inline constexpr std::chrono::seconds kMaxWaitTimeout{24 * 3600};
 inline constexpr size_t kMaxConnections = 65536;
 inline constexpr size_t kMaxQueuedSteps = 1 << 16;
+inline constexpr int kMaxPumpCpus = 1024;
 
 // kInvalidArgument, naming the option, for values no server runs with: an empty socket path,
 // wait_timeout outside (0, kMaxWaitTimeout], max_queued_steps outside [1, kMaxQueuedSteps],
-// min_copy_bytes 0, max_connections outside [1, kMaxConnections], and the gather's and policy's
+// min_copy_bytes 0, max_connections outside [1, kMaxConnections], pump_cpus outside
+// [-1, kMaxPumpCpus], and the gather's and policy's
 // own limits (ValidateGatherOptions, ValidateStepPolicyOptions). Server::Create checks it first.
 Status ValidateServerOptions(const ServerOptions& options);
 

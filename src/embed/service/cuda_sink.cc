@@ -31,6 +31,7 @@ class CudaSink final : public OutputSink {
       (void)cuda::StreamDestroy(copy_stream_);
     }
     if (done_event_ != nullptr) (void)cuda::EventDestroy(done_event_);
+    for (void* e : slot_events_) (void)cuda::EventDestroy(e);
     if (flag_word_ != nullptr) (void)cuda::HostFree(flag_word_);
     if (flag_stream_ != nullptr) (void)cuda::StreamDestroy(flag_stream_);
     if (read_event_ != nullptr) (void)cuda::EventDestroy(read_event_);
@@ -56,6 +57,8 @@ class CudaSink final : public OutputSink {
           l.flag_offset > flag_alloc || 4 > flag_alloc - l.flag_offset)
         return Status(Code::kOutOfRange, "layer " + std::to_string(l.layer) +
                                              ": output or flag outside its CUDA allocation");
+      FERRY_ASSIGN_OR_RETURN(void* slot_event, cuda::EventCreate());
+      slot_events_.push_back(slot_event);
       outputs_.push_back(out + l.output_offset);
       flags_.push_back(reinterpret_cast<uint32_t*>(flag + l.flag_offset));
     }
@@ -73,11 +76,16 @@ class CudaSink final : public OutputSink {
   Status Finish(size_t slot, uint32_t value) override {
     FERRY_RETURN_IF_ERROR(cuda::SetDevice(device_));
     FERRY_RETURN_IF_ERROR(cuda::StreamWrite(copy_stream_, flags_[slot], value));
+    FERRY_RETURN_IF_ERROR(cuda::EventRecord(slot_events_[slot], copy_stream_));
     return cuda::EventRecord(done_event_, copy_stream_);
   }
   Status WaitFinished(Deadline deadline) override {
     FERRY_RETURN_IF_ERROR(cuda::SetDevice(device_));
     return cuda::EventSpin(done_event_, deadline);
+  }
+  Status WaitSlotFinished(size_t slot, Deadline deadline) override {
+    FERRY_RETURN_IF_ERROR(cuda::SetDevice(device_));
+    return cuda::EventSpin(slot_events_[slot], deadline);
   }
   int device() const override { return device_; }
   void* stream() override { return copy_stream_; }
@@ -124,6 +132,9 @@ class CudaSink final : public OutputSink {
 
   int device_ = 0;
   void* done_event_ = nullptr;     // recorded after each Finish()'s flag write
+  // One a slot, recorded after its Finish()'s flag write: a pipelined step waits for one
+  // layer's copies without waiting for the next layer's.
+  std::vector<void*> slot_events_;
   void* read_event_ = nullptr;  // recorded and waited for under flag_mu_
   // Page-locked; set up once, the word it points to read and written under flag_mu_.
   uint32_t* flag_word_ PT_GUARDED_BY(flag_mu_) = nullptr;

@@ -43,6 +43,10 @@ class OutputSink {
   virtual uint8_t* direct(size_t slot) { return nullptr; }
   // Waits until every flag write of earlier Finish() calls completed (CUDA: on the stream).
   virtual Status WaitFinished(Deadline deadline) { return Status::Ok(); }
+  // Waits until the slot's last Finish() completed, and with it every Write() of the slot
+  // before it (their sources may be reused), without waiting for later slots' work. May run on
+  // another thread than Write() and Finish(), once the Finish() it waits for has returned.
+  virtual Status WaitSlotFinished(size_t slot, Deadline deadline) { return WaitFinished(deadline); }
 
   // CUDA sinks only (null / -1 otherwise), for work the service enqueues itself (the UVA
   // kernel): the device, the stream Write() and Finish() use, and the slot's device output.

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "base/log.h"
@@ -22,6 +23,41 @@ using internal::RankName;
 using internal::SameShape;
 using internal::Step;
 
+namespace {
+
+// ServerOptions::pump_cpus applied to the CPUs this process may run on: both empty when
+// nothing is to be pinned.
+void SplitCpus(const ServerOptions& o, std::vector<int>* gather, std::vector<int>* pump) {
+  std::vector<int> cpus = AllowedCpus();
+  const int n = static_cast<int>(cpus.size());
+  int keep = o.pump_cpus;
+  if (keep < 0) keep = n > o.gather.threads ? 1 : 0;
+  keep = std::min(keep, n - 1);
+  if (keep <= 0) return;
+  gather->assign(cpus.begin(), cpus.end() - keep);
+  pump->assign(cpus.end() - keep, cpus.end());
+}
+
+// Pins the calling thread to `cpus` (when not empty) for its lifetime, then restores its mask.
+class CallerAffinity {
+ public:
+  explicit CallerAffinity(const std::vector<int>& cpus) {
+    if (cpus.empty()) return;
+    saved_ = AllowedCpus();
+    if (!PinThisThread(cpus)) saved_.clear();
+  }
+  ~CallerAffinity() {
+    if (!saved_.empty()) (void)PinThisThread(saved_);
+  }
+  CallerAffinity(const CallerAffinity&) = delete;
+  CallerAffinity& operator=(const CallerAffinity&) = delete;
+
+ private:
+  std::vector<int> saved_;
+};
+
+}  // namespace
+
 Status ValidateServerOptions(const ServerOptions& o) {
   if (o.socket_path.empty()) return Status(Code::kInvalidArgument, "the service needs a socket path");
   if (o.wait_timeout <= std::chrono::nanoseconds::zero() || o.wait_timeout > kMaxWaitTimeout)
@@ -33,6 +69,7 @@ Status ValidateServerOptions(const ServerOptions& o) {
   if (o.min_copy_bytes < 1) return Status(Code::kInvalidArgument, "min copy bytes must be >= 1");
   FERRY_RETURN_IF_ERROR(
       CheckInRange("max connections", o.max_connections, size_t{1}, kMaxConnections));
+  FERRY_RETURN_IF_ERROR(CheckInRange("pump cpus", o.pump_cpus, -1, kMaxPumpCpus));
   FERRY_RETURN_IF_ERROR(ValidateGatherOptions(o.gather));
   return ValidateStepPolicyOptions(o.policy);
 }
@@ -58,7 +95,15 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options,
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->layers = std::move(layers);
-  FERRY_ASSIGN_OR_RETURN(impl->gatherer, Gatherer::Create(options.gather));
+  SplitCpus(options, &impl->gather_cpus, &impl->pump_cpus);
+  {
+    // The Gatherer's workers inherit the affinity of the thread that starts them.
+    CallerAffinity pinned(impl->gather_cpus);
+    FERRY_ASSIGN_OR_RETURN(impl->gatherer, Gatherer::Create(options.gather));
+  }
+  if (!impl->pump_cpus.empty())
+    FERRY_LOG_INFO("embed-serve: copy pumps on {} CPU(s) from {}, gather threads on {} CPU(s)",
+                   impl->pump_cpus.size(), impl->pump_cpus.front(), impl->gather_cpus.size());
   FERRY_ASSIGN_OR_RETURN(impl->wake_fd, MakeWakeFd());
   FERRY_ASSIGN_OR_RETURN(impl->listen_fd, Listen(options.socket_path));
   Impl* raw = impl.get();

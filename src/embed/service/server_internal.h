@@ -100,9 +100,21 @@ struct UvaState {
   ~UvaState();
 };
 
+// A layer of the current step whose copies the pump may still issue (the pipelined CPU path):
+// the group's thread gathers the next layer meanwhile, and retires this one (waits for its
+// DONE to be written) before its staging is reused or the step ends.
+struct PendingLayer {
+  size_t slot = 0;
+  CopyPump::Ticket ticket = 0;
+  LayerTiming timing;
+  Clock::time_point t0, released, drained, gathered;
+  std::shared_ptr<std::atomic<uint64_t>> copies;  // counted by the pump's issue calls
+};
+
 // One data-parallel rank: its members and its queue of steps, served by `worker`.
 struct Group {
-  explicit Group(std::atomic<uint64_t>* staging_bytes) : staging(staging_bytes) {}
+  explicit Group(std::atomic<uint64_t>* staging_bytes)
+      : staging(staging_bytes), staging_b(staging_bytes) {}
   uint32_t dp_rank = 0;
   Mutex mu;
   CondVar cv;
@@ -112,7 +124,12 @@ struct Group {
   std::thread worker;
   std::atomic<bool> finished{false};  // the worker has returned (it may be joined at once)
   // Used by the worker thread only.
+  // Two stagings, used by alternate pipelined layers: one is gathered into while the pump
+  // still copies from the other.
   Staging staging;
+  Staging staging_b;
+  int next_staging = 0;
+  std::deque<PendingLayer> pending;  // at most CopyPump::kDepth, oldest first
   std::vector<int32_t> tokens, qsl, context;
   uint64_t serial = 0;  // steps run
   std::unique_ptr<StepPolicy> policy;
@@ -145,6 +162,9 @@ struct Server::Impl {
   ServerOptions options;
   std::vector<ServedLayer> layers;
   std::unique_ptr<Gatherer> gatherer;
+  // CPU affinity (ServerOptions::pump_cpus): the group threads and the Gatherer's workers run
+  // on gather_cpus, the copy pumps on pump_cpus; both empty when nothing is pinned.
+  std::vector<int> gather_cpus, pump_cpus;
   UniqueFd listen_fd;
   UniqueFd wake_fd;  // ends the event loop
   std::thread loop_thread;
@@ -180,12 +200,29 @@ struct Server::Impl {
   void Enqueue(const std::shared_ptr<Member>& m, Step step) EXCLUDES(mu);
   void Work(Group& g) EXCLUDES(mu);  // the group's thread; sets g.finished when it returns
   Status RunStep(Group& g, const std::vector<std::shared_ptr<Member>>& members, const Step& s);
+  // One layer: synchronous (DONE set and completed when it returns: host outputs without the
+  // pump, the UVA path) or pipelined (its copies and DONE left to the pump, g.pending). On an
+  // error *failed is the first slot that did not get its DONE.
   Status RunLayer(Group& g, const std::vector<std::shared_ptr<Member>>& members, size_t slot,
-                  const StepInput& in, const Step& step, LayerTiming& t);
-  // The CPU path of a layer: ids and rows gathered by the Gatherer, copied to every rank.
+                  const StepInput& in, const Step& step, LayerTiming& t, size_t* failed);
+  // The CPU path of a layer without the pump: ids and rows gathered by the Gatherer, each
+  // chunk copied to every other rank by the thread that gathered it.
   Status GatherLayer(Group& g, const std::vector<std::shared_ptr<Member>>& members, size_t slot,
                      const StepInput& in, Clock::time_point* gathered, Clock::time_point* last_copy,
                      uint64_t* copies);
+  // The CPU path with the pump (server_pipeline.cc): gathers into a staging the pump copies
+  // from behind the gather, and leaves the layer in g.pending, its DONE set by the pump.
+  Status PipelineLayer(Group& g, const std::vector<std::shared_ptr<Member>>& members, size_t slot,
+                       const StepInput& in, const Step& step, LayerTiming t, Clock::time_point t0,
+                       Clock::time_point released, size_t* failed);
+  // Whether the layer's copies go through the pump (CUDA outputs, or pump_host_copies).
+  bool UsesPump(const std::vector<std::shared_ptr<Member>>& members, size_t slot) const;
+  // Waits for the oldest pending layer's copies and DONE, and commits its timings.
+  Status RetireOldest(Group& g, const std::vector<std::shared_ptr<Member>>& members,
+                      const Step& step, size_t* failed);
+  // Retires every pending layer (all of them, whatever fails); the first error.
+  Status RetireAll(Group& g, const std::vector<std::shared_ptr<Member>>& members,
+                   const Step& step, size_t* failed);
   // The UVA path (server_uva.cc): true when the layer step can run the kernel (CUDA outputs, a
   // pinned table of one segment, setup done); sets up what is missing.
   bool UvaReady(Group& g, const std::vector<std::shared_ptr<Member>>& members, size_t slot);

@@ -1,7 +1,9 @@
 // The step loop of a data-parallel group: wait for every rank's released outputs, then per layer
 // either gather the rows in chunks and copy them to every rank behind the gather (the CPU
-// path) or run the UVA kernel (server_uva.cc), as the group's StepPolicy picks; set DONE and
-// time every phase; on any failure set FAILED on the layers not done.
+// path; through the copy pump it is pipelined, server_pipeline.cc: the next layer is gathered
+// while this one's copies finish) or run the UVA kernel (server_uva.cc), as the group's
+// StepPolicy picks; set DONE in layer order and time every phase; on any failure set FAILED on
+// the layers not done.
 #include <algorithm>
 #include <cstring>
 
@@ -30,6 +32,7 @@ void Server::Impl::Work(Group& group) {
     Group* g;
     ~Finished() { g->finished = true; }
   } finished{g};
+  if (!gather_cpus.empty()) (void)PinThisThread(gather_cpus);  // it gathers with the workers
   for (;;) {
     Step step;
     std::vector<std::shared_ptr<Member>> members;
@@ -108,22 +111,37 @@ Status Server::Impl::RunStep(Group& g, const std::vector<std::shared_ptr<Member>
   const Clock::time_point inputs_done = Clock::now();
   ++g.serial;
   g.uva.ran = false;
+  size_t failed = 0;
   for (size_t slot = 0; st.ok() && slot < r0.served.size(); ++slot) {
-    if (!r0.alive) return Status(Code::kAborted, "tp rank 0 left during the step");
+    if (!r0.alive) {
+      st = Status(Code::kAborted, "tp rank 0 left during the step");
+      failed = slot;
+      break;
+    }
     LayerTiming t;
     t.tokens = req.num_tokens;
     if (slot == 0) {
       t.Set(Phase::kQueue, (step.started - step.received).count());
       t.Set(Phase::kInputs, (inputs_done - step.started).count());
     }
-    st = RunLayer(g, members, slot, in, step, t);
-    if (!st.ok()) {
-      FailFrom(members, slot);
-      return st.WithContext("layer " + std::to_string(reg.layers[slot].layer));
-    }
-    recorder.Commit(t);
+    st = RunLayer(g, members, slot, in, step, t, &failed);
+    if (!st.ok() && failed == slot)
+      st = st.WithContext("layer " + std::to_string(reg.layers[slot].layer));
   }
-  if (st.ok() && g.uva.ran) st = UvaCheck(g);  // after DONE: off the client's path
+  // Layers still in the pump get their DONE (or fail) before the step replies, whatever
+  // happened to a later layer: nothing of the step outlives it.
+  size_t retire_failed = 0;
+  Status rs = RetireAll(g, members, step, &retire_failed);
+  if (!rs.ok() && (st.ok() || retire_failed < failed)) {
+    st = rs;
+    failed = retire_failed;
+  }
+  if (!st.ok()) {
+    // ValidateStep's error is before any layer: every layer fails.
+    FailFrom(members, failed);
+    return st;
+  }
+  if (g.uva.ran) st = UvaCheck(g);  // after DONE: off the client's path
   if (!st.ok()) FailFrom(members, 0);
   return st;
 }
@@ -147,18 +165,25 @@ Status Server::Impl::WaitReleased(const std::vector<std::shared_ptr<Member>>& me
 }
 
 Status Server::Impl::RunLayer(Group& g, const std::vector<std::shared_ptr<Member>>& members,
-                              size_t slot, const StepInput& in, const Step& step, LayerTiming& t) {
+                              size_t slot, const StepInput& in, const Step& step, LayerTiming& t,
+                              size_t* failed) {
+  *failed = slot;
   const Clock::time_point t0 = Clock::now();
   FERRY_RETURN_IF_ERROR(WaitReleased(members, slot, Deadline::After(options.wait_timeout)));
   const Clock::time_point t1 = Clock::now();
+  const uint64_t tokens = static_cast<uint64_t>(in.num_tokens());
+  const bool uva = options.policy.mode != UvaMode::kOff && UvaReady(g, members, slot);
+  t.path = g.policy->Choose(tokens, uva);
+  if (t.path == StepPath::kCpu && tokens > 0 && UsesPump(members, slot))
+    return PipelineLayer(g, members, slot, in, step, t, t0, t1, failed);
+  // A synchronous layer: the pipelined ones before it first get their DONE (in order).
+  FERRY_RETURN_IF_ERROR(RetireAll(g, members, step, failed));
+  *failed = slot;
   // The previous layer's copies read the staging that this layer's gather overwrites (and the
   // UVA inputs' host mirror).
   for (const auto& m : members)
     FERRY_RETURN_IF_ERROR(m->sink->Drain(Deadline::After(options.wait_timeout)));
   const Clock::time_point t2 = Clock::now();
-  const uint64_t tokens = static_cast<uint64_t>(in.num_tokens());
-  const bool uva = options.policy.mode != UvaMode::kOff && UvaReady(g, members, slot);
-  t.path = g.policy->Choose(tokens, uva);
   Clock::time_point gathered, last_copy;
   if (t.path == StepPath::kUva)
     FERRY_RETURN_IF_ERROR(UvaLayer(g, members, slot, in, &gathered, &last_copy, &t.copies));
@@ -178,6 +203,7 @@ Status Server::Impl::RunLayer(Group& g, const std::vector<std::shared_ptr<Member
   t.Set(Phase::kLayer, (t4 - t1).count());
   t.Set(Phase::kStep, (t4 - step.received).count());
   g.policy->Report(tokens, t.path, static_cast<uint64_t>((t4 - t1).count()));
+  recorder.Commit(t);
   return Status::Ok();
 }
 
@@ -209,55 +235,29 @@ Status Server::Impl::GatherLayer(Group& g, const std::vector<std::shared_ptr<Mem
     }
     return first_error;
   };
-  bool pump = false;  // copies to GPUs: issued by the pump, behind the gather
-  for (size_t i = first; i < members.size(); ++i)
-    pump |= members[i]->sink->wants_pinned_source() || options.pump_host_copies;
   if (in.num_tokens() == 0) {
     *gathered = *last_copy = Clock::now();
     return Status::Ok();
   }
   std::span<uint8_t> dst(src, static_cast<size_t>(in.num_tokens()) * tb);
-  if (!pump) {
-    // Host copies: each gather thread copies its own chunk (a memcpy, no shared queue).
-    Mutex err_mu;
-    Status copy_error;
-    std::atomic<uint64_t> chunks{0};
-    auto on_chunk = [&](int64_t begin, int64_t end) {
-      chunks.fetch_add(members.size() - first, std::memory_order_relaxed);
-      Status s = write_all(begin, end);
-      if (!s.ok()) {
-        MutexLock lock(&err_mu);
-        if (copy_error.ok()) copy_error = s;
-      }
-    };
-    ChunkDone cb;
-    if (first < members.size()) cb = on_chunk;
-    FERRY_RETURN_IF_ERROR(gatherer->GatherStep(layer.layout, *layer.table, in, dst, cb));
-    *gathered = *last_copy = Clock::now();
-    *copies = chunks.load();
-    return copy_error;
-  }
-  if (g.pump == nullptr) {
-    FERRY_ASSIGN_OR_RETURN(g.pump, CopyPump::Create());
-  }
-  const int64_t min_tokens =
-      std::max<int64_t>(1, static_cast<int64_t>(options.min_copy_bytes / tb));
-  g.pump->Begin(in.num_tokens(), gatherer->options().chunk_tokens, min_tokens, write_all);
-  CopyPump* p = g.pump.get();
-  const uint64_t copies_before = p->copies();
-  // With pump_host_copies (tests) the first rank's host output may be the destination: the
-  // staging rule applies only to the staging.
-  const bool staging = src == g.staging.data();
-  const Gatherer::Stores stores = staging && options.streaming_staging ? Gatherer::Stores::kStreaming
-                                                                       : Gatherer::Stores::kOptions;
-  Status gs = gatherer->GatherStep(
-      layer.layout, *layer.table, in, dst, [p](int64_t b, int64_t e) { p->ChunkDone(b, e); },
-      stores);
+  // Host copies: each gather thread copies its own chunk (a memcpy, no shared queue).
+  Mutex err_mu;
+  Status copy_error;
+  std::atomic<uint64_t> chunks{0};
+  auto on_chunk = [&](int64_t begin, int64_t end) {
+    chunks.fetch_add(members.size() - first, std::memory_order_relaxed);
+    Status s = write_all(begin, end);
+    if (!s.ok()) {
+      MutexLock lock(&err_mu);
+      if (copy_error.ok()) copy_error = s;
+    }
+  };
+  ChunkDone cb;
+  if (first < members.size()) cb = on_chunk;
+  FERRY_RETURN_IF_ERROR(gatherer->GatherStep(layer.layout, *layer.table, in, dst, cb));
   *gathered = *last_copy = Clock::now();
-  Status ps = p->End(gs.ok(), Deadline::After(options.wait_timeout), last_copy);
-  *copies = (p->copies() - copies_before) * (members.size() - first);
-  FERRY_RETURN_IF_ERROR(gs);
-  return ps;
+  *copies = chunks.load();
+  return copy_error;
 }
 
 void Server::Impl::FailFrom(const std::vector<std::shared_ptr<Member>>& members, size_t slot) {
