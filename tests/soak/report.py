@@ -36,6 +36,16 @@ class Tally:
                 return False
         return True
 
+    def progress(self) -> str:
+        """A line of the run so far: the initiators' counts, hung and stalled, the faults."""
+        c = {"issued": 0, "ok": 0, "failed": 0, "corrupt_bytes": 0}
+        for (role, _), (ev, _) in self.last.items():
+            for k in c:
+                if role in INITIATORS or k == "corrupt_bytes":
+                    c[k] += ev["c"].get(k, 0)
+        return (f"issued {c['issued']} ok {c['ok']} failed {c['failed']} corrupt bytes {c['corrupt_bytes']} "
+                f"hung {len(self.hung)} stalled {len(self.stalls)} exits {len(self.crashes)} faults {self.faults}")
+
     def crash(self, role, inc, rc) -> None:
         self.crashes.append(f"{role}#{inc} exited {rc}")
 

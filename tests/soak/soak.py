@@ -15,10 +15,13 @@ invariant holds; 77 when it cannot run here (not root, no namespaces).
 """
 
 import argparse
+import ctypes
+import glob
 import json
 import os
 import queue
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -36,6 +39,25 @@ STALL_S = 30.0        # a worker that reports nothing this long while running is
 DRAIN_S = 75.0        # every request must end within this after issuing stops
 FD_MARGIN = 16        # descriptors the long-lived processes may gain over the run
 RSS_MARGIN = (1.25, 32 << 10)  # resident KiB at the end <= first * 1.25 + 32 MiB
+
+
+def die_with_parent() -> None:
+    """In a child: SIGKILL when the driver dies, even by kill -9 (PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
+def remove_stale_namespaces() -> None:
+    """Namespaces of earlier soaks whose driver is gone (killed with -9: no cleanup ran)."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for name in set(re.findall(r"^fsoak(\d+)[ab]\b", out, re.M)):
+        if not os.path.exists(f"/proc/{name}"):
+            for side in "ab":
+                sh(f"ip netns del fsoak{name}{side}")
+            print(f"soak: removed the namespaces of an earlier run (pid {name}, gone)")
+    for d in glob.glob(os.path.join(tempfile.gettempdir(), "ferry-soak-*-*")):
+        pid = os.path.basename(d).split("-")[2]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}") and not os.path.exists(os.path.join(d, "keep")):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def sh(cmd: str) -> int:
@@ -65,6 +87,7 @@ class Soak:
         self.procs = []
         self.netns_up = False
         self.netem_reason = None
+        self.shape_ok = False
         self.timers = []  # (at, what, arg)
         self.link_busy = self.netem_busy = False
 
@@ -88,6 +111,9 @@ class Soak:
             self.netem_reason = f"no netem here (tc: {r.stderr.strip() or r.returncode})"
         else:
             sh(f"tc -n {a} qdisc del dev {va} root")
+        # A token bucket that slows the link: queueing delay, and drops past its latency bound.
+        self.shape_ok = sh(f"tc -n {a} qdisc add dev {va} root tbf rate 10mbit burst 32kbit latency 50ms") == 0
+        sh(f"tc -n {a} qdisc del dev {va} root")
         return ""
 
     def cleanup(self) -> None:
@@ -105,6 +131,7 @@ class Soak:
             sh(f"ip link del {self.veth[0]}")
             self.netns_up = False
         if self.a.keep_logs:
+            open(os.path.join(self.rundir, "keep"), "w").close()
             print(f"soak: logs kept in {self.rundir}")
         else:
             shutil.rmtree(self.rundir, ignore_errors=True)
@@ -148,7 +175,8 @@ class Soak:
                 pass
         err = open(os.path.join(self.rundir, pr.name + ".log"), "ab")
         pr.p = subprocess.Popen(["ip", "netns", "exec", pr.ns, *argv], stdout=subprocess.PIPE,
-                                stderr=err, stdin=subprocess.DEVNULL, env=self.env)
+                                stderr=err, stdin=subprocess.DEVNULL, env=self.env,
+                                preexec_fn=die_with_parent)
         err.close()
         pr.started, pr.last_tick, pr.stopped, pr.restart_at = time.monotonic(), None, False, None
         threading.Thread(target=self.read, args=(pr, pr.p, pr.inc), daemon=True).start()
@@ -179,7 +207,8 @@ class Soak:
         return pr.p is not None and pr.p.poll() is None
 
     def inject(self) -> None:
-        kinds = ["kill", "stop", "link"] + ([] if self.netem_reason else ["netem"])
+        kinds = ["kill", "stop", "link"] + ([] if self.netem_reason else ["netem"]) + \
+            (["slow"] if self.shape_ok else [])
         kind = self.rng.choice(kinds)
         now = time.monotonic()
         if kind == "kill":
@@ -204,13 +233,18 @@ class Soak:
             self.link_busy = True
             sh(f"ip -n {self.ns[0]} link set {self.veth[0]} down")
             self.timers.append((now + self.rng.uniform(0.5, 4.0), "up", None))
-        else:
+        else:  # netem or slow: one qdisc on both ends of the veth pair at a time
             if self.netem_busy:
                 return
             self.netem_busy = True
-            delay, loss = self.rng.choice([1, 5, 20]), self.rng.choice([0.5, 1, 5])
+            if kind == "netem":
+                delay, loss = self.rng.choice([1, 5, 20]), self.rng.choice([0.5, 1, 5])
+                qdisc = f"netem delay {delay}ms loss {loss}%"
+            else:
+                rate, latency = self.rng.choice([1, 5, 20]), self.rng.choice([20, 100, 400])
+                qdisc = f"tbf rate {rate}mbit burst 32kbit latency {latency}ms"
             for n, v in zip(self.ns, self.veth):
-                sh(f"tc -n {n} qdisc add dev {v} root netem delay {delay}ms loss {loss}%")
+                sh(f"tc -n {n} qdisc add dev {v} root {qdisc}")
             self.timers.append((now + self.rng.uniform(2.0, 8.0), "netem_off", None))
         self.tally.faults[kind] = self.tally.faults.get(kind, 0) + 1
 
@@ -257,7 +291,11 @@ class Soak:
                 pr.quiet_until = now + STALL_S  # count it once a window
 
     def sample(self, label: str) -> None:
+        """Descriptors and memory of the long-lived processes; "first" once a process has
+        reported (its imports done), "end" when the injector stops."""
         for pr in self.procs:
+            if label == "first" and (pr.last_tick is None or label in self.tally.resources.get(pr.name, {})):
+                continue
             if not pr.killable and self.alive(pr):
                 r = resources(pr.p.pid)
                 if r:
@@ -275,26 +313,30 @@ class Soak:
             print(f"soak: no build at {build} (tools/ferry and python/): build _ferry and ferry first")
             return 2
         self.env = dict(os.environ, PYTHONPATH=os.pathsep.join([pypath, HERE]), PYTHONUNBUFFERED="1")
+        remove_stale_namespaces()
         why = self.setup_net()
         if why:
             print(f"soak: skipped: {why}")
             return 77
         print(f"soak: seed {a.seed}, {a.duration:.0f} s, namespaces {self.ns[0]} {self.ns[1]}, logs {self.rundir}")
-        print(f"soak: netem: {self.netem_reason or 'on (delay and loss on the veth pair)'}")
+        print(f"soak: netem: {self.netem_reason or 'on (delay and loss on the veth pair)'}; slow link (tbf): "
+              f"{'on' if self.shape_ok else 'not available here'}")
         self.procs = self.roles(ferry_bin)
         for pr in self.procs:
             self.start(pr)
         t0 = time.monotonic()
         first_at = t0 + min(60.0, 0.2 * a.duration)
-        sampled = False
         next_fault = t0 + 5.0  # let everyone meet first
+        next_progress = t0 + 60.0
         while time.monotonic() - t0 < a.duration:
             self.pump(0.1)
             self.due()
             self.watch()
-            if not sampled and time.monotonic() >= first_at:
+            if time.monotonic() >= first_at:
                 self.sample("first")
-                sampled = True
+            if time.monotonic() >= next_progress:
+                print(f"soak: {time.monotonic() - t0:.0f} s: {self.tally.progress()}", flush=True)
+                next_progress += 60.0
             if time.monotonic() >= next_fault:
                 self.inject()
                 next_fault = time.monotonic() + self.rng.uniform(0.3, 2.0 * a.fault_interval)
