@@ -10,7 +10,7 @@ Roles (worker_*.py beside this file; "k" marks those the injector may kill -9 an
   batch: write_batch + notifications over ucx, sender in A -> receiver(k) in B, acks back
   embed: `ferry embed-serve`(k) in CPU mode and a client stepping it
 Faults: kill -9 + restart, SIGSTOP/SIGCONT, the veth pair's link down/up, netem delay and loss
-(skipped, saying why, where the kernel has no netem). Exit status 0 only when every
+(skipped, saying why, where the kernel has no netem), a slow link (tbf). Exit status 0 only when every
 invariant holds; 77 when it cannot run here (not root, no namespaces).
 """
 
