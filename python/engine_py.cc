@@ -49,7 +49,7 @@ class PyEngine {
   }
   bool closed() const { return engine_ == nullptr; }
 
-  MemoryDesc RegisterBuffer(const py::buffer& obj) {
+  MemoryDesc RegisterBuffer(const py::buffer& obj, std::vector<std::string> allowed_peers) {
     auto e = engine();
     py::object view = py::reinterpret_steal<py::object>(PyMemoryView_FromObject(obj.ptr()));
     if (!view) throw py::error_already_set();
@@ -61,20 +61,21 @@ class PyEngine {
     MemoryDesc desc;
     {
       py::gil_scoped_release nogil;
-      desc = Unwrap(e->RegisterMemory(ptr, size, MemoryKind::kHost, -1));
+      desc = Unwrap(e->RegisterMemory(ptr, size, MemoryKind::kHost, -1, RegionOptions{std::move(allowed_peers)}));
     }
     owners_[static_cast<uint64_t>(desc.region)] = std::move(view);
     return desc;
   }
 
   MemoryDesc RegisterPointer(uint64_t ptr, uint64_t size, const std::string& kind, int device,
-                             py::object owner) {
+                             py::object owner, std::vector<std::string> allowed_peers) {
     auto e = engine();
     MemoryKind k = ParseKind(kind);
     MemoryDesc desc;
     {
       py::gil_scoped_release nogil;
-      desc = Unwrap(e->RegisterMemory(reinterpret_cast<void*>(ptr), size, k, device));
+      desc = Unwrap(e->RegisterMemory(reinterpret_cast<void*>(ptr), size, k, device,
+                                      RegionOptions{std::move(allowed_peers)}));
     }
     if (!owner.is_none()) owners_[static_cast<uint64_t>(desc.region)] = std::move(owner);
     return desc;
@@ -357,13 +358,18 @@ void BindEngine(py::module_& m) {
           "This engine's EngineDesc, to hand to peers.")
       .def("register_memory", &PyEngine::RegisterPointer, py::arg("ptr"), py::arg("size"),
            py::kw_only(), py::arg("kind") = "host", py::arg("device") = -1,
-           py::arg("owner") = py::none(),
+           py::arg("owner") = py::none(), py::arg("allowed_peers") = std::vector<std::string>{},
            "Registers [ptr, ptr + size) of host (kind=\"host\") or CUDA memory (kind=\"cuda\",\n"
            "device=ordinal). The memory must stay valid until deregistered; pass `owner` to keep\n"
-           "an object alive that long. Returns a MemoryDesc.")
-      .def("register_memory", &PyEngine::RegisterBuffer, py::arg("buffer"),
+           "an object alive that long. `allowed_peers`: engine keys of the only peers that may\n"
+           "reach the region (empty: every peer); others are refused with PERMISSION_DENIED.\n"
+           "Returns a MemoryDesc.")
+      .def("register_memory", &PyEngine::RegisterBuffer, py::arg("buffer"), py::kw_only(),
+           py::arg("allowed_peers") = std::vector<std::string>{},
            "Registers the memory of a writable, C-contiguous buffer (a numpy array, bytearray,\n"
-           "...) as host memory; the buffer is held until deregistered. Returns a MemoryDesc.")
+           "...) as host memory; the buffer is held until deregistered. `allowed_peers`: engine\n"
+           "keys of the only peers that may reach the region (empty: every peer). Returns a\n"
+           "MemoryDesc.")
       .def(
           "deregister_memory",
           [](PyEngine& s, const MemoryDesc& d) { s.Deregister(static_cast<uint64_t>(d.region)); },
@@ -514,6 +520,7 @@ void BindEngine(py::module_& m) {
             out["dropped_notifications"] = m.dropped_notifications;
             out["rejected_messages"] = m.rejected_messages;
             out["auth_failures"] = m.auth_failures;
+            out["access_denied"] = m.access_denied;
             return out;
           },
           py::kw_only(), py::arg("format") = "dict",
@@ -523,7 +530,8 @@ void BindEngine(py::module_& m) {
           "bounds: the last is above them), 'count', 'sum_seconds'}}], 'failures': {cause: count}\n"
           "(peer_dead, deadline, rejected, out_of_range, aborted, other), 'transfers_in_flight',\n"
           "'peers', 'registered_regions', 'registered_bytes', 'dropped_notifications',\n"
-          "'rejected_messages', 'auth_failures'}; format='prometheus': the same as Prometheus text.")
+          "'rejected_messages', 'auth_failures', 'access_denied'}; format='prometheus': the same as\n"
+          "Prometheus text.")
       .def(
           "in_flight",
           [](const PyEngine& s) {

@@ -115,11 +115,13 @@ def _create(**options) -> Engine:
     return Engine(**options)
 
 
-def _register_tensor(self: Engine, tensor) -> MemoryDesc:
+def _register_tensor(self: Engine, tensor, *, allowed_peers: "list[str] | None" = None) -> MemoryDesc:
     """Registers the memory of a contiguous torch tensor, on the CPU or on a CUDA device.
 
     Uses tensor.data_ptr(), numel() * element_size() and tensor.device; the tensor is kept
     alive until the region is deregistered. torch is not needed to import ferry.
+    `allowed_peers`: engine keys of the only peers that may reach the region (None or empty:
+    every peer), as for register_memory.
     """
     if not tensor.is_contiguous():
         raise Error("INVALID_ARGUMENT", "register_tensor needs a contiguous tensor")
@@ -131,7 +133,8 @@ def _register_tensor(self: Engine, tensor) -> MemoryDesc:
     else:
         raise Error("INVALID_ARGUMENT", f"register_tensor cannot register {device_type} memory")
     size = tensor.numel() * tensor.element_size()
-    return self.register_memory(tensor.data_ptr(), size, kind=kind, device=device, owner=tensor)
+    return self.register_memory(tensor.data_ptr(), size, kind=kind, device=device, owner=tensor,
+                                allowed_peers=list(allowed_peers or []))
 
 
 _log_exit_hook = False

@@ -105,7 +105,8 @@ class Engine:
         bounds: the last is above them), 'count', 'sum_seconds'}}], 'failures': {cause: count}
         (peer_dead, deadline, rejected, out_of_range, aborted, other), 'transfers_in_flight',
         'peers', 'registered_regions', 'registered_bytes', 'dropped_notifications',
-        'rejected_messages', 'auth_failures'}; format='prometheus': the same as Prometheus text.
+        'rejected_messages', 'auth_failures', 'access_denied'}; format='prometheus': the same as
+        Prometheus text.
         """
         ...
     @property
@@ -134,30 +135,40 @@ class Engine:
         """
         ...
     @overload
-    def register_memory(self, ptr: int, size: int, *, kind: str = 'host', device: int = -1, owner: object = None) -> MemoryDesc:
+    def register_memory(self, ptr: int, size: int, *, kind: str = 'host', device: int = -1, owner: object = None, allowed_peers: List[str] = []) -> MemoryDesc:
         """Registers [ptr, ptr + size) of host (kind="host") or CUDA memory (kind="cuda",
         device=ordinal). The memory must stay valid until deregistered; pass `owner` to keep
-        an object alive that long. Returns a MemoryDesc.
+        an object alive that long. `allowed_peers`: engine keys of the only peers that may
+        reach the region (empty: every peer); others are refused with PERMISSION_DENIED.
+        Returns a MemoryDesc.
 
         Registers the memory of a writable, C-contiguous buffer (a numpy array, bytearray,
-        ...) as host memory; the buffer is held until deregistered. Returns a MemoryDesc.
+        ...) as host memory; the buffer is held until deregistered. `allowed_peers`: engine
+        keys of the only peers that may reach the region (empty: every peer). Returns a
+        MemoryDesc.
         """
         ...
     @overload
-    def register_memory(self, buffer: Any) -> MemoryDesc:
+    def register_memory(self, buffer: Any, *, allowed_peers: List[str] = []) -> MemoryDesc:
         """Registers [ptr, ptr + size) of host (kind="host") or CUDA memory (kind="cuda",
         device=ordinal). The memory must stay valid until deregistered; pass `owner` to keep
-        an object alive that long. Returns a MemoryDesc.
+        an object alive that long. `allowed_peers`: engine keys of the only peers that may
+        reach the region (empty: every peer); others are refused with PERMISSION_DENIED.
+        Returns a MemoryDesc.
 
         Registers the memory of a writable, C-contiguous buffer (a numpy array, bytearray,
-        ...) as host memory; the buffer is held until deregistered. Returns a MemoryDesc.
+        ...) as host memory; the buffer is held until deregistered. `allowed_peers`: engine
+        keys of the only peers that may reach the region (empty: every peer). Returns a
+        MemoryDesc.
         """
         ...
-    def register_tensor(self, tensor) -> MemoryDesc:
+    def register_tensor(self, tensor, *, allowed_peers: 'list[str] | None' = None) -> MemoryDesc:
         """Registers the memory of a contiguous torch tensor, on the CPU or on a CUDA device.
 
         Uses tensor.data_ptr(), numel() * element_size() and tensor.device; the tensor is kept
         alive until the region is deregistered. torch is not needed to import ferry.
+        `allowed_peers`: engine keys of the only peers that may reach the region (None or empty:
+        every peer), as for register_memory.
         """
         ...
     def remove_peer(self, key: str) -> None:
