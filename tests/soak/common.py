@@ -151,6 +151,26 @@ class BlockPool:
         return self.n - len(self.free)
 
 
+def make_engine(rep: Reporter, **options):
+    """ferry.Engine(**options), retried while it answers UNAVAILABLE (for up to 30 s).
+
+    UCX finds no network device in a namespace whose only link is down ("ucp_worker_create:
+    No such device"): a worker restarted during a link fault waits for the link, as a
+    supervisor restarting it would, and counts the attempts (engine_retries)."""
+    import ferry
+
+    deadline = time.monotonic() + 30.0
+    while True:
+        try:
+            return ferry.Engine(**options)
+        except ferry.Error as e:
+            if e.code != "UNAVAILABLE" or time.monotonic() > deadline:
+                raise
+            rep.count("engine_retries")
+            sys.stderr.write(f"soak: engine not created yet ({e.message}); retrying\n")
+            time.sleep(0.5)
+
+
 def publish(rundir: str, name: str, record: dict) -> None:
     """Writes <rundir>/<name>.json atomically: what a peer needs to reach this incarnation."""
     path = os.path.join(rundir, name + ".json")

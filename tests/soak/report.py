@@ -9,7 +9,7 @@ import time
 # the soak's requests issued, succeeded and failed.
 INITIATORS = ("kvw.consumer", "kvr.producer", "batch.sender", "embed.client")
 SUMMED = ("issued", "ok", "failed", "verified_bytes", "corrupt_bytes", "ended_twice", "double_free",
-          "blocks_mismatch")
+          "blocks_mismatch", "engine_retries")
 
 
 class Tally:
@@ -46,8 +46,8 @@ class Tally:
         return (f"issued {c['issued']} ok {c['ok']} failed {c['failed']} corrupt bytes {c['corrupt_bytes']} "
                 f"hung {len(self.hung)} stalled {len(self.stalls)} exits {len(self.crashes)} faults {self.faults}")
 
-    def crash(self, role, inc, rc) -> None:
-        self.crashes.append(f"{role}#{inc} exited {rc}")
+    def crash(self, role, inc, rc, last_line: str) -> None:
+        self.crashes.append(f"{role}#{inc} exited {rc}: {last_line[:300]}")
 
     def stall(self, role, inc, secs) -> None:
         self.stalls.append(f"{role}#{inc} silent {secs:.0f} s")
@@ -112,6 +112,7 @@ class Tally:
             "corruption_lines_in_logs": self.log_corrupt,
             "tracebacks_in_logs": self.log_tracebacks,
             "faults": dict(self.faults),
+            "engine_start_retries": sum(r["engine_retries"] for r in roles.values()),
             "netem": netem_reason or "on",
             "in_flight_in_killed_processes": lost,
             "drain_s": round(self.drain_s, 1),
@@ -133,7 +134,7 @@ def render(r: dict) -> str:
     for k in ("requests_issued", "requests_succeeded", "requests_failed_reported", "failed_by_code",
               "requests_hung", "workers_stalled", "unexpected_exits", "workers_without_final_report",
               "ended_twice", "blocks_leaked", "blocks_freed_twice", "blocks_mismatched", "bytes_verified",
-              "bytes_corrupted", "corruption_lines_in_logs", "tracebacks_in_logs", "faults", "netem",
+              "bytes_corrupted", "corruption_lines_in_logs", "tracebacks_in_logs", "faults", "engine_start_retries", "netem",
               "in_flight_in_killed_processes", "drain_s", "resource_margin"):
         lines.append(f"  {k:32} {r[k]}")
     for role, s in r["resources"].items():

@@ -279,7 +279,9 @@ class Soak:
             rc = pr.p.poll()
             if rc is not None:
                 if pr.p.pid not in pr.killed_by_us:
-                    self.tally.crash(pr.name, pr.inc, rc)
+                    with open(os.path.join(self.rundir, pr.name + ".log"), errors="replace") as f:
+                        last = [l.strip() for l in f.readlines()[-40:] if l.strip()][-1:]
+                    self.tally.crash(pr.name, pr.inc, rc, last[0] if last else "")
                     pr.restart_at = now + 0.5
                 continue
             if not pr.reports or pr.stopped or now < pr.quiet_until:

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 import ferry
-from common import Reporter, Signals, Watch, now_ms, pattern, publish
+from common import Reporter, Signals, Watch, make_engine, now_ms, pattern, publish
 
 SLOTS, SLOT = 16, 64 << 10
 XFER_DEADLINE_MS = 5000
@@ -48,8 +48,8 @@ class Base:
         self.rep = Reporter(f"{a.pair}.{role}", a.inc, deadline_ms, 20000)
         self.sig = Signals(self.rep)
         self.key = f"{a.pair}.{role}.{a.run}.{a.inc}"
-        self.engine = ferry.Engine(key=self.key, transports=["ucx"], listen_host=a.listen,
-                                   connect_timeout_ms=3000, handshake_timeout_ms=3000)
+        self.engine = make_engine(self.rep, key=self.key, transports=["ucx"], listen_host=a.listen,
+                                  connect_timeout_ms=3000, handshake_timeout_ms=3000)
         self.buf = np.zeros(SLOTS * SLOT, np.uint8)
         self.desc = self.engine.register_memory(self.buf)
         publish(a.rundir, f"{a.pair}.{role}", {"key": self.key, "inc": a.inc,

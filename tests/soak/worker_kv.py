@@ -22,7 +22,7 @@ import numpy as np
 
 import ferry
 import ferry.kv as kv
-from common import BlockPool, Reporter, Signals, Watch, now_ms, pattern, publish
+from common import BlockPool, Reporter, Signals, Watch, make_engine, now_ms, pattern, publish
 
 LAYERS, N, BS, H, D = 4, 64, 16, 2, 32
 INFLIGHT = 4
@@ -86,7 +86,7 @@ class Worker:
         opts = dict(key=key, transports=[a.transport])
         if a.transport == "ucx":
             opts.update(listen_host=a.listen, connect_timeout_ms=3000, handshake_timeout_ms=3000)
-        self.engine = ferry.Engine(**opts)
+        self.engine = make_engine(self.rep, **opts)
         self.cache = Cache("blocks_first" if a.role == "producer" else "kv_first", a.transport == "shm")
         self.instance = f"{a.pair}-{a.role}"
         self.conn = kv.register_kv_caches(
