@@ -3,13 +3,16 @@
 // binary, spawned) and the client library, for the model's head layout. Side by side, in the
 // same run: the same step gathered in this process by the Gatherer alone (no protocol, no
 // copies: what the service adds is the difference), and a naive single-threaded baseline
-// (ComputeRowIds, then one memcpy per row, no prefetch, then one copy to the output).
-// --kind cuda puts the outputs in GPU memory (CUDA mode) and adds a pinned host-to-GPU copy of
-// the step's bytes as a baseline; --uva lists the service's UVA modes to run side by side (one
-// service process each, the same steps): off (CPU gather), always (UVA kernel), auto (per
-// bucket, the faster). After each shape it prints the service's own phase timings for it
-// (StatsRequest: queue, inputs, released wait, drain, gather, copy tail, finish, DONE
-// completion) and how many layer steps each path ran.
+// (ComputeRowIds, then one memcpy per row, no prefetch, then one copy to the output), and the
+// copy of the step's bytes alone: one memcpy per layer in host mode; --kind cuda puts the
+// outputs in GPU memory (CUDA mode) and the copy baseline is then a pinned host-to-GPU copy of
+// each layer's bytes on one stream. "x copy" is the service step over that copy. --layers
+// lists layer counts (1,4: one-layer and four-layer steps, from one service serving the most);
+// --overlap on,off runs the service with and without the layer overlap side by side; --uva lists
+// the service's UVA modes to run side by side (one service process each, the same steps): off (CPU
+// gather), always (UVA kernel), auto (per bucket, the faster). After each shape it prints the
+// service's own phase timings for it (StatsRequest: queue, inputs, released wait, drain, gather,
+// copy tail, finish, DONE completion) and how many layer steps each path ran.
 #include <fmt/format.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -46,7 +49,10 @@ constexpr std::string_view kCmd = "bench-embed";
 struct BenchFlags {
   ModelFlags model;
   uint64_t synthetic_rows = 0;
-  int layers = 1;
+  std::vector<int> layers = {1};
+  std::vector<std::string> overlap = {"on"};
+  int pump_cpus = -1;
+  bool pump_host_copies = false;
   int tp = 1;
   int threads = 2;
   int64_t chunk_tokens = 64;
@@ -104,8 +110,11 @@ Stats Summarize(std::vector<double> ms) {
 }
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
+int MaxLayers(const BenchFlags& f) { return *std::max_element(f.layers.begin(), f.layers.end()); }
+
 // Spawns this binary's embed-serve; returns its pid once it listens.
-Result<pid_t> SpawnService(const BenchFlags& f, const std::string& socket, const std::string& uva) {
+Result<pid_t> SpawnService(const BenchFlags& f, const std::string& socket, const std::string& uva,
+                           const std::string& overlap) {
   std::string ready = socket + ".ready";
   ::unlink(ready.c_str());
   std::vector<std::string> args = {"/proc/self/exe",
@@ -124,12 +133,17 @@ Result<pid_t> SpawnService(const BenchFlags& f, const std::string& socket, const
                                    uva,
                                    "--copy-min-kib",
                                    std::to_string(f.copy_min_kib),
+                                   "--overlap",
+                                   overlap,
+                                   "--pump-cpus",
+                                   std::to_string(f.pump_cpus),
                                    "--layers"};
   const std::vector<std::string> model = ModelArgs(f.model);
   args.insert(args.begin() + 6, model.begin(), model.end());
   if (f.streaming_stores) args.insert(args.end() - 1, "--streaming-stores");
   args.insert(args.end() - 1, {"--staging-stores", f.staging_stores});
-  for (int l = 0; l < f.layers; ++l) args.push_back(std::to_string(l));
+  if (f.pump_host_copies) args.insert(args.end() - 1, "--pump-host-copies");
+  for (int l = 0; l < MaxLayers(f); ++l) args.push_back(std::to_string(l));
   pid_t pid = ::fork();
   if (pid == 0) {
     ::dup2(2, 1);  // the service's own report goes to stderr; stdout holds the tables
@@ -153,14 +167,16 @@ Result<pid_t> SpawnService(const BenchFlags& f, const std::string& socket, const
 }
 
 struct Baselines {
-  double gather_ms = 0, naive_ms = 0, copy_ms = 0;  // copy: pinned H2D (cuda only)
+  // copy: the step's bytes copied, one copy per layer: a memcpy (host), pinned H2D (cuda).
+  double gather_ms = 0, naive_ms = 0, copy_ms = 0;
 };
 
-// The same steps gathered in this process: Gatherer, naive loop, and (cuda) one pinned copy.
-Result<std::vector<Baselines>> RunBaselines(const BenchFlags& f, const embed::Config& c,
-                                            const std::vector<StepShape>& shapes,
-                                            const std::vector<svc::ServedLayer>& layers,
-                                            uint64_t token_bytes, bool cuda, Progress& progress) {
+// The same steps gathered in this process: Gatherer, naive loop, and the copy of the step's
+// bytes; [shape][index into f.layers].
+Result<std::vector<std::vector<Baselines>>> RunBaselines(
+    const BenchFlags& f, const embed::Config& c, const std::vector<StepShape>& shapes,
+    const std::vector<svc::ServedLayer>& layers, uint64_t token_bytes, bool cuda,
+    Progress& progress) {
   embed::GatherOptions go;
   go.threads = f.threads;
   go.chunk_tokens = f.chunk_tokens;
@@ -185,42 +201,54 @@ Result<std::vector<Baselines>> RunBaselines(const BenchFlags& f, const embed::Co
     FERRY_ASSIGN_OR_RETURN(pinned, gpu::PinnedAlloc(dst.size()));
     FERRY_ASSIGN_OR_RETURN(dev, gpu::DeviceAlloc(0, dst.size()));
   }
-  std::vector<Baselines> result;
+  std::vector<std::vector<Baselines>> result;
   for (const StepShape& s : shapes) {
-    progress.Step(fmt::format("in-process {}x{}", s.tokens, s.reqs));
-    Inputs in = MakeInputs(s, c, s.tokens);
-    embed::StepInput step{in.tokens, in.qsl, in.ctx};
-    std::vector<double> gather_ms, naive_ms, copy_ms;
-    for (int it = 0; it < f.iters; ++it) {
-      auto t0 = Clock::now();
-      for (const auto& l : layers)
-        FERRY_RETURN_IF_ERROR(gatherer->GatherStep(
-            l.layout, *l.table, step, std::span<uint8_t>(dst.data(), s.tokens * token_bytes)));
-      gather_ms.push_back(Ms(Clock::now() - t0));
-    }
-    std::vector<uint64_t> ids(static_cast<size_t>(s.tokens) * layers[0].layout.num_heads());
-    for (int it = 0; it < std::max(1, f.iters / 4); ++it) {
-      auto t0 = Clock::now();
-      for (const auto& l : layers) {
-        FERRY_RETURN_IF_ERROR(embed::ComputeRowIds(l.layout, step, ids));
-        for (size_t i = 0; i < ids.size(); ++i)
-          std::memcpy(dst.data() + i * row_bytes, l.table->Row(ids[i]), row_bytes);
-        std::memcpy(out.data(), dst.data(), s.tokens * token_bytes);
+    result.emplace_back();
+    for (const int n_layers : f.layers) {
+      progress.Step(fmt::format("in-process {}x{}, {} layer(s)", s.tokens, s.reqs, n_layers));
+      Inputs in = MakeInputs(s, c, s.tokens);
+      embed::StepInput step{in.tokens, in.qsl, in.ctx};
+      std::span<const svc::ServedLayer> used(layers.data(), static_cast<size_t>(n_layers));
+      std::vector<double> gather_ms, naive_ms, copy_ms;
+      for (int it = 0; it < f.iters; ++it) {
+        auto t0 = Clock::now();
+        for (const auto& l : used)
+          FERRY_RETURN_IF_ERROR(gatherer->GatherStep(
+              l.layout, *l.table, step, std::span<uint8_t>(dst.data(), s.tokens * token_bytes)));
+        gather_ms.push_back(Ms(Clock::now() - t0));
       }
-      naive_ms.push_back(Ms(Clock::now() - t0));
+      std::vector<uint64_t> ids(static_cast<size_t>(s.tokens) * layers[0].layout.num_heads());
+      for (int it = 0; it < std::max(1, f.iters / 4); ++it) {
+        auto t0 = Clock::now();
+        for (const auto& l : used) {
+          FERRY_RETURN_IF_ERROR(embed::ComputeRowIds(l.layout, step, ids));
+          for (size_t i = 0; i < ids.size(); ++i)
+            std::memcpy(dst.data() + i * row_bytes, l.table->Row(ids[i]), row_bytes);
+          std::memcpy(out.data(), dst.data(), s.tokens * token_bytes);
+        }
+        naive_ms.push_back(Ms(Clock::now() - t0));
+      }
+      for (int it = 0; cuda && it < f.iters + 1; ++it) {
+        auto t0 = Clock::now();
+        for (int l = 0; l < n_layers; ++l)
+          FERRY_RETURN_IF_ERROR(stream->CopyAsync(dev, pinned, s.tokens * token_bytes));
+        FERRY_RETURN_IF_ERROR(stream->Sync(std::chrono::seconds(30)));
+        if (it > 0) copy_ms.push_back(Ms(Clock::now() - t0));
+      }
+      // Host mode: the step's bytes, one memcpy per layer (from the gathered rows to an output
+      // the size of the client's; the first pass faults the pages in and is not timed).
+      for (int it = 0; !cuda && it < f.iters + 1; ++it) {
+        auto t0 = Clock::now();
+        for (int l = 0; l < n_layers; ++l)
+          std::memcpy(out.data(), dst.data(), static_cast<size_t>(s.tokens) * token_bytes);
+        if (it > 0) copy_ms.push_back(Ms(Clock::now() - t0));
+      }
+      Baselines b;
+      b.gather_ms = Summarize(gather_ms).median_ms;
+      b.naive_ms = Summarize(naive_ms).median_ms;
+      b.copy_ms = Summarize(copy_ms).median_ms;
+      result.back().push_back(b);
     }
-    for (int it = 0; cuda && it < f.iters + 1; ++it) {
-      auto t0 = Clock::now();
-      for (int l = 0; l < f.layers; ++l)
-        FERRY_RETURN_IF_ERROR(stream->CopyAsync(dev, pinned, s.tokens * token_bytes));
-      FERRY_RETURN_IF_ERROR(stream->Sync(std::chrono::seconds(30)));
-      if (it > 0) copy_ms.push_back(Ms(Clock::now() - t0));
-    }
-    Baselines b;
-    b.gather_ms = Summarize(gather_ms).median_ms;
-    b.naive_ms = Summarize(naive_ms).median_ms;
-    if (cuda) b.copy_ms = Summarize(copy_ms).median_ms;
-    result.push_back(b);
   }
   return result;
 }
@@ -230,20 +258,22 @@ struct ServiceRun {
   svc::ServerStats stats;  // the timed steps only
 };
 
-// One service process with --uva `uva`: every shape's steps, timed from the request to DONE
-// visible, and the service's own timings of them.
-Result<std::vector<ServiceRun>> RunService(const BenchFlags& f, const embed::Config& c,
-                                           const std::vector<StepShape>& shapes,
-                                           const std::vector<uint32_t>& layer_ids,
-                                           uint64_t token_bytes, bool cuda,
-                                           const std::string& uva, Progress& progress) {
+// One service process with --uva `uva` and --overlap `overlap`: every layer count's and
+// shape's steps, timed from the request to DONE visible, and the service's own timings of them;
+// [shape][index into f.layers].
+Result<std::vector<std::vector<ServiceRun>>> RunService(const BenchFlags& f, const embed::Config& c,
+                                                        const std::vector<StepShape>& shapes,
+                                                        uint64_t token_bytes, bool cuda,
+                                                        const std::string& uva,
+                                                        const std::string& overlap,
+                                                        Progress& progress) {
   uint32_t max_tokens = 0, max_reqs = 0;
   for (auto& s : shapes) {
     max_tokens = std::max(max_tokens, s.tokens);
     max_reqs = std::max(max_reqs, s.reqs);
   }
   std::string socket = "/tmp/ferry-bench-embed-" + std::to_string(::getpid()) + ".sock";
-  FERRY_ASSIGN_OR_RETURN(pid_t service, SpawnService(f, socket, uva));
+  FERRY_ASSIGN_OR_RETURN(pid_t service, SpawnService(f, socket, uva, overlap));
   struct Reap {
     pid_t pid;
     ~Reap() {
@@ -258,17 +288,9 @@ Result<std::vector<ServiceRun>> RunService(const BenchFlags& f, const embed::Con
   o.max_reqs = max_reqs;
   o.context_len = static_cast<uint64_t>(f.model.ngram - 1);
   o.token_bytes = token_bytes;
-  o.layers = layer_ids;
   o.mode = cuda ? svc::OutputMode::kCuda : svc::OutputMode::kHost;
   o.tp_size = static_cast<uint32_t>(f.tp);
-  // Every tensor-parallel rank of one data-parallel rank; rank 0 sends, all wait.
   std::vector<std::unique_ptr<svc::Client>> ranks;
-  for (int tp = 0; tp < f.tp; ++tp) {
-    o.tp_rank = static_cast<uint32_t>(tp);
-    FERRY_ASSIGN_OR_RETURN(auto r, svc::Client::Create(o));
-    ranks.push_back(std::move(r));
-  }
-  svc::Client* client = ranks[0].get();
   std::unique_ptr<gpu::Stream> gpu_stream;
   if (cuda) {
     FERRY_ASSIGN_OR_RETURN(gpu_stream, gpu::Stream::Create(0));
@@ -281,34 +303,49 @@ Result<std::vector<ServiceRun>> RunService(const BenchFlags& f, const embed::Con
   const Clock::duration kWait = std::chrono::seconds(30);
   // auto: its probes (both paths, a few steps each) run before the timed steps.
   const int warmup = uva == "auto" ? 8 : 1;
-  std::vector<ServiceRun> runs;
-  for (const StepShape& s : shapes) {
-    progress.Step(fmt::format("service uva {} {}x{}", uva, s.tokens, s.reqs));
-    Inputs in = MakeInputs(s, c, s.tokens);
-    std::vector<double> service_ms;
-    for (int it = 0; it < f.iters + warmup; ++it) {
-      if (it == warmup) {
-        FERRY_RETURN_IF_ERROR(svc::QueryStats(socket, true, kWait).status());
-      }
-      std::memcpy(client->input_ids().data(), in.tokens.data(), in.tokens.size() * 4);
-      std::memcpy(client->query_start_loc().data(), in.qsl.data(), in.qsl.size() * 4);
-      std::memcpy(client->ngram_context().data(), in.ctx.data(), in.ctx.size() * 4);
-      auto t0 = Clock::now();
-      FERRY_RETURN_IF_ERROR(client->PrepareForward(s.reqs, s.tokens, false, stream));
-      for (auto& r : ranks)
-        for (size_t slot = 0; slot < r->slots(); ++slot)
-          FERRY_RETURN_IF_ERROR(r->Wait(slot, stream));
-      if (cuda) FERRY_RETURN_IF_ERROR(sync(kWait));
-      auto t1 = Clock::now();
-      for (auto& r : ranks) FERRY_RETURN_IF_ERROR(r->ReleaseOutputs(stream));
-      if (cuda) FERRY_RETURN_IF_ERROR(sync(kWait));
-      if (it >= warmup) service_ms.push_back(Ms(t1 - t0));
+  std::vector<std::vector<ServiceRun>> runs(shapes.size());
+  for (const int n_layers : f.layers) {
+    // Every tensor-parallel rank of one data-parallel rank, registered for the first n_layers
+    // layers; rank 0 sends, all wait.
+    ranks.clear();
+    o.layers.clear();
+    for (int l = 0; l < n_layers; ++l) o.layers.push_back(static_cast<uint32_t>(l));
+    for (int tp = 0; tp < f.tp; ++tp) {
+      o.tp_rank = static_cast<uint32_t>(tp);
+      FERRY_ASSIGN_OR_RETURN(auto r, svc::Client::Create(o));
+      ranks.push_back(std::move(r));
     }
-    ServiceRun run;
-    run.step = Summarize(service_ms);
-    // The reply of the last step may still be on its way: the step counters can lag by one.
-    FERRY_ASSIGN_OR_RETURN(run.stats, svc::QueryStats(socket, false, kWait));
-    runs.push_back(std::move(run));
+    svc::Client* client = ranks[0].get();
+    for (size_t si = 0; si < shapes.size(); ++si) {
+      const StepShape& s = shapes[si];
+      progress.Step(fmt::format("service uva {} overlap {} {}x{}, {} layer(s)", uva, overlap,
+                                s.tokens, s.reqs, n_layers));
+      Inputs in = MakeInputs(s, c, s.tokens);
+      std::vector<double> service_ms;
+      for (int it = 0; it < f.iters + warmup; ++it) {
+        if (it == warmup) {
+          FERRY_RETURN_IF_ERROR(svc::QueryStats(socket, true, kWait).status());
+        }
+        std::memcpy(client->input_ids().data(), in.tokens.data(), in.tokens.size() * 4);
+        std::memcpy(client->query_start_loc().data(), in.qsl.data(), in.qsl.size() * 4);
+        std::memcpy(client->ngram_context().data(), in.ctx.data(), in.ctx.size() * 4);
+        auto t0 = Clock::now();
+        FERRY_RETURN_IF_ERROR(client->PrepareForward(s.reqs, s.tokens, false, stream));
+        for (auto& r : ranks)
+          for (size_t slot = 0; slot < r->slots(); ++slot)
+            FERRY_RETURN_IF_ERROR(r->Wait(slot, stream));
+        if (cuda) FERRY_RETURN_IF_ERROR(sync(kWait));
+        auto t1 = Clock::now();
+        for (auto& r : ranks) FERRY_RETURN_IF_ERROR(r->ReleaseOutputs(stream));
+        if (cuda) FERRY_RETURN_IF_ERROR(sync(kWait));
+        if (it >= warmup) service_ms.push_back(Ms(t1 - t0));
+      }
+      ServiceRun run;
+      run.step = Summarize(service_ms);
+      // The reply of the last step may still be on its way: the step counters can lag by one.
+      FERRY_ASSIGN_OR_RETURN(run.stats, svc::QueryStats(socket, false, kWait));
+      runs[si].push_back(std::move(run));
+    }
   }
   return runs;
 }
@@ -321,97 +358,122 @@ Status Run(const BenchFlags& f) {
     shapes.push_back(shape);
   }
   FERRY_RETURN_IF_ERROR(RangeFlag("--iters", f.iters, 1, 1 << 20));
-  FERRY_RETURN_IF_ERROR(RangeFlag("--layers", f.layers, 1, svc::kMaxLayers));
+  if (f.layers.empty()) return Status(Code::kInvalidArgument, "--layers needs a layer count");
+  for (int l : f.layers) FERRY_RETURN_IF_ERROR(RangeFlag("--layers", l, 1, svc::kMaxLayers));
   FERRY_RETURN_IF_ERROR(RangeFlag("--tp", f.tp, 1, svc::kMaxTpSize));
   FERRY_RETURN_IF_ERROR(RangeFlag("--threads", f.threads, 1, embed::kMaxGatherThreads));
   FERRY_RETURN_IF_ERROR(RangeFlag("--chunk-tokens", f.chunk_tokens, 1, embed::kMaxChunkTokens));
+  FERRY_RETURN_IF_ERROR(RangeFlag("--pump-cpus", f.pump_cpus, -1, svc::kMaxPumpCpus));
   FERRY_RETURN_IF_ERROR(RangeFlag(
       "--copy-min-kib", static_cast<int64_t>(std::min<uint64_t>(f.copy_min_kib, INT64_MAX)), 1,
       1 << 30));
+  if (f.overlap.empty()) return Status(Code::kInvalidArgument, "--overlap needs on or off");
   const bool cuda = f.kind == "cuda";
   std::vector<std::string> modes = f.uva;
   if (modes.empty())
     modes =
         cuda ? std::vector<std::string>{"off", "always", "auto"} : std::vector<std::string>{"off"};
   for (const auto& m : modes) FERRY_RETURN_IF_ERROR(svc::ParseUvaMode(m).status());
+  // One service process per UVA mode and overlap setting, run one after the other.
+  struct Variant {
+    std::string uva, overlap;
+  };
+  std::vector<Variant> variants;
+  for (const auto& m : modes)
+    for (const auto& ov : f.overlap) variants.push_back({m, ov});
   FERRY_RETURN_IF_ERROR(CheckJsonTarget(f.json));
   std::FILE* out = TextStream(f.json);
-  // Building the tables and spawning a service per mode takes a while: a bar on a terminal.
-  Progress progress("bench-embed", shapes.size() * (1 + modes.size()));
+  // Building the tables and spawning a service per variant takes a while: a bar on a terminal.
+  Progress progress("bench-embed", shapes.size() * f.layers.size() * (1 + variants.size()));
 
   // The same layers in this process for the side-by-side gathers.
   std::vector<uint32_t> layer_ids;
-  for (int l = 0; l < f.layers; ++l) layer_ids.push_back(static_cast<uint32_t>(l));
+  for (int l = 0; l < MaxLayers(f); ++l) layer_ids.push_back(static_cast<uint32_t>(l));
   FERRY_ASSIGN_OR_RETURN(auto layers, svc::MakeServedLayers(c, layer_ids, embed::Dtype::kBf16, {},
                                                             f.synthetic_rows, nullptr));
   const uint64_t token_bytes =
       static_cast<uint64_t>(layers[0].layout.num_heads()) * layers[0].table->row_bytes();
-  FERRY_ASSIGN_OR_RETURN(std::vector<Baselines> base,
+  FERRY_ASSIGN_OR_RETURN(auto base,
                          RunBaselines(f, c, shapes, layers, token_bytes, cuda, progress));
   layers.clear();  // the service processes hold their own tables
 
-  std::vector<std::vector<ServiceRun>> runs;
-  for (const auto& m : modes) {
-    FERRY_ASSIGN_OR_RETURN(auto r, RunService(f, c, shapes, layer_ids, token_bytes, cuda, m, progress));
+  std::vector<std::vector<std::vector<ServiceRun>>> runs;  // [variant][shape][layer count]
+  for (const auto& v : variants) {
+    FERRY_ASSIGN_OR_RETURN(auto r,
+                           RunService(f, c, shapes, token_bytes, cuda, v.uva, v.overlap, progress));
     runs.push_back(std::move(r));
   }
   progress.Done();
+  const std::string copy_name = cuda ? "pinned H2D copy ms" : "memcpy ms";
   fmt::print(out,
-      "| step (tokens x requests) | layers | tp | uva | service step ms (median / min) | "
-      "layer steps cpu / uva | in-process Gatherer ms | naive 1-thread ms | pinned H2D copy ms "
-      "| service GB/s |\n");
-  fmt::print(out, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+             "| step (tokens x requests) | layers | tp | uva | overlap | service step ms "
+             "(median / min) | layer steps cpu / uva | in-process Gatherer ms | naive 1-thread "
+             "ms | {} | x copy | service GB/s |\n",
+             copy_name);
+  fmt::print(out, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  auto bucket_only = [](svc::ServerStats st, uint32_t tokens) {
+    std::erase_if(st.buckets,
+                  [&](const svc::BucketStats& b) { return b.bucket != svc::TokenBucket(tokens); });
+    return st;
+  };
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   for (size_t i = 0; i < shapes.size(); ++i) {
     const StepShape& s = shapes[i];
-    for (size_t m = 0; m < modes.size(); ++m) {
-      const ServiceRun& r = runs[m][i];
-      uint64_t cpu = 0, uva = 0;
-      for (const auto& b : r.stats.buckets)
-        if (b.bucket == svc::TokenBucket(s.tokens)) cpu = b.cpu_steps, uva = b.uva_steps;
-      double gbps =
-          static_cast<double>(s.tokens) * token_bytes * f.layers / (r.step.median_ms * 1e6);
-      svc::ServerStats only = r.stats;
-      std::erase_if(only.buckets, [&](const svc::BucketStats& b) { return b.bucket != svc::TokenBucket(s.tokens); });
-      nlohmann::ordered_json row = {{"tokens", s.tokens},
-                                    {"requests", s.reqs},
-                                    {"layers", f.layers},
-                                    {"tp", f.tp},
-                                    {"uva", modes[m]},
-                                    {"service_step_ms", {{"median", r.step.median_ms}, {"min", r.step.min_ms},
-                                                         {"mean", r.step.mean_ms}}},
-                                    {"cpu_steps", cpu},
-                                    {"uva_steps", uva},
-                                    {"in_process_gatherer_ms", base[i].gather_ms},
-                                    {"naive_one_thread_ms", base[i].naive_ms},
-                                    {"service_gbps", gbps},
-                                    {"service_stats", EmbedStatsJson(only)}};
-      if (cuda) row["pinned_h2d_copy_ms"] = base[i].copy_ms;
-      rows.push_back(std::move(row));
-      fmt::print(out,
-          "| {} x {} | {} | {} | {} | {:.3f} / {:.3f} | {} / {} | {:.3f} | {:.3f} | {} | "
-          "{:.2f} |\n",
-          s.tokens, s.reqs, f.layers, f.tp, modes[m], r.step.median_ms, r.step.min_ms, cpu, uva,
-          base[i].gather_ms, base[i].naive_ms,
-          cuda ? fmt::format("{:.3f}", base[i].copy_ms) : std::string("-"), gbps);
+    for (size_t li = 0; li < f.layers.size(); ++li) {
+      const int n_layers = f.layers[li];
+      const Baselines& b = base[i][li];
+      for (size_t v = 0; v < variants.size(); ++v) {
+        const ServiceRun& r = runs[v][i][li];
+        uint64_t cpu = 0, uva = 0;
+        for (const auto& bk : r.stats.buckets)
+          if (bk.bucket == svc::TokenBucket(s.tokens)) cpu = bk.cpu_steps, uva = bk.uva_steps;
+        const double gbps =
+            static_cast<double>(s.tokens) * token_bytes * n_layers / (r.step.median_ms * 1e6);
+        const double x_copy = b.copy_ms > 0 ? r.step.median_ms / b.copy_ms : 0;
+        nlohmann::ordered_json row = {
+            {"tokens", s.tokens},
+            {"requests", s.reqs},
+            {"layers", n_layers},
+            {"tp", f.tp},
+            {"uva", variants[v].uva},
+            {"overlap", variants[v].overlap},
+            {"service_step_ms",
+             {{"median", r.step.median_ms}, {"min", r.step.min_ms}, {"mean", r.step.mean_ms}}},
+            {"cpu_steps", cpu},
+            {"uva_steps", uva},
+            {"in_process_gatherer_ms", b.gather_ms},
+            {"naive_one_thread_ms", b.naive_ms},
+            {cuda ? "pinned_h2d_copy_ms" : "memcpy_ms", b.copy_ms},
+            {"service_over_copy", x_copy},
+            {"service_gbps", gbps},
+            {"service_stats", EmbedStatsJson(bucket_only(r.stats, s.tokens))}};
+        rows.push_back(std::move(row));
+        fmt::print(out,
+                   "| {} x {} | {} | {} | {} | {} | {:.3f} / {:.3f} | {} / {} | {:.3f} | {:.3f} | "
+                   "{:.3f} | {:.2f} | {:.2f} |\n",
+                   s.tokens, s.reqs, n_layers, f.tp, variants[v].uva, variants[v].overlap,
+                   r.step.median_ms, r.step.min_ms, cpu, uva, b.gather_ms, b.naive_ms, b.copy_ms,
+                   x_copy, gbps);
+      }
     }
   }
   for (size_t i = 0; i < shapes.size(); ++i)
-    for (size_t m = 0; m < modes.size(); ++m) {
-      fmt::print(out,
-          "\nservice phases, {} x {}, uva {} (median (mean) us per layer step; "
-          "the bucket of this step shape):\n",
-          shapes[i].tokens, shapes[i].reqs, modes[m]);
-      svc::ServerStats only = runs[m][i].stats;
-      std::erase_if(only.buckets, [&](const svc::BucketStats& b) {
-        return b.bucket != svc::TokenBucket(shapes[i].tokens);
-      });
-      fmt::print(out, "{}", svc::FormatStats(only));
-    }
+    for (size_t li = 0; li < f.layers.size(); ++li)
+      for (size_t v = 0; v < variants.size(); ++v) {
+        fmt::print(out,
+                   "\nservice phases, {} x {}, {} layer(s), uva {}, overlap {} (median (mean) us "
+                   "per layer step; the bucket of this step shape):\n",
+                   shapes[i].tokens, shapes[i].reqs, f.layers[li], variants[v].uva,
+                   variants[v].overlap);
+        fmt::print(out, "{}",
+                   svc::FormatStats(bucket_only(runs[v][i][li].stats, shapes[i].tokens)));
+      }
   std::fflush(out);
   nlohmann::ordered_json config = {{"kind", f.kind},
                                    {"iters", f.iters},
                                    {"threads", f.threads},
+                                   {"pump_cpus", f.pump_cpus},
+                                   {"pump_host_copies", f.pump_host_copies},
                                    {"chunk_tokens", f.chunk_tokens},
                                    {"synthetic_rows", f.synthetic_rows},
                                    {"base_vocab", f.model.base_vocab},
@@ -432,7 +494,21 @@ void AddEmbedBenchCommand(CLI::App& app, int* exit_code) {
   AddModelFlags(cmd, &f->model);
   cmd->add_option("--synthetic-rows", f->synthetic_rows, "Synthetic table rows (0: all)")
       ->capture_default_str();
-  cmd->add_option("--layers", f->layers, "Layers per step")->capture_default_str();
+  cmd->add_option("--layers", f->layers,
+                  "Layers per step; several (1,4) run each, from one service serving the most")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--overlap", f->overlap,
+                  "The service's layer overlap, side by side: on, off or both (on,off)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--pump-cpus", f->pump_cpus,
+                  "The service's CPUs kept for its copy pumps (-1: auto; 0: no pinning)")
+      ->capture_default_str();
+  cmd->add_flag("--pump-host-copies", f->pump_host_copies,
+                "Host mode, --tp 2 or more: the other ranks' copies through the copy pump (the "
+                "CUDA path's pipeline)");
   cmd->add_option("--tp", f->tp, "Tensor-parallel ranks that receive every row")
       ->capture_default_str();
   cmd->add_option("--threads", f->threads, "Gather threads (service and in-process)")

@@ -58,6 +58,9 @@ struct ServeFlags {
   int uva_probes = 3;
   int uva_reprobe_every = 64;
   uint64_t max_connections = 256;
+  int pump_cpus = -1;
+  std::string overlap = "on";
+  bool pump_host_copies = false;
   int metrics_port = 0;  // 0 off, -1 any free port
   JsonFlag json;  // the counters and phase timings at exit
 };
@@ -101,6 +104,9 @@ Result<embed::service::ServerOptions> CheckFlags(const ServeFlags& f) {
   o.policy.probes = f.uva_probes;
   o.policy.reprobe_every = f.uva_reprobe_every;
   o.max_connections = f.max_connections;
+  o.pump_cpus = f.pump_cpus;
+  o.overlap_layers = f.overlap == "on";
+  o.pump_host_copies = f.pump_host_copies;
   FERRY_RETURN_IF_ERROR(svc::ValidateServerOptions(o));
   FERRY_RETURN_IF_ERROR(svc::CheckListenPath(f.socket).WithContext("--socket"));
   FERRY_RETURN_IF_ERROR(CheckJsonTarget(f.json));
@@ -252,6 +258,18 @@ void AddEmbedServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--max-connections", f->max_connections,
                   "Connections served at once (GPU worker ranks and monitors); more are refused")
       ->capture_default_str();
+  cmd->add_option("--pump-cpus", f->pump_cpus,
+                  "CPUs kept for the copy pumps, apart from the gather threads (-1: one when "
+                  "there are more CPUs than --threads; 0: no pinning)")
+      ->capture_default_str();
+  cmd->add_option("--overlap", f->overlap,
+                  "Copy-pump path: gather the next layer while this one's copies finish (on), "
+                  "or one layer at a time (off)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
+  cmd->add_flag("--pump-host-copies", f->pump_host_copies,
+                "Host outputs of other tensor-parallel ranks through the copy pump too (the "
+                "CUDA path's pipeline, on a machine without a GPU)");
   AddMetricsPortOption(cmd, &f->metrics_port);
   AddJsonFlag(cmd, &f->json, "The counters and per-bucket phase timings at exit");
   cmd->callback([f, exit_code] {

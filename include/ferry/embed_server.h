@@ -114,6 +114,10 @@ struct ServerOptions {
   // when there are more CPUs than gather.threads, else none; 0: nothing is pinned. At most
   // the CPUs available less one (the gather keeps one).
   int pump_cpus = -1;
+  // The layers of a step overlap on the copy-pump path (layer k + 1 gathered while layer k's
+  // copies finish). false: each layer's copies and DONE complete before the next layer starts,
+  // as before the overlap (kept for side-by-side measurements).
+  bool overlap_layers = true;
 };
 
 // The longest wait_timeout ServerOptions may hold.

@@ -90,6 +90,7 @@ Status Server::Impl::PipelineLayer(Group& g, const std::vector<std::shared_ptr<M
   }
   if (direct == nullptr) g.next_staging ^= 1;
   g.pending.push_back(PendingLayer{slot, ticket, t, t0, released, drained, gathered, copies});
+  if (!options.overlap_layers) return RetireOldest(g, members, step, failed);
   return Status::Ok();
 }
 
