@@ -27,13 +27,18 @@ enum class Phase : uint8_t {
   kQueue = 0,  // request received -> the group's thread started the step (first layer only)
   kInputs,     // inputs copied out of shared memory and validated (first layer only)
   kReleased,   // every rank's previous output of the layer released (flags read back as reset)
-  kDrain,      // the previous layer's copies finished reading the staging
+  kDrain,      // the previous layer's copies finished reading the staging (with the layers
+               // overlapped: the layer two back retired, its staging free)
   kGather,     // CPU path: ids and rows gathered; UVA: inputs uploaded and the kernel enqueued
   kCopyTail,   // gather returned -> the last copy issued
   kFinish,     // last copy issued -> every rank's DONE write enqueued (or set, host memory)
   kDone,       // DONE enqueued -> the DONE writes completed on the streams (CUDA; 0 in host)
   kLayer,      // the layer step: released wait done -> DONE completed (what the policy compares)
   kStep,       // request received -> this layer's DONE completed
+  // With the layers overlapped (the copy-pump path), kFinish ends when the pump set DONE, and
+  // kDone, kLayer and kStep end when the layer was retired: after the next layer's gather for
+  // all but a step's last layer, so for those they are upper bounds; the policy is given
+  // released wait done -> DONE enqueued for them.
   kCount,
 };
 inline constexpr size_t kPhaseCount = static_cast<size_t>(Phase::kCount);
