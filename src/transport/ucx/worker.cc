@@ -255,7 +255,11 @@ void Worker::Loop(std::function<void()> tick) {
     // Idle: poll on for kSpin (the answer to what was just sent often comes in that time),
     // yielding the core between polls, so that a thread woken on this core (the application's,
     // the peer's on a machine with few cores) runs now rather than after this one's time slice.
-    if (mode_ == UcxOptions::Progress::kPolling || now - idle_since < kSpin) {
+    // With operations outstanding, poll on for kOutstandingSpin since UCX last made progress:
+    // the event fd does not fire when a TCP socket that was full takes data again, so a thread
+    // asleep there sent the rest of a batch only at its 1 ms timeouts (worker.h).
+    const auto spin = outstanding ? kOutstandingSpin : kSpin;
+    if (mode_ == UcxOptions::Progress::kPolling || now - idle_since < spin) {
       sched_yield();
       continue;
     }

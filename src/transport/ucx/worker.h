@@ -9,7 +9,8 @@
 // (several threads, one at a time): MULTI would add UCX's own lock to every call under this
 // one, which ferry needs anyway for its tables.
 //
-// Idle, the progress thread keeps polling for kSpin, yielding the core between polls, then
+// Idle, the progress thread keeps polling for kSpin (kOutstandingSpin while operations are
+// outstanding), yielding the core between polls, then
 // either keeps polling (Progress::kPolling) or sleeps on the worker's event fd (kEvent, and
 // kShared when no application thread polls): for at most 1 ms while operations are
 // outstanding (UCX does not signal the fd for every local completion), 20 ms otherwise. In
@@ -50,6 +51,15 @@ class Worker {
   // time slice (one-way latency = the spin); yielding, 20 us to 1 ms all gave 16-18 us
   // (bench/results/ucx_two_process.md).
   static constexpr std::chrono::microseconds kSpin{100};
+  // How long the thread polls on (yielding) while operations are outstanding and UCX makes no
+  // progress, before it sleeps on the event fd (for 1 ms at a time). The fd does not fire when
+  // a TCP socket that was full can take data again (nor for every local completion): a sender
+  // asleep there with a batch half sent waited out the 1 ms timeout each time its socket
+  // filled, and over TCP loopback on 2 cores the rounds split into a fast mode and one at half
+  // the speed (bench/results/ucx_two_process.md, 2026-12-03). A socket that filled takes data
+  // again well within this; a peer that stopped answering costs the core this long, then the
+  // thread sleeps as before.
+  static constexpr std::chrono::microseconds kOutstandingSpin{2000};
   // Progress::kShared: how long after an application thread's TryProgress the progress
   // thread stays back. Also the longest that arriving messages wait for progress when the
   // application stops polling.

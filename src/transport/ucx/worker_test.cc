@@ -109,6 +109,45 @@ TEST(UcxWorker, ApplicationThreadsNeverWaitBehindTheProgressThread) {
   release.set_value();
 }
 
+// With operations outstanding the progress thread keeps polling after UCX last made progress
+// (Worker::kOutstandingSpin) instead of sleeping on the event fd after kSpin: the fd does not
+// fire when a full TCP socket drains, and a sender asleep there finished a batch only at its
+// 1 ms timeouts. With nothing outstanding it still sleeps after kSpin.
+TEST(UcxWorker, KeepsPollingWhileOperationsAreOutstanding) {
+  static_assert(Worker::kOutstandingSpin >= 4 * Worker::kSpin);
+  Context c;
+  auto w = MakeWorker(c, UcxOptions::Progress::kEvent);
+  ASSERT_TRUE(w);
+  std::atomic<bool> outstanding{true};
+  ASSERT_TRUE(w->Start(nullptr, [&] { return outstanding.load(); }).ok());
+  // Work run on the thread counts as progress: the spin starts again from there. Watched for
+  // half of kOutstandingSpin (several times kSpin) in short naps that leave the core to the
+  // progress thread: one that slept on the fd after kSpin is seen asleep there.
+  const auto watch = Worker::kOutstandingSpin / 2;
+  int slept = 0, looks = 0;
+  for (int round = 0; round < 10; ++round) {
+    std::promise<void> ran;
+    ASSERT_TRUE(w->Submit([&ran] { ran.set_value(); }));
+    ASSERT_EQ(ran.get_future().wait_for(5s), std::future_status::ready);
+    const auto until = Clock::now() + watch;
+    for (;;) {
+      std::this_thread::sleep_for(20us);
+      if (Clock::now() >= until) break;  // a nap that overslept the watch does not count
+      slept += w->asleep();
+      ++looks;
+    }
+  }
+  EXPECT_EQ(slept, 0) << "the progress thread slept on the event fd with operations outstanding (" << slept
+                      << " of " << looks << " looks)";
+  // Nothing outstanding: it goes to sleep (after kSpin of polling).
+  outstanding = false;
+  ASSERT_TRUE(w->Submit([] {}));
+  auto until = Clock::now() + 5s;
+  while (!w->asleep() && Clock::now() < until) std::this_thread::sleep_for(100us);
+  EXPECT_TRUE(w->asleep());
+  w->Stop(nullptr);
+}
+
 // A raw UCX worker of this process that sends active messages to `to`'s address.
 class Sender {
  public:
