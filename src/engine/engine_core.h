@@ -19,6 +19,7 @@
 #include "engine/completions.h"
 #include "engine/metrics.h"
 #include "engine/metrics_server.h"
+#include "engine/op_check.h"
 #include "ferry/engine.h"
 #include "transport/transport.h"
 
@@ -54,7 +55,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::vector<TransportInfo> transport_info() const;
 
   Result<MemoryDesc> RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind, int device,
-                                    const RegionOptions& region_options) EXCLUDES(mu_);
+                                    const RegionOptions& region_options = {}) EXCLUDES(mu_);
   Status DeregisterMemory(RegionId region) EXCLUDES(mu_);
   Status AddPeer(const EngineDesc& peer) EXCLUDES(mu_);
   Status RemovePeer(std::string_view key) EXCLUDES(mu_);
@@ -166,6 +167,9 @@ class SessionCore {
   // storage, which no other thread can reach; it may be rewritten (runs merged in place).
   Transfer PostOwned(Op op, std::span<TransferOp> ops, const TransferOptions& options) const
       EXCLUDES(writes_mu_);
+  // Posts `ops` (the engine's own, as for PostOwned) that CopyAndCheckOps checked as `check`.
+  Transfer PostChecked(Op op, std::span<TransferOp> ops, const OpCheck& check,
+                       const TransferOptions& options) const EXCLUDES(writes_mu_);
   const MemoryDesc& local() const { return local_; }
   const MemoryDesc& remote() const { return remote_; }
   const TransferPath& path() const { return path_; }

@@ -1,0 +1,138 @@
+#include "engine/op_check.h"
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "transport/region.h"
+
+namespace ferry::internal {
+namespace {
+
+// Ops per share: large enough that claiming one costs nothing beside it, small enough that a
+// batch spreads over every thread.
+constexpr size_t kChunkOps = 4096;
+constexpr int kMaxCheckThreads = 8;
+
+// One share's findings; the joins across shares are counted when they are combined.
+struct ChunkResult {
+  uint64_t total = 0;
+  uint64_t joins = 0;
+  bool ok = true;
+  bool any = false;  // a non-empty op was seen
+  uint64_t first_local = 0, first_remote = 0;  // the first non-empty op's start
+  uint64_t last_local_end = 0, last_remote_end = 0;
+};
+
+ChunkResult CheckChunk(const TransferOp* in, TransferOp* out, size_t n, uint64_t local_size, uint64_t remote_size) {
+  ChunkResult r;
+  for (size_t i = 0; i < n; ++i) {
+    const TransferOp o = in[i];
+    out[i] = o;  // what is checked is the copy the transport will get
+    const bool inside = InBounds(o.local_offset, o.size, local_size) && InBounds(o.remote_offset, o.size, remote_size);
+    const bool overflow = __builtin_add_overflow(r.total, o.size, &r.total);
+    if (!inside || overflow) [[unlikely]] {
+      r.ok = false;
+      return r;  // the caller reports the first offending op; nothing else matters then
+    }
+    if (o.size == 0) {
+      ++r.joins;
+      continue;
+    }
+    if (!r.any) {
+      r.any = true;
+      r.first_local = o.local_offset;
+      r.first_remote = o.remote_offset;
+    } else if (o.local_offset == r.last_local_end && o.remote_offset == r.last_remote_end) {
+      ++r.joins;
+    }
+    r.last_local_end = o.local_offset + o.size;
+    r.last_remote_end = o.remote_offset + o.size;
+  }
+  return r;
+}
+
+ThreadPool* CheckPool() {
+  static ThreadPool* pool = [] {
+    const unsigned cores = std::thread::hardware_concurrency();
+    const int threads = std::min<int>(kMaxCheckThreads, cores > 2 ? static_cast<int>(cores) / 2 : 1);
+    auto made = ThreadPool::Create(threads, "ferry-opcheck");
+    // Never destroyed: a batch may be checked while the process exits.
+    return made.ok() ? std::move(made).value().release() : nullptr;
+  }();
+  return pool;
+}
+
+// Shares claimed one at a time by the caller and the pool's threads; kept alive by each thread
+// that may still look at it (a helper that starts after the batch was done finds nothing left).
+struct Job {
+  const TransferOp* in;
+  TransferOp* out;
+  size_t n;
+  uint64_t local_size, remote_size;
+  size_t chunks;
+  std::vector<ChunkResult> results;
+  std::atomic<size_t> next{0};
+  std::atomic<size_t> done{0};
+
+  void Work() {
+    for (;;) {
+      const size_t c = next.fetch_add(1, std::memory_order_relaxed);
+      if (c >= chunks) return;
+      const size_t begin = c * kChunkOps, len = std::min(kChunkOps, n - begin);
+      results[c] = CheckChunk(in + begin, out + begin, len, local_size, remote_size);
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+}  // namespace
+
+OpCheck CopyAndCheckOps(std::span<const TransferOp> in, TransferOp* out, uint64_t local_size,
+                        uint64_t remote_size) {
+  const size_t n = in.size();
+  ThreadPool* pool = n >= kParallelCheckOps ? CheckPool() : nullptr;
+  std::vector<ChunkResult> results;
+  if (pool == nullptr) {
+    ChunkResult r = CheckChunk(in.data(), out, n, local_size, remote_size);
+    results.push_back(r);
+  } else {
+    auto job = std::make_shared<Job>();
+    job->in = in.data();
+    job->out = out;
+    job->n = n;
+    job->local_size = local_size;
+    job->remote_size = remote_size;
+    job->chunks = (n + kChunkOps - 1) / kChunkOps;
+    job->results.resize(job->chunks);
+    const size_t helpers = std::min<size_t>(static_cast<size_t>(pool->size()), job->chunks - 1);
+    for (size_t i = 0; i < helpers; ++i) pool->Submit([job] { job->Work(); });
+    job->Work();
+    // Every share is claimed; the ones other threads hold are a few microseconds of work that
+    // is already running, so this wait ends without a deadline of its own.
+    while (job->done.load(std::memory_order_acquire) < job->chunks) std::this_thread::yield();
+    results = std::move(job->results);
+  }
+  OpCheck check;
+  bool any = false;
+  uint64_t local_end = 0, remote_end = 0;
+  for (const ChunkResult& r : results) {
+    if (!r.ok || __builtin_add_overflow(check.total, r.total, &check.total)) {
+      check.ok = false;
+      return check;
+    }
+    check.joins += r.joins;
+    if (!r.any) continue;
+    if (any && r.first_local == local_end && r.first_remote == remote_end) ++check.joins;
+    any = true;
+    local_end = r.last_local_end;
+    remote_end = r.last_remote_end;
+  }
+  return check;
+}
+
+}  // namespace ferry::internal
