@@ -111,8 +111,11 @@ bool TransferState::Test() {
 Status TransferState::Wait(Deadline until) {
   until = Deadline::Earlier(until, deadline_);
   if (poller_) {
-    // Completion arrives through polling: spin (yielding) for 100 us, then sleep with a short,
-    // growing back-off capped at 50 us, so a waiter adds little to a millisecond-long copy.
+    // Completion arrives through polling (or the copy engine's completion thread, which
+    // finishes the transfer as soon as its event fires): spin (yielding) for 100 us, then wait
+    // on the condition variable between polls, with a short growing back-off capped at 50 us.
+    // Finish() wakes the waiter at once; a plain sleep would add the kernel's timer slack
+    // (50 us by default) to every copy that outlasts the spin.
     auto spin_until = Clock::now() + std::chrono::microseconds(100);
     auto backoff = std::chrono::microseconds(2);
     while (!Test()) {
@@ -121,7 +124,11 @@ Status TransferState::Wait(Deadline until) {
         std::this_thread::yield();
         continue;
       }
-      std::this_thread::sleep_for(backoff);
+      {
+        MutexLock lock(&mu_);
+        (void)cv_.WaitUntil(&mu_, std::min(until.at(), Clock::now() + backoff),
+                            [this] { return phase_.load(std::memory_order_acquire) == kFinished; });
+      }
       backoff = std::min(backoff * 2, std::chrono::microseconds(50));
     }
   } else {
