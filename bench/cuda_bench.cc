@@ -13,6 +13,10 @@
 //  - kv_cuda_ipc/<piece>/ferry: the same batch from this process's GPU memory into a
 //    ferry_test_peer child's GPU memory on the same GPU, through cuda_ipc; baseline
 //    d2d_1GiB/cudaMemcpy: one 1 GiB copy inside one GPU.
+//  - kv_d2d/<piece>/{ferry,kernel,naive}: the same batch between two buffers of one GPU in this
+//    process: through ferry (local transport), ferry's copy kernel alone (one launch, timed by
+//    CUDA events), and a naive kernel (one thread per 16-byte word of the batch, one launch):
+//    what the kernel leaves of the device's bandwidth, and what ferry's path adds to it.
 // GB/s is bytes moved per second (counter bytes_per_second), never read + written.
 // Run: build/<preset>/bench/ferry_bench_cuda [--benchmark_filter=...]; FERRY_BENCH_HOST_MEM=thp
 // puts the pinned host buffers on transparent huge pages (cudaHostRegister) instead of cudaHostAlloc;
@@ -37,6 +41,10 @@
 #include "ferry/engine.h"
 #include "ferry/system.h"
 #include "testing/peer_process.h"
+
+namespace ferry::cuda {
+int LaunchNaiveCopy(const Piece* pieces, uint32_t count, uint64_t piece_bytes, CUstream_st* stream);  // naive_copy.cu
+}
 
 namespace {
 
@@ -118,7 +126,7 @@ std::unique_ptr<Rig>& Current() {
   return rig;
 }
 
-enum class Target { kHost, kGpu1, kIpcPeer };
+enum class Target { kHost, kGpu1, kIpcPeer, kGpu0 };
 
 Rig* GetRig(Target target, uint64_t bytes) {
   static std::pair<Target, uint64_t> made{Target::kHost, 0};
@@ -163,6 +171,10 @@ Rig* GetRig(Target target, uint64_t bytes) {
       rig->host = std::make_unique<PinnedBuffer>(bytes);
       if (rig->host->ptr == nullptr) return fail("cudaHostAlloc failed");
       r = rig->b->RegisterMemory(rig->host->ptr, bytes);
+    } else if (target == Target::kGpu0) {
+      rig->gpu1 = std::make_unique<DeviceBuffer>(0, bytes);
+      if (rig->gpu1->ptr == nullptr) return fail("cudaMalloc of the destination failed");
+      r = rig->b->RegisterMemory(rig->gpu1->ptr, bytes, ferry::MemoryKind::kCuda, 0);
     } else {
       rig->gpu1 = std::make_unique<DeviceBuffer>(1, bytes);
       if (rig->gpu1->ptr == nullptr) return fail("cudaMalloc on GPU 1 failed");
@@ -207,14 +219,15 @@ void FerryKv(benchmark::State& state, Target target, uint64_t piece) {
 
 // ferry's copy kernel alone, one launch over the batch's pieces (cut as the engine cuts them),
 // timed on the GPU.
-void KernelKv(benchmark::State& state, uint64_t piece) {
+void KernelKv(benchmark::State& state, Target target, uint64_t piece, bool naive) {
   const uint64_t bytes = kPieces * piece;
-  Rig* rig = GetRig(Target::kHost, bytes);
+  Rig* rig = GetRig(target, bytes);
   if (!rig->error.empty()) return state.SkipWithError(rig->error.c_str());
+  void* dst = target == Target::kHost ? rig->host->ptr : rig->gpu1->ptr;
   std::vector<ferry::cuda::Piece> pieces;
   for (const auto& op : KvOps(piece))
     for (uint64_t at = 0; at < op.size; at += ferry::cuda::kMaxPieceBytes)
-      pieces.push_back({reinterpret_cast<uint64_t>(rig->host->ptr) + op.remote_offset + at,
+      pieces.push_back({reinterpret_cast<uint64_t>(dst) + op.remote_offset + at,
                         reinterpret_cast<uint64_t>(rig->gpu0->ptr) + op.local_offset + at,
                         std::min<uint64_t>(ferry::cuda::kMaxPieceBytes, op.size - at)});
   void* dpieces = nullptr;
@@ -233,7 +246,11 @@ void KernelKv(benchmark::State& state, uint64_t piece) {
   for (auto _ : state) {
     if (e != cudaSuccess) break;
     e = cudaEventRecord(begin, stream);
-    if (e == cudaSuccess)
+    if (e == cudaSuccess && naive)
+      e = static_cast<cudaError_t>(ferry::cuda::LaunchNaiveCopy(static_cast<const ferry::cuda::Piece*>(dpieces),
+                                                               static_cast<uint32_t>(pieces.size()),
+                                                               pieces.empty() ? 0 : pieces[0].size, stream));
+    else if (e == cudaSuccess)
       e = static_cast<cudaError_t>(ferry::cuda::LaunchBatchCopy(static_cast<const ferry::cuda::Piece*>(dpieces),
                                                                static_cast<uint32_t>(pieces.size()),
                                                                static_cast<uint32_t>(sms), stream));
@@ -327,7 +344,7 @@ void Register() {
     const uint64_t piece = kib << 10;
     const std::string p = std::to_string(kib) + "KiB";
     opts(benchmark::RegisterBenchmark(("kv_gpu_to_host/" + p + "/ferry").c_str(), FerryKv, Target::kHost, piece));
-    opts(benchmark::RegisterBenchmark(("kv_gpu_to_host/" + p + "/kernel").c_str(), KernelKv, piece));
+    opts(benchmark::RegisterBenchmark(("kv_gpu_to_host/" + p + "/kernel").c_str(), KernelKv, Target::kHost, piece, false));
     opts(benchmark::RegisterBenchmark(("kv_gpu_to_host/" + p + "/cudaMemcpyBatchAsync").c_str(), BatchAsyncKv,
                                       Target::kHost, piece));
   }
@@ -338,9 +355,13 @@ void Register() {
     opts(benchmark::RegisterBenchmark((p + "cudaMemcpyBatchAsync").c_str(), BatchAsyncKv, Target::kGpu1, kib << 10));
   }
   opts(benchmark::RegisterBenchmark("d2d_1GiB/cudaMemcpy", OneCopy, 2));
-  for (uint64_t kib : {16, 32, 128})
-    opts(benchmark::RegisterBenchmark(("kv_cuda_ipc/" + std::to_string(kib) + "KiB/ferry").c_str(), FerryKv,
-                                      Target::kIpcPeer, kib << 10));
+  for (uint64_t kib : {16, 32, 128}) {
+    const std::string p = std::to_string(kib) + "KiB/";
+    opts(benchmark::RegisterBenchmark(("kv_cuda_ipc/" + p + "ferry").c_str(), FerryKv, Target::kIpcPeer, kib << 10));
+    opts(benchmark::RegisterBenchmark(("kv_d2d/" + p + "ferry").c_str(), FerryKv, Target::kGpu0, kib << 10));
+    opts(benchmark::RegisterBenchmark(("kv_d2d/" + p + "kernel").c_str(), KernelKv, Target::kGpu0, kib << 10, false));
+    opts(benchmark::RegisterBenchmark(("kv_d2d/" + p + "naive").c_str(), KernelKv, Target::kGpu0, kib << 10, true));
+  }
 }
 
 }  // namespace

@@ -18,10 +18,13 @@ namespace ferry::cuda {
 CopyEngine::Core::~Core() {
   DeviceGuard guard(device);
   if (stream != nullptr) (void)cudaStreamSynchronize(stream);
+  if (upload_stream != nullptr) (void)cudaStreamSynchronize(upload_stream);
   for (cudaEvent_t e : free_events) (void)cudaEventDestroy(e);
+  if (upload_event != nullptr) (void)cudaEventDestroy(upload_event);
   if (host_ring != nullptr) (void)cudaFreeHost(host_ring);
   if (device_ring != nullptr) (void)cudaFree(device_ring);
   if (stream != nullptr) (void)cudaStreamDestroy(stream);
+  if (upload_stream != nullptr) (void)cudaStreamDestroy(upload_stream);
   (void)cudaGetLastError();
 }
 
@@ -41,6 +44,12 @@ Status CopyEngine::Core::Init(int ordinal) {
   max_blocks = static_cast<uint32_t>(std::max(sms, 1));
   FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
                                  "cudaStreamCreateWithFlags"));
+  // Descriptors go up on a stream of their own, so that a launch's upload runs while the
+  // launch before it copies (on one stream each upload waited for the previous kernel).
+  FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamCreateWithFlags(&upload_stream, cudaStreamNonBlocking),
+                                 "cudaStreamCreateWithFlags (descriptor uploads)"));
+  FERRY_RETURN_IF_ERROR(ToStatus(cudaEventCreateWithFlags(&upload_event, cudaEventDisableTiming),
+                                 "cudaEventCreateWithFlags (descriptor uploads)"));
   const size_t ring_bytes = kRingPieces * sizeof(Piece);
   FERRY_RETURN_IF_ERROR(ToStatus(cudaHostAlloc(reinterpret_cast<void**>(&host_ring), ring_bytes,
                                                cudaHostAllocPortable),

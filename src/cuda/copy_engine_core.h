@@ -55,6 +55,10 @@ struct CopyEngine::Core {
   int device = 0;
   uint32_t max_blocks = 0;
   cudaStream_t stream = nullptr;
+  // Descriptor uploads, and the event each launch waits for on `stream` (recorded again for
+  // every upload: a wait takes the record that was current when it was enqueued).
+  cudaStream_t upload_stream = nullptr;
+  cudaEvent_t upload_event = nullptr;
   Piece* host_ring = nullptr;
   Piece* device_ring = nullptr;
 

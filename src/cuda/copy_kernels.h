@@ -29,4 +29,20 @@ inline constexpr int kCopyThreadsPerBlock = 256;
 // REQUIRES: every piece's size <= kMaxPieceBytes (the kernel counts bytes in 32 bits).
 int LaunchBatchCopy(const Piece* pieces, uint32_t count, uint32_t max_blocks, CUstream_st* stream);
 
+// A batch's op as the engine hands it over (the layout of ferry::TransferOp): the kernel below
+// reads these as they are, so the host copies them into the descriptor ring instead of
+// computing a Piece for each.
+struct OffsetPiece {
+  uint64_t local_offset;
+  uint64_t remote_offset;
+  uint64_t size;
+};
+
+// As LaunchBatchCopy for pieces given as offsets: piece i copies ops[i].size bytes from
+// src + (write ? local_offset : remote_offset) to dst + (write ? remote_offset : local_offset),
+// one warp per op. REQUIRES: every size < 4 GiB; ops of similar sizes, none much larger than
+// kMaxPieceBytes, keep the grid busy to the end.
+int LaunchOffsetCopy(const OffsetPiece* ops, uint32_t count, char* dst, const char* src, bool write,
+                     uint32_t max_blocks, CUstream_st* stream);
+
 }  // namespace ferry::cuda

@@ -1,6 +1,7 @@
 // CopyEngine::Post: one pass over a batch that cuts the kernel's pieces into the descriptor
 // ring launch by launch and hands the rest to the DMA engines.
 #include <algorithm>
+#include <type_traits>
 #include <thread>
 
 #include "cuda/copy_engine_core.h"
@@ -11,6 +12,9 @@
 namespace ferry::cuda {
 namespace {
 
+static_assert(sizeof(OffsetPiece) == sizeof(Piece) && sizeof(OffsetPiece) == sizeof(TransferOp),
+              "ops and pieces share the descriptor ring's slots");
+
 // Pieces this large go to the DMA engines even when a kernel could copy them: one DMA engine
 // fills the link on such a piece, and the SMs stay free for the model.
 constexpr uint64_t kLargePieceBytes = 1 << 20;
@@ -19,10 +23,18 @@ constexpr uint64_t kLargePieceBytes = 1 << 20;
 constexpr size_t kFewPieces = 4;
 // One launch takes at most a quarter of the descriptor ring, so that batches overlap.
 constexpr size_t kMaxLaunchPieces = kRingPieces / 4;
-// The first launch of a batch carries at most this many pieces and each later one twice the
-// last, so that the GPU starts while the CPU still fills descriptors for the rest: on an H200 a
-// first launch of 32,768 pieces kept the link idle for about 1.4 ms of a 27 ms batch.
+// The first launch of a batch carries at most this many pieces and each later one four times
+// the last, so that the GPU starts while the CPU still fills descriptors for the rest: on an
+// H200 a first launch of 32,768 pieces kept the link idle for about 1.4 ms of a 27 ms batch.
+// The host fills a launch's descriptors faster than the GPU copies the one before it (ops of
+// 16 KiB within one GPU: about 1.3 ns an op to fill, 8.7 ns to copy), so fewer, larger launches
+// lose less to the idle tail at the end of each (bench/results/cuda_ipc.md).
 constexpr size_t kFirstLaunchPieces = 2048;
+constexpr size_t kLaunchGrowth = 4;
+// Ops of a batch of offsets up to this size go to the kernel whole, one warp each; larger ones
+// are cut into pieces of kMaxPieceBytes (or go to the DMA engines). KV blocks of 128 KiB then
+// travel as one descriptor each, not two.
+constexpr uint64_t kMaxWholeOpBytes = 256 * 1024;
 
 // Walks a batch (a span of Copy or an OffsetBatch) once: cuts the kernel's copies into pieces
 // of at most kMaxPieceBytes as launches ask for them, and sets aside the copies that go to the
@@ -37,6 +49,20 @@ struct PieceCursor {
   uint64_t offset = 0;  // bytes of it already handed out
 
   bool done() const { return index == copies.size(); }
+
+  // For a batch of offsets: copies up to n ops as they are, stopping at the first that the
+  // kernel does not take whole (over kMaxWholeOpBytes: cut by Fill, or for the DMA engines);
+  // returns how many. Zero when the cursor is inside a copy being cut.
+  size_t FillOffsets(OffsetPiece* out, size_t n) {
+    if (offset != 0) return 0;
+    size_t k = 0;
+    for (; k < n && index < copies.size(); ++index) {
+      const TransferOp& o = copies.ops[index];
+      if (o.size > kMaxWholeOpBytes || (large_to_dma && o.size >= kLargePieceBytes)) break;
+      out[k++] = OffsetPiece{o.local_offset, o.remote_offset, o.size};
+    }
+    return k;
+  }
 
   // Fills up to n pieces; returns how many.
   size_t Fill(Piece* out, size_t n) {
@@ -158,27 +184,46 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
       mu.Lock();
       continue;
     }
-    // Straight into the page-locked ring: no copy in between.
-    const size_t n = cursor.Fill(host_ring + at, launch);
+    // Straight into the page-locked ring: no copy in between. A batch of offsets goes as its
+    // ops (the kernel adds the two bases), which costs the host a copy of each op instead of
+    // computing a piece: on an H200 machine's host the pieces took 4.5 ns an op, longer than
+    // the GPU took to copy the launch before (16 KiB in 8.6 ns an op), so the GPU waited.
+    size_t n = 0;
+    bool offsets = false;
+    if constexpr (std::is_same_v<Source, OffsetBatch>) {
+      n = cursor.FillOffsets(reinterpret_cast<OffsetPiece*>(host_ring + at), launch);
+      offsets = n > 0;
+    }
+    if (!offsets) n = cursor.Fill(host_ring + at, launch);
     if (n == 0) {  // the rest of the batch goes to the DMA engines
       head = prev_head;
       break;
     }
     head = at + n;  // hand back what this launch did not fill (the newest allocation)
+    // The ring's slots [at, at + n) are free: the kernels that read them last have completed
+    // (their segments were reaped), so the upload may run beside the launches still copying.
     error = ToStatus(cudaMemcpyAsync(device_ring + at, host_ring + at, n * sizeof(Piece),
-                                     cudaMemcpyHostToDevice, stream),
+                                     cudaMemcpyHostToDevice, upload_stream),
                      "upload copy descriptors");
+    if (error.ok()) error = ToStatus(cudaEventRecord(upload_event, upload_stream), "record descriptor upload");
+    if (error.ok()) error = ToStatus(cudaStreamWaitEvent(stream, upload_event, 0), "wait for descriptor upload");
     if (error.ok()) {
       enqueued = true;
-      error = ToStatus(static_cast<cudaError_t>(LaunchBatchCopy(device_ring + at, static_cast<uint32_t>(n),
-                                                                max_blocks, stream)),
-                       "launch batch copy kernel");
+      int launched = 0;
+      if constexpr (std::is_same_v<Source, OffsetBatch>) {
+        if (offsets)
+          launched = LaunchOffsetCopy(reinterpret_cast<const OffsetPiece*>(device_ring + at), static_cast<uint32_t>(n),
+                                      reinterpret_cast<char*>(copies.dst), reinterpret_cast<const char*>(copies.src),
+                                      copies.write, max_blocks, stream);
+      }
+      if (!offsets) launched = LaunchBatchCopy(device_ring + at, static_cast<uint32_t>(n), max_blocks, stream);
+      error = ToStatus(static_cast<cudaError_t>(launched), "launch batch copy kernel");
       if (error.ok()) {
         ++stats.kernel_launches;
         stats.kernel_pieces += n;
       }
     }
-    launch = std::min(launch * 2, kMaxLaunchPieces);
+    launch = std::min(launch * kLaunchGrowth, kMaxLaunchPieces);
     const bool last = (cursor.done() && dma.empty()) || !error.ok();
     Status pushed = PushSegmentLocked(true, at + n, last ? completion : nullptr, error);
     if (!pushed.ok()) {
