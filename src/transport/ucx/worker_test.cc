@@ -125,15 +125,20 @@ TEST(UcxWorker, KeepsPollingWhileOperationsAreOutstanding) {
   // progress thread: one that slept on the fd after kSpin is seen asleep there.
   const auto watch = Worker::kOutstandingSpin / 2;
   int slept = 0, looks = 0;
-  for (int round = 0; round < 10; ++round) {
-    std::promise<void> ran;
-    ASSERT_TRUE(w->Submit([&ran] { ran.set_value(); }));
-    ASSERT_EQ(ran.get_future().wait_for(5s), std::future_status::ready);
-    const auto until = Clock::now() + watch;
+  // Many rounds: on a loaded machine a nap oversleeps the watch and few looks count.
+  for (int round = 0; round < 40; ++round) {
+    // The watch runs from when the work ran, so that this thread being late to look cannot
+    // stretch it past kOutstandingSpin.
+    std::promise<Clock::time_point> ran;
+    ASSERT_TRUE(w->Submit([&ran] { ran.set_value(Clock::now()); }));
+    auto at = ran.get_future();
+    ASSERT_EQ(at.wait_for(5s), std::future_status::ready);
+    const auto until = at.get() + watch;
     for (;;) {
       std::this_thread::sleep_for(20us);
-      if (Clock::now() >= until) break;  // a nap that overslept the watch does not count
-      slept += w->asleep();
+      const bool asleep = w->asleep();
+      if (Clock::now() >= until) break;  // a look after the watch does not count
+      slept += asleep;
       ++looks;
     }
   }
