@@ -280,7 +280,9 @@ class Soak:
             if rc is not None:
                 if pr.p.pid not in pr.killed_by_us:
                     with open(os.path.join(self.rundir, pr.name + ".log"), errors="replace") as f:
-                        last = [l.strip() for l in f.readlines()[-40:] if l.strip()][-1:]
+                        tail = [l.strip() for l in f.readlines()[-40:] if l.strip()]
+                    telling = [l for l in tail if any(w in l for w in ("Assertion", "Error", "Fatal", "rror:"))]
+                    last = (telling or tail)[-1:]
                     self.tally.crash(pr.name, pr.inc, rc, last[0] if last else "")
                     pr.restart_at = now + 0.5
                 continue

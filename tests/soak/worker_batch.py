@@ -3,10 +3,12 @@ notification, and a receiver checks the pieces when the notification comes (ferr
 after the data is in place) and acknowledges with a notification of its own.
 
 The sender's region and the receiver's are SLOTS slots of SLOT bytes; a batch stays inside one
-slot, whose bytes are pattern(seq). A slot is reused only after the receiver acknowledged it, a
-new receiver incarnation appeared (a fresh region), or, after a failed or unacknowledged batch,
-a quarantine of 15 s (a failed write may still sit in a cut link, and ferry promises no
-more without a fence; the link is never down for more than 4 s).
+slot, whose bytes are slot_data(incarnation, seq): words that name their batch, so bytes that
+arrive wrong say which batch they came from (the sender logs its failed batches). A slot is
+reused only after the receiver acknowledged it, a new receiver incarnation appeared (a fresh
+region), or, after a failed or unacknowledged batch, a quarantine of 15 s (a failed write may
+still sit in a cut link, and ferry promises no more without a fence; the link is never down
+for more than 4 s).
 """
 
 import argparse
@@ -19,12 +21,34 @@ import time
 import numpy as np
 
 import ferry
-from common import Reporter, Signals, Watch, make_engine, now_ms, pattern, publish
+from common import Reporter, Signals, Watch, make_engine, now_ms, publish
 
 SLOTS, SLOT = 16, 64 << 10
 XFER_DEADLINE_MS = 5000
 ACK_DEADLINE_MS = 10000
 QUARANTINE_MS = 15000
+
+
+def slot_data(inc: int, seq: int) -> np.ndarray:
+    """A slot's bytes for batch `seq` of sender incarnation `inc`: 64-bit words that say whose
+    they are (inc << 56 | seq << 16 | word index), so bytes that arrive wrong tell where they
+    came from."""
+    i = np.arange(SLOT // 8, dtype=np.uint64)
+    return ((np.uint64(inc & 0xFF) << np.uint64(56)) | (np.uint64(seq) << np.uint64(16)) | i).view(np.uint8)
+
+
+def explain(got: np.ndarray) -> str:
+    """Whose words `got` (bytes that differ, at least 16) holds: tries the 8 alignments."""
+    if not got.any():
+        return "zeros"
+    for k in range(8):
+        w = got[k : k + 16]
+        if len(w) < 16:
+            break
+        a, b = w.view(np.uint64).tolist()
+        if b == a + 1 and (a & 0xFFFF) < SLOT // 8:
+            return f"inc {a >> 56} seq {(a >> 16) & ((1 << 40) - 1)} word {a & 0xFFFF} (shift {k})"
+    return "unrecognised: " + got[:24].tobytes().hex()
 
 
 def make_ops(rng: random.Random, slot: int):
@@ -68,6 +92,7 @@ class Receiver(Base):
         super().__init__(a, "receiver", 5000)
         self.watch = Watch(a.rundir, f"{a.pair}.sender")
         self.sender = None
+        self.last = {}  # slot -> (inc, seq) of the last batch checked OK there
 
     def run(self) -> None:
         self.rep.run_ticks()
@@ -83,15 +108,26 @@ class Receiver(Base):
                 m = json.loads(msg)
                 name = f"{m['inc']}.{m['s']}"
                 self.rep.start(name)
-                want = pattern(SLOT, self.a.run, m["s"])
+                want = slot_data(m["inc"], m["s"])
                 bad = 0
-                for lo, ro, size in m["ops"]:
+                notes = []
+                for j, (lo, ro, size) in enumerate(m["ops"]):
                     x = lo - m["slot"] * SLOT
-                    bad += int(np.count_nonzero(self.buf[ro : ro + size] != want[x : x + size]))
+                    diff = np.nonzero(self.buf[ro : ro + size] != want[x : x + size])[0]
+                    bad += len(diff)
+                    if len(diff):
+                        first, last = int(diff[0]), int(diff[-1])
+                        notes.append(f"op {j} of {len(m['ops'])} (size {size}, at {ro}): bytes {first}..{last} "
+                                     f"differ, {len(diff)} of them; they hold "
+                                     f"{explain(self.buf[ro + first : ro + last + 1])}")
                     self.rep.count("verified_bytes", size)
                 if bad:
                     self.rep.count("corrupt_bytes", bad)
-                    sys.stderr.write(f"soak: batch {name}: {bad} bytes differ\n")
+                    prev = self.last.get(m["slot"])
+                    sys.stderr.write(f"soak: batch {name}: {bad} bytes differ (slot {m['slot']}, last checked "
+                                     f"there: {prev}, now {time.time():.3f}); " + "; ".join(notes) + "\n")
+                else:
+                    self.last[m["slot"]] = (m["inc"], m["s"])
                 self.rep.end(name, "CORRUPT" if bad else "OK")
                 try:
                     self.engine.notify(sender, json.dumps({"s": m["s"], "bad": bad}))
@@ -140,7 +176,7 @@ class Sender(Base):
         self.next_ms = t + 1000.0 / self.a.rate
         self.seq += 1
         seq = self.seq
-        self.buf[slot * SLOT : (slot + 1) * SLOT] = pattern(SLOT, self.a.run, seq)
+        self.buf[slot * SLOT : (slot + 1) * SLOT] = slot_data(self.a.inc, seq)
         ops = make_ops(self.rng, slot)
         note = json.dumps({"s": seq, "slot": slot, "inc": self.a.inc, "ops": ops})
         self.slot_free_at[slot] = float("inf")
@@ -173,8 +209,11 @@ class Sender(Base):
                     self.rep.end(str(seq), code)
                     self.release(entry, QUARANTINE_MS)
                     del self.reqs[seq]
+                    sys.stderr.write(f"soak: batch {self.a.inc}.{seq} slot {entry[1]} failed {code} at "
+                                     f"{time.time():.3f} (receiver #{entry[3]}, now #{self.peer_inc})\n")
             elif state == "ack" and t - entry[2] > ACK_DEADLINE_MS:
                 self.rep.end(str(seq), "NO_ACK")  # the slot waits for the ack, or a quarantine
+                sys.stderr.write(f"soak: batch {self.a.inc}.{seq} slot {entry[1]} no ack at {time.time():.3f}\n")
                 entry[4] = "late"
                 self.release(entry, QUARANTINE_MS)
             elif state == "late" and (entry[3] != self.peer_inc or t - entry[2] > QUARANTINE_MS):
