@@ -15,6 +15,16 @@
 
 namespace ferry::internal::auth {
 
+std::string TargetProof(std::string_view secret, std::string_view label, std::string_view initiator_nonce,
+                        std::string_view target_nonce, std::string_view initiator, std::string_view target) {
+  return Mac(secret, std::string(label) + ": target", {initiator_nonce, target_nonce, target, initiator});
+}
+
+std::string InitiatorProof(std::string_view secret, std::string_view label, std::string_view initiator_nonce,
+                           std::string_view target_nonce, std::string_view initiator, std::string_view target) {
+  return Mac(secret, std::string(label) + ": initiator", {target_nonce, initiator_nonce, initiator, target});
+}
+
 Result<std::string> Nonce() {
   std::string n(kNonceBytes, '\0');
   if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1)

@@ -29,6 +29,16 @@ Result<std::string> Nonce();
 // two lists of parts give the same input).
 std::string Mac(std::string_view secret, std::string_view label, std::initializer_list<std::string_view> parts);
 
+// The two proofs of a handshake between engines `initiator` and `target` (their keys), over
+// both nonces and both keys, so that a proof made for one pair of keys fails for any other:
+// the key a target sees is the key the initiator proved the secret under. `label` names the
+// transport's handshake ("ferry ucx door", "ferry shm"); each side's proof adds its role to it
+// (": target", ": initiator"), so that neither proof can stand in for the other.
+std::string TargetProof(std::string_view secret, std::string_view label, std::string_view initiator_nonce,
+                        std::string_view target_nonce, std::string_view initiator, std::string_view target);
+std::string InitiatorProof(std::string_view secret, std::string_view label, std::string_view initiator_nonce,
+                           std::string_view target_nonce, std::string_view initiator, std::string_view target);
+
 // Compares in time independent of where they differ.
 bool MacEqual(std::string_view a, std::string_view b);
 

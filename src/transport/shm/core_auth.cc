@@ -12,14 +12,16 @@
 namespace ferry::internal::shm {
 namespace {
 
+constexpr std::string_view kProofLabel = "ferry shm";
+
 std::string TargetProof(std::string_view secret, std::string_view nonce, std::string_view target_nonce,
                         std::string_view initiator, std::string_view target) {
-  return auth::Mac(secret, "ferry shm: target", {nonce, target_nonce, target, initiator});
+  return auth::TargetProof(secret, kProofLabel, nonce, target_nonce, initiator, target);
 }
 
 std::string InitiatorProof(std::string_view secret, std::string_view nonce, std::string_view target_nonce,
                            std::string_view initiator, std::string_view target) {
-  return auth::Mac(secret, "ferry shm: initiator", {target_nonce, nonce, initiator, target});
+  return auth::InitiatorProof(secret, kProofLabel, nonce, target_nonce, initiator, target);
 }
 
 }  // namespace

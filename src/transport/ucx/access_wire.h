@@ -3,8 +3,9 @@
 // peers reach only through staged messages, or "am" for host memory with an access list, which
 // peers reach only through active messages that the target checks (no remote key is made)].
 // The key is the region's secret: every message that reaches the region carries it
-// (am_wire.h). An initiator that predates "am" fails to unpack it as a remote key (an error,
-// not an access) and only tries where it uses RMA (RDMA).
+// (am_wire.h). An initiator that predates "am" would take it for a packed remote key where it
+// uses RMA (RDMA): allowed peers of a restricted region are upgraded with its owner
+// (docs/security.md).
 //
 // Thread safety: pure functions.
 #pragma once

@@ -63,12 +63,14 @@ std::string EncodeProof(const Proof& p) {
   return Frame(w.Take());
 }
 
+constexpr std::string_view kProofLabel = "ferry ucx door";
+
 std::string TargetProof(std::string_view secret, const Hello& hello, std::string_view target_nonce) {
-  return auth::Mac(secret, "ferry ucx door: target", {hello.nonce, target_nonce, hello.to_key, hello.from_key});
+  return auth::TargetProof(secret, kProofLabel, hello.nonce, target_nonce, hello.from_key, hello.to_key);
 }
 
 std::string InitiatorProof(std::string_view secret, const Hello& hello, std::string_view target_nonce) {
-  return auth::Mac(secret, "ferry ucx door: initiator", {target_nonce, hello.nonce, hello.from_key, hello.to_key});
+  return auth::InitiatorProof(secret, kProofLabel, hello.nonce, target_nonce, hello.from_key, hello.to_key);
 }
 
 Result<size_t> DoorFrameFields(std::string_view frame) {

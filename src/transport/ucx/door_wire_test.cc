@@ -4,6 +4,8 @@
 
 #include <random>
 
+#include "base/auth.h"
+
 namespace ferry::internal::ucx {
 namespace {
 
@@ -79,6 +81,20 @@ TEST(DoorWire, ChallengesAndProofsRoundTripAndMalformedOnesAreRefused) {
   EXPECT_EQ(DecodeProof(EncodeProof(Proof{"m"})).status().code(), Code::kInvalidArgument);
   EXPECT_EQ(DecodeProof(EncodeChallenge(c)).status().code(), Code::kInvalidArgument);  // wrong shape
   EXPECT_EQ(DecodeChallenge(EncodeHello(h)).status().code(), Code::kInvalidArgument);
+}
+
+// The proofs come from base/auth.h's shared helper; their bytes are the ones peers already
+// send (the MAC over the door's labels and both keys), so old and new engines still agree.
+TEST(DoorWire, ProofsBindBothKeysAndKeepTheirBytes) {
+  const Hello h{"prefill", "decode", 1, "w", std::string(32, 'i')};
+  const std::string tn(32, 't'), secret = "secret-0123456789";
+  EXPECT_EQ(TargetProof(secret, h, tn), auth::Mac(secret, "ferry ucx door: target", {h.nonce, tn, h.to_key, h.from_key}));
+  EXPECT_EQ(InitiatorProof(secret, h, tn),
+            auth::Mac(secret, "ferry ucx door: initiator", {tn, h.nonce, h.from_key, h.to_key}));
+  Hello other = h;
+  other.from_key = "impostor";  // a holder of the secret claiming another key
+  EXPECT_NE(InitiatorProof(secret, other, tn), InitiatorProof(secret, h, tn));
+  EXPECT_NE(TargetProof(secret, other, tn), TargetProof(secret, h, tn));
 }
 
 TEST(DoorWire, RandomBytesNeverCrash) {
