@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "base/tsan.h"
 #include "cuda/runtime.h"
 #include "ferry/engine.h"
 #include "ferry/metrics.h"
@@ -90,11 +91,16 @@ Status Read(const Session& s) {
   return s.Read(0, 0, kBytes, o).Wait();
 }
 
+// Whether every byte of a region is `v`. Bytes that UCX writes for another process (a child, a
+// raw client) are ordered with this read by messages TSan cannot see (pipes to children,
+// sockets): the read acquires what came before and releases to what the next message brings.
 bool All(const void* p, uint8_t v) {
+  FERRY_TSAN_WIRE_ACQUIRE();
   const auto* b = static_cast<const uint8_t*>(p);
-  for (uint64_t i = 0; i < kBytes; ++i)
-    if (b[i] != v) return false;
-  return true;
+  bool all = true;
+  for (uint64_t i = 0; i < kBytes && all; ++i) all = b[i] == v;
+  FERRY_TSAN_WIRE_RELEASE();
+  return all;
 }
 
 // Parameters: the transport, and whether the engines share a secret.
@@ -276,6 +282,7 @@ TEST_P(AccessListUcxRaw, RequestsThatSkipTheCheckAreRefusedOneByOne) {
   ok.WaitAcks(1, 3s);
   ASSERT_EQ(ok.acks().size(), 1u);
   EXPECT_EQ(ok.acks()[0].code, 0);
+  FERRY_TSAN_WIRE_ACQUIRE();  // the ack left after the bytes landed (Shard::Send releases)
   EXPECT_EQ(target.closed_bytes()[0], 0xab);
   EXPECT_EQ(target.closed_bytes()[payload.size()], 0x77);
   EXPECT_EQ(target.engine->stats().access_denied, requests.size() + 1);
