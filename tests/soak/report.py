@@ -9,7 +9,7 @@ import time
 # the soak's requests issued, succeeded and failed.
 INITIATORS = ("kvw.consumer", "kvr.producer", "batch.sender", "embed.client")
 SUMMED = ("issued", "ok", "failed", "verified_bytes", "corrupt_bytes", "ended_twice", "double_free",
-          "blocks_mismatch", "engine_retries")
+          "blocks_mismatch", "engine_retries", "finished_not_begun")
 
 
 class Tally:
@@ -113,6 +113,7 @@ class Tally:
             "tracebacks_in_logs": self.log_tracebacks,
             "faults": dict(self.faults),
             "engine_start_retries": sum(r["engine_retries"] for r in roles.values()),
+            "finished_not_begun": sum(r["finished_not_begun"] for r in roles.values()),
             "netem": netem_reason or "on",
             "in_flight_in_killed_processes": lost,
             "drain_s": round(self.drain_s, 1),
@@ -134,7 +135,7 @@ def render(r: dict) -> str:
     for k in ("requests_issued", "requests_succeeded", "requests_failed_reported", "failed_by_code",
               "requests_hung", "workers_stalled", "unexpected_exits", "workers_without_final_report",
               "ended_twice", "blocks_leaked", "blocks_freed_twice", "blocks_mismatched", "bytes_verified",
-              "bytes_corrupted", "corruption_lines_in_logs", "tracebacks_in_logs", "faults", "engine_start_retries", "netem",
+              "bytes_corrupted", "corruption_lines_in_logs", "tracebacks_in_logs", "faults", "engine_start_retries", "finished_not_begun", "netem",
               "in_flight_in_killed_processes", "drain_s", "resource_margin"):
         lines.append(f"  {k:32} {r[k]}")
     for role, s in r["resources"].items():

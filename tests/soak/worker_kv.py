@@ -13,6 +13,7 @@ again by each new incarnation (after a kill -9 the driver starts a new one).
 """
 
 import argparse
+import collections
 import json
 import os
 import random
@@ -95,6 +96,7 @@ class Worker:
             transfer_timeout_ms=8000, deferred_write_timeout_ms=8000, abort_timeout_ms=10000,
             liveness_interval_ms=500, handshake_timeout_ms=3000)
         self.pool = BlockPool(N, self.rep)
+        self.ended = collections.deque(maxlen=4096)  # requests that ended here, latest last
         self.reqs = {}  # request -> (blocks, ntok, started_ms, aborted)
         self.peer_key = None
         other = "consumer" if a.role == "producer" else "producer"
@@ -138,8 +140,10 @@ class Worker:
             except ferry.Error:
                 pass
             return
+        sys.stderr.write(f"soak: {req}: {e.code} ({e.message}) before the connector held it; ended here\n")
         self.reqs.pop(req, None)
         self.rep.end(req, e.code)
+        self.ended.append(req)
         self.pool.give(blocks)
 
     def issue(self) -> None:
@@ -225,9 +229,14 @@ class Worker:
         for f in self.conn.wait_finished(timeout_ms):
             entry = self.reqs.pop(f.request, None)
             if entry is None:
-                self.rep.count("ended_twice")
-                sys.stderr.write(f"soak: {f!r} ended again (or was never begun here)\n")
+                if f.request in self.ended:
+                    self.rep.count("ended_twice")
+                    sys.stderr.write(f"soak: {f!r} ended again\n")
+                else:  # a producer learns a request from the consumer's allocation: told it ended
+                    self.rep.count("finished_not_begun")
+                    sys.stderr.write(f"soak: {f!r} was not begun here\n")
                 continue
+            self.ended.append(f.request)
             blocks, ntok = entry[0], entry[1]
             if list(f.blocks) != list(blocks):
                 self.rep.count("blocks_mismatch")
