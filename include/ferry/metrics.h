@@ -61,6 +61,7 @@ struct MetricsSnapshot {
   uint64_t dropped_notifications = 0;  // EngineStats::dropped_notifications
   uint64_t rejected_messages = 0;      // EngineStats::rejected_messages
   uint64_t auth_failures = 0;          // EngineStats::auth_failures
+  uint64_t connections_refused = 0;    // EngineStats::connections_refused
   uint64_t access_denied = 0;          // EngineStats::access_denied
 };
 

@@ -54,6 +54,10 @@ struct EngineStats {
   // Connections refused because the peer did not prove that it holds EngineOptions::secret
   // (no proof, a wrong one, a replayed one).
   uint64_t auth_failures = 0;
+  // Connections refused at accept because the transport already held its limit of connections
+  // (ShmOptions::max_connections, UcxOptions::max_connections), and handshakes that a full
+  // listener dropped before they finished. The peer sees its connect fail and may retry.
+  uint64_t connections_refused = 0;
   // Notifications from peers that this engine refused (backlog full, too big) and dropped.
   uint64_t dropped_notifications = 0;
   // Ops of posted batches that joined the op before them and travelled as part of it

@@ -197,6 +197,7 @@ EngineStats EngineCore::stats() const {
   for (const auto& t : transports_) {
     s.rejected_messages += t->rejected_messages();
     s.auth_failures += t->auth_failures();
+    s.connections_refused += t->connections_refused();
   }
   cuda::AddTo(copy_engines_->stats(), &s);
   s.rejected_messages += inbox_->rejected();  // notification frames that did not decode
@@ -229,6 +230,7 @@ MetricsSnapshot EngineCore::metrics_snapshot() const {
   m.dropped_notifications = s.dropped_notifications;
   m.rejected_messages = s.rejected_messages;
   m.auth_failures = s.auth_failures;
+  m.connections_refused = s.connections_refused;
   m.access_denied = s.access_denied;
   return m;
 }

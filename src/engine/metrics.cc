@@ -223,6 +223,8 @@ std::string RenderPrometheus(const MetricsSnapshot& m) {
         m.rejected_messages);
   gauge("ferry_auth_failures_total", "counter", "connections refused: the peer did not prove the deployment's secret",
         m.auth_failures);
+  gauge("ferry_connections_refused_total", "counter",
+        "connections refused at accept: the transport held its limit of connections", m.connections_refused);
   gauge("ferry_access_denied_total", "counter", "requests refused: the peer is not on the region's access list",
         m.access_denied);
   return out;

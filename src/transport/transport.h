@@ -114,6 +114,9 @@ class Transport {
   virtual uint64_t rejected_messages() const { return 0; }
   // Connections refused because the peer did not prove the deployment's secret.
   virtual uint64_t auth_failures() const { return 0; }
+  // Connections refused at accept because the transport held its limit of connections (and
+  // pending handshakes dropped by a full listener).
+  virtual uint64_t connections_refused() const { return 0; }
   // Ends every connection that peer `key` made to this engine, so that nothing it sent before
   // the call (data still queued in a link that was cut, say) is applied to this engine's memory
   // afterwards; its later requests come over a new connection. By `deadline`. The default is
