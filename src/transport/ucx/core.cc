@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 
 #include <cstdio>
@@ -41,6 +42,44 @@ std::string ReadUcxTls() {
   return tls;
 }
 
+// UCX (1.13) lists its network devices once, when the context is made, and keeps only the
+// interfaces that are up and running then (as ucs_netif_is_active decides); one that comes up
+// later is never added. An engine made while the interface holding listen_host is down would
+// be created without error and stay unreachable for its whole life (peers' endpoints back to it
+// fail with "Destination is unreachable"). Refuse it with kUnavailable instead, so that a
+// supervisor retries once the link is up. Only an address this host holds is checked: a
+// wildcard or a name left to the resolver is not.
+Status CheckListenLink(const std::string& listen_host) {
+  std::string host = listen_host;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  in_addr v4{};
+  in6_addr v6{};
+  const bool is4 = inet_pton(AF_INET, host.c_str(), &v4) == 1;
+  const bool is6 = !is4 && inet_pton(AF_INET6, host.c_str(), &v6) == 1;
+  if (!is4 && !is6) return Status::Ok();
+  if ((is4 && v4.s_addr == htonl(INADDR_ANY)) || (is6 && IN6_IS_ADDR_UNSPECIFIED(&v6))) return Status::Ok();
+  ifaddrs* ifs = nullptr;
+  if (getifaddrs(&ifs) != 0) return Status::Ok();  // cannot tell; the door's bind decides
+  std::string down;
+  bool active = false;
+  for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    bool match = false;
+    if (is4 && i->ifa_addr->sa_family == AF_INET)
+      match = reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == v4.s_addr;
+    if (is6 && i->ifa_addr->sa_family == AF_INET6)
+      match = memcmp(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, &v6, sizeof(v6)) == 0;
+    if (!match) continue;
+    if ((i->ifa_flags & IFF_UP) && (i->ifa_flags & IFF_RUNNING)) active = true;
+    else if (down.empty()) down = i->ifa_name;
+  }
+  freeifaddrs(ifs);
+  if (active || down.empty()) return Status::Ok();
+  return Status(Code::kUnavailable, "ucx.listen_host " + listen_host + " is on network interface " + down +
+                                        ", which is down (no carrier or not up); UCX picks its devices when the "
+                                        "engine is made and would never use it: retry once the link is up");
+}
+
 }  // namespace
 
 Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx, std::unique_ptr<StageCopier> copier) {
@@ -58,6 +97,7 @@ Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx, std::uni
   if (o.connect_timeout <= std::chrono::milliseconds(0) || o.connect_timeout > std::chrono::hours(1))
     return Status(Code::kInvalidArgument, "ucx.connect_timeout must be in (0, 1 h]");
   FERRY_ASSIGN_OR_RETURN(std::string secret, auth::LoadSecret(ctx.options->secret, ctx.options->secret_file));
+  FERRY_RETURN_IF_ERROR(CheckListenLink(o.listen_host));
   std::shared_ptr<Core> core(new Core());
   core->secret_ = std::move(secret);
   core->engine_key_ = ctx.engine_key;
