@@ -6,9 +6,12 @@ The sender's region and the receiver's are SLOTS slots of SLOT bytes; a batch st
 slot, whose bytes are slot_data(incarnation, seq): words that name their batch, so bytes that
 arrive wrong say which batch they came from (the sender logs its failed batches). A slot is
 reused only after the receiver acknowledged it, a new receiver incarnation appeared (a fresh
-region), or, after a failed or unacknowledged batch, a quarantine of 15 s (a failed write may
-still sit in a cut link, and ferry promises no more without a fence; the link is never down
-for more than 4 s).
+region), or, after a failed or unacknowledged batch, a fence: a failed batch's pieces and its
+notification may still sit in a stalled link for any length of time (bench/results/soak.md,
+Diagnosis), and only the receiver's Engine.fence_peer ends that. The sender then stops issuing,
+lets its transfers end, asks the receiver to fence it ({"fence": n}, after every earlier
+notification on the same connection), and once the receiver answers {"fenced": n} opens a new
+session and frees the slots.
 """
 
 import argparse
@@ -26,7 +29,8 @@ from common import Reporter, Signals, Watch, make_engine, now_ms, publish
 SLOTS, SLOT = 16, 64 << 10
 XFER_DEADLINE_MS = 5000
 ACK_DEADLINE_MS = 10000
-QUARANTINE_MS = 15000
+FENCE_RETRY_MS = 10000  # ask again when the receiver has not answered a fence request
+FENCE_TIMEOUT_S = 5.0
 
 
 def slot_data(inc: int, seq: int) -> np.ndarray:
@@ -105,35 +109,58 @@ class Receiver(Base):
             if not got:
                 time.sleep(0.005)
             for sender, msg in got:
-                m = json.loads(msg)
-                name = f"{m['inc']}.{m['s']}"
-                self.rep.start(name)
-                want = slot_data(m["inc"], m["s"])
-                bad = 0
-                notes = []
-                for j, (lo, ro, size) in enumerate(m["ops"]):
-                    x = lo - m["slot"] * SLOT
-                    diff = np.nonzero(self.buf[ro : ro + size] != want[x : x + size])[0]
-                    bad += len(diff)
-                    if len(diff):
-                        first, last = int(diff[0]), int(diff[-1])
-                        notes.append(f"op {j} of {len(m['ops'])} (size {size}, at {ro}): bytes {first}..{last} "
-                                     f"differ, {len(diff)} of them; they hold "
-                                     f"{explain(self.buf[ro + first : ro + last + 1])}")
-                    self.rep.count("verified_bytes", size)
-                if bad:
-                    self.rep.count("corrupt_bytes", bad)
-                    prev = self.last.get(m["slot"])
-                    sys.stderr.write(f"soak: batch {name}: {bad} bytes differ (slot {m['slot']}, last checked "
-                                     f"there: {prev}, now {time.time():.3f}); " + "; ".join(notes) + "\n")
-                else:
-                    self.last[m["slot"]] = (m["inc"], m["s"])
-                self.rep.end(name, "CORRUPT" if bad else "OK")
-                try:
-                    self.engine.notify(sender, json.dumps({"s": m["s"], "bad": bad}))
-                except ferry.Error:
-                    self.rep.count("ack_failed")
+                self.handle(sender, msg)
         self.close()
+
+    def handle(self, sender: str, msg) -> None:
+        m = json.loads(msg)
+        if "fence" in m:
+            self.fence(sender, m["fence"])
+            return
+        name = f"{m['inc']}.{m['s']}"
+        self.rep.start(name)
+        want = slot_data(m["inc"], m["s"])
+        bad = 0
+        notes = []
+        for j, (lo, ro, size) in enumerate(m["ops"]):
+            x = lo - m["slot"] * SLOT
+            diff = np.nonzero(self.buf[ro : ro + size] != want[x : x + size])[0]
+            bad += len(diff)
+            if len(diff):
+                first, last = int(diff[0]), int(diff[-1])
+                notes.append(f"op {j} of {len(m['ops'])} (size {size}, at {ro}): bytes {first}..{last} "
+                             f"differ, {len(diff)} of them; they hold "
+                             f"{explain(self.buf[ro + first : ro + last + 1])}")
+            self.rep.count("verified_bytes", size)
+        if bad:
+            self.rep.count("corrupt_bytes", bad)
+            prev = self.last.get(m["slot"])
+            sys.stderr.write(f"soak: batch {name}: {bad} bytes differ (slot {m['slot']}, last checked "
+                             f"there: {prev}, now {time.time():.3f}); " + "; ".join(notes) + "\n")
+        else:
+            self.last[m["slot"]] = (m["inc"], m["s"])
+        self.rep.end(name, "CORRUPT" if bad else "OK")
+        try:
+            self.engine.notify(sender, json.dumps({"s": m["s"], "bad": bad}))
+        except ferry.Error:
+            self.rep.count("ack_failed")
+
+    def fence(self, sender: str, n: int) -> None:
+        """Ends the sender's connections, so that nothing of its failed batches lands after this
+        (every earlier notification on them was checked above), then says so."""
+        try:
+            self.engine.fence_peer(sender, timeout_s=FENCE_TIMEOUT_S)
+        except ferry.Error:
+            self.rep.count("fence_failed")  # the sender asks again
+            return
+        self.rep.count("fences")
+        # What arrived before the fence is checked before the sender may reuse a slot.
+        for s2, msg in self.engine.pop_notifications():
+            self.handle(s2, msg)
+        try:
+            self.engine.notify(sender, json.dumps({"fenced": n}))
+        except ferry.Error:
+            self.rep.count("ack_failed")
 
 
 class Sender(Base):
@@ -141,7 +168,9 @@ class Sender(Base):
         super().__init__(a, "sender", XFER_DEADLINE_MS + ACK_DEADLINE_MS)
         self.watch = Watch(a.rundir, f"{a.pair}.receiver")
         self.rng = random.Random(f"{a.seed}/{a.pair}/sender/{a.inc}")
-        self.session, self.peer_inc, self.peer_key = None, None, None
+        self.session, self.peer_inc, self.peer_key, self.peer_mem = None, None, None, None
+        self.dirty = set()  # slots of failed batches, free again once the receiver fenced
+        self.fence_n, self.fence_at, self.fencing = 0, 0.0, set()
         self.slot_free_at = [0.0] * SLOTS  # ms; inf while busy
         self.reqs = {}  # seq -> [transfer, slot, started, peer_inc, state]
         self.seq, self.next_ms = 0, 0.0
@@ -152,7 +181,8 @@ class Sender(Base):
             return
         try:
             self.engine.add_peer(bytes.fromhex(rec["engine"]))
-            self.session = self.engine.open_session(self.desc, ferry.MemoryDesc.unpack(bytes.fromhex(rec["mem"])))
+            mem = ferry.MemoryDesc.unpack(bytes.fromhex(rec["mem"]))
+            self.session = self.engine.open_session(self.desc, mem)
         except ferry.Error:
             self.rep.count("errors_raised")
             self.session = None
@@ -162,14 +192,15 @@ class Sender(Base):
                 self.engine.remove_peer(self.peer_key)
             except ferry.Error:
                 pass
-        self.peer_key, self.peer_inc = rec["key"], rec["inc"]
+        self.peer_key, self.peer_inc, self.peer_mem = rec["key"], rec["inc"], mem
         self.slot_free_at = [0.0] * SLOTS  # a fresh region: nothing old can land in it
+        self.dirty, self.fencing, self.fence_at = set(), set(), 0.0
         self.rep.count("peers_learnt")
 
     def issue(self) -> None:
         t = now_ms()
-        if self.rep.draining or self.session is None or t < self.next_ms:
-            return
+        if self.rep.draining or self.session is None or t < self.next_ms or self.dirty or self.fencing:
+            return  # while a fence is due, no new batch: its transfers would only fail
         slot = next((i for i, f in enumerate(self.slot_free_at) if f <= t), None)
         if slot is None:
             return
@@ -184,17 +215,57 @@ class Sender(Base):
         xfer = self.session.write_batch(np.array(ops, np.uint64), deadline_ms=XFER_DEADLINE_MS, notification=note)
         self.reqs[seq] = [xfer, slot, t, self.peer_inc, "xfer"]
 
-    def release(self, entry, after_ms: float) -> None:
+    def release(self, entry) -> None:
         if entry[3] == self.peer_inc:
-            self.slot_free_at[entry[1]] = now_ms() + after_ms
+            self.slot_free_at[entry[1]] = 0.0
+
+    def taint(self, entry) -> None:
+        """The slot of a failed or unacknowledged batch: busy until the receiver fenced."""
+        if entry[3] == self.peer_inc:
+            self.dirty.add(entry[1])
+
+    def fence(self) -> None:
+        """Asks for a fence once every transfer has ended (so the fence ends no live batch)."""
+        t = now_ms()
+        if not (self.dirty or self.fencing) or self.peer_key is None:
+            return
+        if any(e[4] == "xfer" for e in self.reqs.values()):
+            return
+        if self.fencing and t - self.fence_at < FENCE_RETRY_MS:
+            return
+        self.fence_n += 1
+        self.fencing |= self.dirty
+        self.dirty = set()
+        self.fence_at = t
+        try:
+            self.engine.notify(self.peer_key, json.dumps({"fence": self.fence_n}))
+            self.rep.count("fence_requests")
+        except ferry.Error:
+            self.rep.count("fence_request_failed")  # asked again after FENCE_RETRY_MS
+
+    def fenced(self, n: int) -> None:
+        if n != self.fence_n or not self.fencing:
+            return  # an answer to a request asked again since
+        try:
+            self.session = self.engine.open_session(self.desc, self.peer_mem)
+        except ferry.Error:
+            self.rep.count("errors_raised")
+            return  # the slots stay busy; the next request fences again
+        for slot in self.fencing:
+            self.slot_free_at[slot] = 0.0
+        self.fencing = set()
 
     def poll(self) -> None:
         for sender, msg in self.engine.pop_notifications():
             m = json.loads(msg)
+            if "fenced" in m:
+                self.fenced(m["fenced"])
+                continue
             entry = self.reqs.get(m["s"])
             if entry is None:
                 continue
-            self.release(entry, 0)
+            if entry[4] != "late":  # a late one's slot waits for the fence asked for it
+                self.release(entry)
             if entry[4] != "late":  # an ack may overtake the sender's look at the transfer
                 self.rep.end(str(m["s"]), "CORRUPT" if m["bad"] else "OK")
             del self.reqs[m["s"]]
@@ -207,7 +278,7 @@ class Sender(Base):
                     entry[4] = "ack"
                 else:
                     self.rep.end(str(seq), code)
-                    self.release(entry, QUARANTINE_MS)
+                    self.taint(entry)
                     del self.reqs[seq]
                     sys.stderr.write(f"soak: batch {self.a.inc}.{seq} slot {entry[1]} failed {code} at "
                                      f"{time.time():.3f} (receiver #{entry[3]}, now #{self.peer_inc})\n")
@@ -215,8 +286,8 @@ class Sender(Base):
                 self.rep.end(str(seq), "NO_ACK")  # the slot waits for the ack, or a quarantine
                 sys.stderr.write(f"soak: batch {self.a.inc}.{seq} slot {entry[1]} no ack at {time.time():.3f}\n")
                 entry[4] = "late"
-                self.release(entry, QUARANTINE_MS)
-            elif state == "late" and (entry[3] != self.peer_inc or t - entry[2] > QUARANTINE_MS):
+                self.taint(entry)
+            elif state == "late" and (entry[3] != self.peer_inc or t - entry[2] > ACK_DEADLINE_MS + FENCE_RETRY_MS):
                 del self.reqs[seq]
 
     def run(self) -> None:
@@ -225,6 +296,7 @@ class Sender(Base):
             self.follow()
             self.issue()
             self.poll()
+            self.fence()
             time.sleep(0.002)
         self.close()
 
