@@ -170,7 +170,7 @@ class Sender(Base):
         self.rng = random.Random(f"{a.seed}/{a.pair}/sender/{a.inc}")
         self.session, self.peer_inc, self.peer_key, self.peer_mem = None, None, None, None
         self.dirty = set()  # slots of failed batches, free again once the receiver fenced
-        self.fence_n, self.fence_at, self.fencing = 0, 0.0, set()
+        self.fence_n, self.fence_at, self.fencing, self.fenced_n = 0, 0.0, set(), 0
         self.slot_free_at = [0.0] * SLOTS  # ms; inf while busy
         self.reqs = {}  # seq -> [transfer, slot, started, peer_inc, state]
         self.seq, self.next_ms = 0, 0.0
@@ -229,6 +229,8 @@ class Sender(Base):
         t = now_ms()
         if not (self.dirty or self.fencing) or self.peer_key is None:
             return
+        if self.fencing and self.fenced_n == self.fence_n:
+            return self.reopen()
         if any(e[4] == "xfer" for e in self.reqs.values()):
             return
         if self.fencing and t - self.fence_at < FENCE_RETRY_MS:
@@ -244,8 +246,16 @@ class Sender(Base):
             self.rep.count("fence_request_failed")  # asked again after FENCE_RETRY_MS
 
     def fenced(self, n: int) -> None:
-        if n != self.fence_n or not self.fencing:
-            return  # an answer to a request asked again since
+        if n == self.fence_n and self.fencing:  # else an answer to a request asked again since
+            self.fenced_n = n
+            self.reopen()
+
+    def reopen(self) -> None:
+        """After the fence: a new session on a new connection, then the slots are free. The old
+        connection is seen closed (its control socket) a moment after the fence; a session
+        opened before that would get the fenced connection again."""
+        if self.session is not None and self.session.connected and now_ms() - self.fence_at < FENCE_RETRY_MS:
+            return
         try:
             self.session = self.engine.open_session(self.desc, self.peer_mem)
         except ferry.Error:
@@ -283,7 +293,7 @@ class Sender(Base):
                     sys.stderr.write(f"soak: batch {self.a.inc}.{seq} slot {entry[1]} failed {code} at "
                                      f"{time.time():.3f} (receiver #{entry[3]}, now #{self.peer_inc})\n")
             elif state == "ack" and t - entry[2] > ACK_DEADLINE_MS:
-                self.rep.end(str(seq), "NO_ACK")  # the slot waits for the ack, or a quarantine
+                self.rep.end(str(seq), "NO_ACK")  # its slot waits for a fence
                 sys.stderr.write(f"soak: batch {self.a.inc}.{seq} slot {entry[1]} no ack at {time.time():.3f}\n")
                 entry[4] = "late"
                 self.taint(entry)
