@@ -176,6 +176,47 @@ TEST(UcxDoor, IdleConnectionsDoNotLockPeersOut) {
   EXPECT_EQ(closed, static_cast<int>(idle.size())) << "idle connections were kept past the handshake timeout";
 }
 
+// Refusals for want of room are counted (EngineStats::connections_refused): a hello past
+// ucx.max_connections is refused with kResourceExhausted, and a flood of connections that never
+// finish the handshake past ucx.max_pending_handshakes drops the oldest.
+TEST(UcxDoor, RefusalsPastTheLimitsAreCounted) {
+  UcxOptions ucx;
+  ucx.max_pending_handshakes = 4;
+  ucx.max_connections = 1;
+  ucx.handshake_timeout = 5s;
+  Local l = MakeLocal(4096, "target", ucx);
+  EXPECT_EQ(l.engine->stats().connections_refused, 0u);
+  Local first = MakeLocal(4096, "first");
+  Local second = MakeLocal(4096, "second");
+  ASSERT_TRUE(first.engine->AddPeer(l.engine->Describe()).ok());
+  ASSERT_TRUE(second.engine->AddPeer(l.engine->Describe()).ok());
+  auto in = first.engine->OpenSession(first.desc, l.desc);
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  ASSERT_TRUE(in->Write(0, 0, 4096).Wait().ok());
+  const uint64_t connections = l.engine->stats().connections_refused;
+  auto out = second.engine->OpenSession(second.desc, l.desc);
+  ASSERT_FALSE(out.ok()) << "a connection past ucx.max_connections was admitted";
+  EXPECT_EQ(out.status().code(), Code::kResourceExhausted) << out.status().ToString();
+  EXPECT_GT(l.engine->stats().connections_refused, connections);
+
+  const uint64_t before = l.engine->stats().connections_refused;
+  const uint16_t port = PortOf(l.engine->Describe().addresses.front());
+  std::vector<int> idle;
+  for (int i = 0; i < 20; ++i) {
+    int fd = ConnectTcp(port);
+    if (fd >= 0) idle.push_back(fd);
+  }
+  ASSERT_EQ(idle.size(), 20u);
+  // The door accepts on its own thread: 20 idle handshakes, 4 kept, at least 16 dropped.
+  const uint64_t want = before + idle.size() - ucx.max_pending_handshakes;
+  for (auto until = Clock::now() + 5s; Clock::now() < until && l.engine->stats().connections_refused < want;)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_GE(l.engine->stats().connections_refused, want);
+  // Refusals that are not for want of room (a silent peer at the timeout) are not counted here.
+  EXPECT_LE(l.engine->stats().connections_refused, want + 1);
+  for (int fd : idle) close(fd);
+}
+
 // A hello whose worker address is not of this UCX's format (random bytes crashed UCX 1.13's
 // address parser in most cases) is refused before UCX sees it.
 TEST(UcxDoor, WorkerAddressesOfAnotherFormatAreRefused) {

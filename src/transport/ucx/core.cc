@@ -213,6 +213,7 @@ Status Core::Listen() {
 
 uint64_t Core::refused_connections() const { return door_ ? door_->refused() : 0; }
 uint64_t Core::auth_failures() const { return door_ ? door_->auth_failures() : 0; }
+uint64_t Core::connections_refused() const { return door_ ? door_->limited() : 0; }
 
 Core::~Core() {
   Shutdown();

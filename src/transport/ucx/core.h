@@ -209,6 +209,8 @@ class Core : public std::enable_shared_from_this<Core> {
   uint64_t refused_connections() const;
   // Handshakes refused for want of a valid proof of the deployment's secret (door.h).
   uint64_t auth_failures() const;
+  // Connections the door refused for want of room (max_connections, max_pending_handshakes).
+  uint64_t connections_refused() const;
   bool authenticates() const { return !secret_.empty(); }
   uint16_t listen_port() const { return door_ ? door_->port() : 0; }
   // GPU memory staged through bounce buffers (staged.h).

@@ -222,6 +222,7 @@ void Door::Accept() {
         FERRY_LOG_WARN("ucx: accepting on port {} failed (#{}): {}", port_, accept_errors_,
                        os::ErrnoStatus("accept4", err).ToString());
       if (!pending_.empty()) {
+        limited_.fetch_add(1, std::memory_order_relaxed);
         Refuse(pending_.front().fd, "dropped to make room");
         pending_.erase(pending_.begin());
         continue;
@@ -230,6 +231,7 @@ void Door::Accept() {
       return;
     }
     if (pending_.size() >= options_.max_pending) {
+      limited_.fetch_add(1, std::memory_order_relaxed);
       Refuse(pending_.front().fd, "too many handshakes in progress; the oldest is dropped");
       pending_.erase(pending_.begin());
     }
@@ -352,6 +354,7 @@ void Door::Answer(Pending& p, const Hello& hello_in) {
     w.code = Code::kFailedPrecondition;
     w.message = "this is engine '" + options_.key + "', not '" + hello->to_key + "'";
   } else if (established_.size() >= options_.max_connections) {
+    limited_.fetch_add(1, std::memory_order_relaxed);
     w.code = Code::kResourceExhausted;
     w.message = "engine '" + options_.key + "' serves at most " + std::to_string(options_.max_connections) +
                 " connections (ucx.max_connections)";

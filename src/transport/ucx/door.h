@@ -67,6 +67,9 @@ class Door {
   size_t established() const { return established_count_.load(std::memory_order_relaxed); }
   // Handshakes refused for want of a valid proof of the secret (counted in refused() too).
   uint64_t auth_failures() const { return auth_failures_.load(std::memory_order_relaxed); }
+  // Connections refused for want of room: a hello past max_connections, and handshakes dropped
+  // past max_pending (counted in refused() too). EngineStats::connections_refused.
+  uint64_t limited() const { return limited_.load(std::memory_order_relaxed); }
 
  private:
   struct Pending {
@@ -105,6 +108,7 @@ class Door {
   std::atomic<size_t> pending_count_{0};
   std::atomic<size_t> established_count_{0};
   std::atomic<uint64_t> auth_failures_{0};
+  std::atomic<uint64_t> limited_{0};
 
   // Door thread only.
   std::vector<Pending> pending_;

@@ -379,6 +379,7 @@ class UcxTransport final : public Transport {
   }
   uint64_t rejected_messages() const override { return core_->rejected(); }
   uint64_t auth_failures() const override { return core_->auth_failures(); }
+  uint64_t connections_refused() const override { return core_->connections_refused(); }
   // Writes carried as active messages are refused once their connection is dropped. Native
   // RMA (RDMA verbs) is not: a cut RC link errs the peer's queue pair once its retries run out
   // (UCX_RC_TIMEOUT x UCX_RC_RETRY_COUNT), and nothing it posted lands after that.
