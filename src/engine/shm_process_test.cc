@@ -3,6 +3,7 @@
 // killed, stopped and restarted targets, notifications to a killed one): the fallback to ucx
 // for memory that is not shareable, initiators that die or stop, revocation on deregistration,
 // one-way notifications to a stopped receiver. Hostile peers: shm_hostile_test.cc.
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -128,6 +129,53 @@ TEST(ShmProcess, KilledInitiatorIsDropped) {
   ASSERT_TRUE(next);
   EXPECT_EQ(next->Command("write 0 0 4096"), "DONE OK");
   EXPECT_EQ(next->Command(HashCmd(0, 4096)), HashOf(l->data(), 4096));
+}
+
+
+// This process's open descriptors.
+int OpenDescriptors() {
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  int n = 0;
+  while (dirent* e = readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  closedir(d);
+  return n - 1;  // the directory's own
+}
+
+// The soak's finding: a peer killed and replaced while this engine was stopped left a socket
+// open here for good (an endpoint the engine keeps for the dead peer held the connection after
+// the I/O thread dropped it). Each round a child maps this engine's region (a connection to us)
+// and this engine notifies it (a connection from us), then the child is killed and never
+// removed as a peer: once the I/O thread saw the hang-ups, the descriptors are back to the start.
+TEST(ShmProcess, PeersKilledAndReplacedLeaveNoSocketOpen) {
+  EngineOptions only_shm;
+  only_shm.transports = {"shm"};
+  auto l = MakeLocal(4096, true, only_shm);
+  ASSERT_TRUE(l);
+  auto round = [&](int i) {
+    auto peer = PeerProcess::Start(4096, kSharedTarget);
+    ASSERT_TRUE(peer);
+    EXPECT_EQ(peer->Command("peer " + Hex(l->engine->Describe().Pack())), "OK");
+    EXPECT_EQ(peer->Command("open " + Hex(l->desc.Pack())), "SESSION shm");
+    EXPECT_EQ(peer->Command("write 0 0 4096"), "DONE OK");
+    ASSERT_TRUE(l->engine->AddPeer(peer->engine).ok());
+    ASSERT_TRUE(l->engine->Notify(peer->engine.key, "round " + std::to_string(i)).ok());
+    peer->Kill(SIGKILL);
+  };
+  auto settled = [&](int want) {
+    auto until = Clock::now() + std::chrono::seconds(5);
+    int n;
+    while ((n = OpenDescriptors()) > want && Clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return n;
+  };
+  round(0);  // descriptors made once (the child's pipes come and go; the engine's stay)
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const int start = OpenDescriptors();
+  ASSERT_GT(start, 0);
+  for (int i = 1; i <= 5; ++i) round(i);
+  EXPECT_LE(settled(start), start) << "descriptors left open by 5 killed peers";
 }
 
 }  // namespace

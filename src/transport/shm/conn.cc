@@ -8,18 +8,35 @@
 
 namespace ferry::internal::shm {
 
-Conn::~Conn() { os::Env::Current()->Close(fd_); }
+Conn::~Conn() {
+  if (fd_ >= 0) os::Env::Current()->Close(fd_);
+}
+
+void Conn::CloseSocket() {
+  // A Send in progress ends at once: the socket was shut down when the connection failed.
+  MutexLock send_lock(&send_mu_);
+  MutexLock lock(&fd_mu_);
+  if (fd_ < 0) return;
+  os::Env::Current()->Close(fd_);
+  fd_ = -1;
+}
 
 Status Conn::Send(const Header& h, std::string_view payload, std::span<const int> pass_fds) {
   if (failed()) return failure();
   std::string bytes = Encode(h, payload);
   MutexLock lock(&send_mu_);
+  if (fd_ < 0) return failure();
   return Sent(os::SendMessage(fd_, bytes, pass_fds, Deadline::After(send_timeout_)));
 }
 
 Status Conn::TrySend(const Header& h) {
   if (failed()) return failure();
-  Status s = os::SendMessage(fd_, Encode(h), {}, Deadline::After(Clock::duration::zero()));
+  Status s;
+  {
+    MutexLock lock(&fd_mu_);
+    if (fd_ < 0) return failure();
+    s = os::SendMessage(fd_, Encode(h), {}, Deadline::After(Clock::duration::zero()));
+  }
   if (s.code() == Code::kDeadlineExceeded) return Status(Code::kResourceExhausted, "the peer's socket is full");
   return Sent(std::move(s));
 }
@@ -51,7 +68,10 @@ void Conn::Fail(Status why) {
     tracked.swap(tracked_);
     slots.swap(slots_);
   }
-  shutdown(fd_, SHUT_RDWR);  // the I/O thread sees the hang-up and drops the connection
+  {
+    MutexLock lock(&fd_mu_);
+    if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);  // the I/O thread sees the hang-up and drops the connection
+  }
   ring_cv_.NotifyAll();
   for (auto& [token, w] : calls) w.reply(why, Header{}, -1, -1);
   for (auto& weak : tracked)
@@ -197,7 +217,8 @@ void Conn::WakePeer() {
   h.type = MsgType::kWake;
   // Without waiting: a full socket holds messages enough to wake the peer anyway, and a peer
   // that is gone is noticed by the I/O thread.
-  (void)os::SendMessage(fd_, Encode(h), {}, Deadline::After(Clock::duration::zero()));
+  MutexLock lock(&fd_mu_);
+  if (fd_ >= 0) (void)os::SendMessage(fd_, Encode(h), {}, Deadline::After(Clock::duration::zero()));
 }
 
 void Conn::RevokeSlot(uint64_t region) {

@@ -240,6 +240,20 @@ void Core::Accept() {
       Reject("connection from another user");
       continue;  // `fd` closes itself
     }
+    {
+      MutexLock lock(&mu_);
+      if (accepted_ >= options_.max_connections) {
+        // Refused at once (`fd` closes itself): the peer's next message finds the socket closed.
+        refused_.fetch_add(1, std::memory_order_relaxed);
+        if (!refusing_)
+          FERRY_LOG_WARN("shm: refusing connections: {} served already (ShmOptions::max_connections)",
+                         options_.max_connections);
+        refusing_ = true;  // logged once until a connection is admitted again
+        continue;
+      }
+      refusing_ = false;
+      ++accepted_;
+    }
     Add(std::make_shared<Conn>(fd->release(), Conn::Role::kTarget, "(unnamed)", kSendTimeout));
   }
 }
@@ -256,9 +270,12 @@ void Core::Drop(const std::shared_ptr<Conn>& conn, Status why) {
   {
     MutexLock lock(&mu_);
     mapped_.erase(conn.get());
-    std::erase(conns_, conn);
+    if (std::erase(conns_, conn) != 0 && conn->role() == Conn::Role::kTarget) --accepted_;
   }
   unmapped_cv_.NotifyAll();
+  // Whoever still holds the connection (an endpoint the engine keeps for a peer that died)
+  // holds no socket: one per peer killed and replaced would pile up until RLIMIT_NOFILE.
+  conn->CloseSocket();
 }
 
 void Core::Receive(const std::shared_ptr<Conn>& conn) {

@@ -57,11 +57,17 @@ class Conn {
   enum class Role : uint8_t { kInitiator, kTarget };
   Conn(int fd, Role role, std::string peer_key, Duration send_timeout)
       : fd_(fd), role_(role), peer_key_(std::move(peer_key)), send_timeout_(send_timeout) {}
-  ~Conn();  // closes the socket
+  ~Conn();  // closes the socket unless CloseSocket did
   Conn(const Conn&) = delete;
   Conn& operator=(const Conn&) = delete;
 
-  int fd() const { return fd_; }
+  // The socket; -1 once closed. For the I/O thread (the only one that closes it) and for the
+  // dialing thread before the connection is handed to it.
+  int fd() const NO_THREAD_SAFETY_ANALYSIS { return fd_; }
+  // The I/O thread, once it dropped a failed connection: closes the socket now, so that an
+  // endpoint the engine keeps for a peer that died (until it is removed or reconnected) does
+  // not keep a descriptor. Waits for a Send in progress (it fails at once: Fail shut it down).
+  void CloseSocket() EXCLUDES(send_mu_, fd_mu_);
   Role role() const { return role_; }
   const std::string& peer_key() const { return peer_key_; }
 
@@ -71,7 +77,7 @@ class Conn {
   // peer's socket is full, returns kResourceExhausted and sends nothing, leaving the connection
   // up. Other failures fail the connection, as Send does. One seqpacket message is atomic, so
   // it needs no lock against concurrent senders.
-  Status TrySend(const Header& h);
+  Status TrySend(const Header& h) EXCLUDES(fd_mu_);
   // First call wins: marks the connection failed (kUnavailable unless `why` is kAborted), shuts
   // the socket down, fails every call waiting and every transfer tracked, revokes mappings.
   void Fail(Status why) EXCLUDES(mu_);
@@ -133,7 +139,10 @@ class Conn {
   };
   // What a send returned, after failing the connection when the socket itself failed.
   Status Sent(Status s);
-  const int fd_;
+  // Written only by CloseSocket, under send_mu_ and fd_mu_; read under either (Send holds
+  // send_mu_, which may wait for room; TrySend, WakePeer and Fail hold fd_mu_ briefly).
+  int fd_;
+  Mutex fd_mu_;
   const Role role_;
   std::string peer_key_;  // target side: written by the I/O thread before any use
   bool hello_seen_ = false;
@@ -173,6 +182,8 @@ class Core : public std::enable_shared_from_this<Core> {
   uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
   // Connections refused because the peer did not prove the deployment's secret.
   uint64_t auth_failures() const { return auth_failures_.load(std::memory_order_relaxed); }
+  // Connections refused at accept: ShmOptions::max_connections were served already.
+  uint64_t connections_refused() const { return refused_.load(std::memory_order_relaxed); }
   // Drains the notification rings into the inbox from this thread; whether any had records.
   bool Poll() EXCLUDES(drain_mu_);
 
@@ -257,6 +268,7 @@ class Core : public std::enable_shared_from_this<Core> {
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> auth_failures_{0};
+  std::atomic<uint64_t> refused_{0};
   std::string secret_;  // EngineOptions::secret (or its file); empty = peers not authenticated
   std::set<std::string> auth_logged_;  // I/O thread: keys whose failed authentication was logged
   std::atomic<uint64_t> poll_calls_{0};  // Poll() calls: while it grows, the I/O thread sleeps lightly
@@ -270,6 +282,8 @@ class Core : public std::enable_shared_from_this<Core> {
   mutable Mutex mu_;
   CondVar unmapped_cv_;
   std::vector<std::shared_ptr<Conn>> conns_ GUARDED_BY(mu_);
+  size_t accepted_ GUARDED_BY(mu_) = 0;  // target connections in conns_ (max_connections)
+  bool refusing_ GUARDED_BY(mu_) = false;  // a refusal was logged since the last admission
   std::unordered_map<uint64_t, Exported> exported_ GUARDED_BY(mu_);
   // Regions of ours each peer maps, by connection (an entry leaves with its connection, Drop).
   std::unordered_map<const Conn*, std::set<uint64_t>> mapped_ GUARDED_BY(mu_);

@@ -268,6 +268,7 @@ class ShmTransport final : public Transport {
   }
   uint64_t rejected_messages() const override { return core_->rejected(); }
   uint64_t auth_failures() const override { return core_->auth_failures(); }
+  uint64_t connections_refused() const override { return core_->connections_refused(); }
   bool Poll() override { return core_->Poll(); }
   bool CanReach(const EngineDesc& peer) const override {
     if (peer.host_id != LocalHostId()) return false;
