@@ -93,6 +93,11 @@ struct ShmOptions {
   std::chrono::milliseconds revoke_timeout = std::chrono::seconds(5);
   // How long a round trip to a peer (mapping its region, Engine::Notify) may take.
   std::chrono::milliseconds call_timeout = std::chrono::seconds(10);
+  // Peers' connections served at once (1..kMaxShmConnections; this engine's own connections to
+  // peers are not counted): each holds a socket. One past it is closed at accept (the peer
+  // finds it closed: kUnavailable), logged once per burst and counted in
+  // EngineStats::connections_refused; a place frees when a peer hangs up.
+  size_t max_connections = 512;
 
   // `base` with the FERRY_SHM_* variables that are set applied (see the top of this file).
   static Result<ShmOptions> FromEnv(const ShmOptions& base);
@@ -103,6 +108,7 @@ struct ShmOptions {
 inline constexpr int kMaxCopyThreads = 1024;
 inline constexpr size_t kMaxPendingNotifications = size_t{1} << 24;
 inline constexpr size_t kMaxPendingNotificationBytes = size_t{1} << 40;
+inline constexpr size_t kMaxShmConnections = size_t{1} << 20;
 
 struct EngineOptions {
   // Unique key of this engine; empty = "<hostname>:<pid>:<random>".

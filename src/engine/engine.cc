@@ -62,6 +62,9 @@ Status CheckOptions(const EngineOptions& o) {
     return invalid("shm.revoke_timeout must be in (0, 24 h], not " + std::to_string(o.shm.revoke_timeout.count()) + " ms");
   if (o.shm.call_timeout <= Duration::zero() || o.shm.call_timeout > kMaxWait)
     return invalid("shm.call_timeout must be in (0, 24 h], not " + std::to_string(o.shm.call_timeout.count()) + " ms");
+  if (o.shm.max_connections < 1 || o.shm.max_connections > kMaxShmConnections)
+    return invalid("shm.max_connections must be in 1.." + std::to_string(kMaxShmConnections) + ", not " +
+                   std::to_string(o.shm.max_connections));
   return Status::Ok();
 }
 

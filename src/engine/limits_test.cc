@@ -17,12 +17,14 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "base/codec.h"
 #include "base/endian.h"
 #include "base/unix_socket.h"
 #include "ferry/engine.h"
+#include "ferry/metrics.h"
 #include "ferry/shared_memory.h"
 #include "testing/loopback.h"
 #include "testing/resources.h"
@@ -459,6 +461,67 @@ TEST(MetricsLimits, AFloodOfConnectionsStartsNoThread) {
   }, 10s)) << reply;
   EXPECT_EQ(ThreadCount(), threads);
   EXPECT_LT(ResidentBytes(), rss + kRssSlack);
+}
+
+// Past ShmOptions::max_connections a connection is closed at accept and counted
+// (EngineStats::connections_refused, ferry_connections_refused_total): a flood holds no more
+// than the limit of descriptors and starts no thread, and once the connections served go, a
+// good peer is served again. The limit is checked at Engine::Create.
+TEST(ShmLimits, ConnectionsPastMaxConnectionsAreRefusedAndCounted) {
+  EngineOptions bad;
+  bad.shm.max_connections = 0;
+  EXPECT_EQ(Engine::Create(bad).status().code(), Code::kInvalidArgument);
+  bad.shm.max_connections = kMaxShmConnections + 1;
+  EXPECT_EQ(Engine::Create(bad).status().code(), Code::kInvalidArgument);
+
+  constexpr size_t kLimit = 4;
+  constexpr int kFlood = 40;
+  EngineOptions o;
+  o.shm.max_connections = kLimit;
+  auto target = MakeNode("capped", {"shm"}, o);
+  ASSERT_TRUE(target);
+  const std::string name = ShmSocketName(target->engine->Describe());
+  ASSERT_FALSE(name.empty());
+  const int threads = ThreadCount();
+  auto descriptors = [] {
+    int n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+  };
+  const int fds = descriptors();
+  std::vector<os::UniqueFd> served, refused;
+  for (size_t i = 0; i < kLimit; ++i) {
+    auto fd = os::ConnectUnix(os::UnixAddress::Abstract(name), Deadline::After(1s));
+    ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+    served.push_back(std::move(fd).value());
+  }
+  // Accepted in order: the first kLimit are served before the flood is looked at.
+  ASSERT_FALSE(ClosedWithin(served.back().get(), 200ms)) << "a connection within the limit was closed";
+  EXPECT_EQ(target->engine->stats().connections_refused, 0u);
+  for (int i = 0; i < kFlood; ++i) {
+    auto fd = os::ConnectUnix(os::UnixAddress::Abstract(name), Deadline::After(1s));
+    if (fd.ok()) refused.push_back(std::move(fd).value());  // a full backlog may refuse it at connect
+  }
+  ASSERT_TRUE(Eventually([&] { return target->engine->stats().connections_refused >= refused.size(); }))
+      << target->engine->stats().connections_refused << " of " << refused.size();
+  EXPECT_GT(refused.size(), 0u);
+  for (auto& fd : refused) EXPECT_TRUE(ClosedWithin(fd.get(), 1s)) << "a connection past the limit was served";
+  for (auto& fd : served) EXPECT_FALSE(ClosedWithin(fd.get(), 0ms));
+  // Our ends of every connection, and the engine's ends of the served ones only.
+  EXPECT_EQ(descriptors(), fds + static_cast<int>(kLimit + refused.size() + kLimit));
+  EXPECT_EQ(ThreadCount(), threads) << "a thread per connection";
+  const uint64_t count = target->engine->stats().connections_refused;
+  EXPECT_EQ(count, refused.size());
+  const std::string text = RenderPrometheus(target->engine->Metrics());
+  EXPECT_NE(text.find("ferry_connections_refused_total{engine=\"capped\"} " + std::to_string(count)),
+            std::string::npos)
+      << text;
+  refused.clear();
+  served.clear();
+  // The served connections are dropped as their peers hang up; then a good peer gets in.
+  ASSERT_TRUE(Eventually([&] { return descriptors() <= fds; })) << descriptors() << " vs " << fds;
+  ExpectServesANewPeer(*target, "shm");
+  EXPECT_EQ(target->engine->stats().connections_refused, count);
 }
 
 }  // namespace

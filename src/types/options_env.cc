@@ -215,6 +215,7 @@ const EnvField kFields[] = {
     FERRY_ENV_FIELD("FERRY_UCX_CONNECT_TIMEOUT", ucx.connect_timeout, Duration, "duration"),
     FERRY_ENV_FIELD("FERRY_SHM_REVOKE_TIMEOUT", shm.revoke_timeout, Duration, "duration"),
     FERRY_ENV_FIELD("FERRY_SHM_CALL_TIMEOUT", shm.call_timeout, Duration, "duration"),
+    FERRY_ENV_FIELD("FERRY_SHM_MAX_CONNECTIONS", shm.max_connections, Count, "count"),
 };
 
 #undef FERRY_ENV_FIELD

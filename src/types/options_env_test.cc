@@ -191,5 +191,16 @@ TEST(OptionsEnvTest, DocsTableMatchesTheList) {
   EXPECT_EQ(table, EnvTableMarkdown()) << "Replace the table in docs/configuration.md with:\n" << EnvTableMarkdown();
 }
 
+TEST(OptionsEnvTest, ShmMaxConnectionsFromEnv) {
+  ScopedVars vars;
+  EXPECT_EQ(ShmOptions().max_connections, 512u);
+  vars.Set("FERRY_SHM_MAX_CONNECTIONS", "7");
+  Result<ShmOptions> shm = ShmOptions::FromEnv();
+  ASSERT_TRUE(shm.ok()) << shm.status().ToString();
+  EXPECT_EQ(shm->max_connections, 7u);
+  vars.Set("FERRY_SHM_MAX_CONNECTIONS", "many");
+  EXPECT_EQ(ShmOptions::FromEnv().status().code(), Code::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace ferry
