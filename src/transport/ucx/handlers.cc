@@ -249,7 +249,10 @@ void Core::HandleAck(Shard& s, const AmHeader& h) {
     case Code::kOk: break;
     case Code::kOutOfRange: st = Status(Code::kOutOfRange, "the target rejected an out-of-range access"); break;
     case Code::kFailedPrecondition: st = Status(Code::kFailedPrecondition, "the target region is not registered"); break;
-    case Code::kResourceExhausted: st = Status(Code::kResourceExhausted, "the receiver's notification backlog is full"); break;
+    case Code::kResourceExhausted:
+      // The only two answers of this code: a notification refused, a staged chunk without a buffer.
+      st = Status(Code::kResourceExhausted, "the receiver's notification backlog is full, or all its staged receive buffers are in use");
+      break;
     case Code::kInvalidArgument: st = Status(Code::kInvalidArgument, "the receiver rejected the notification"); break;
     case Code::kUnsupported: st = Status(Code::kUnsupported, "the target cannot take this access to that region"); break;
     case Code::kPermissionDenied:

@@ -252,6 +252,8 @@ Stager::~Stager() {
 bool Stager::gpu() const { return impl_->gpu(); }
 size_t Stager::free_buffers() const { return impl_->send_pool->free() + impl_->recv_pool->free(); }
 size_t Stager::allocated_buffers() const { return impl_->send_pool->allocated() + impl_->recv_pool->allocated(); }
+size_t Stager::heap_buffer_bytes() const { return impl_->heap->used(); }
+void Stager::SetHeapBufferLimitForTest(size_t bytes) { impl_->heap->set_limit(bytes); }
 
 void Stager::PostWrite(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Region>& local,
                        const MemoryDesc& remote, std::span<const TransferOp> ops,

@@ -87,6 +87,10 @@ class Stager {
   // Bounce buffers (both pools) not in use, and allocated; for tests and diagnostics.
   size_t free_buffers() const;
   size_t allocated_buffers() const;
+  // Bytes of heap bounce buffers outstanding (at most kMaxHeapBounceBytes, staged_internal.h),
+  // and a smaller bound for tests.
+  size_t heap_buffer_bytes() const;
+  void SetHeapBufferLimitForTest(size_t bytes);
 
   // Initiator, progress thread. `local` is acquired by the caller (held by `state`).
   void PostWrite(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Region>& local, const MemoryDesc& remote,

@@ -8,6 +8,7 @@
 // members are used on progress threads as staged.h says.
 #pragma once
 
+#include <atomic>
 #include <cstdlib>
 #include <deque>
 #include <functional>
@@ -47,14 +48,44 @@ class Dispatcher {
 
 class BouncePool;
 
-// A bounce buffer in use; back to its pool when the last holder lets go.
+// Heap bounce buffers (AnyBuffer) outstanding at once, per engine. A peer that holds a
+// region's descriptor could otherwise post staged writes in rendezvous without end and make
+// this engine hold a 4 MiB buffer for each until its data arrives. 256 MiB is 64 chunks in
+// flight, more than a few peers' pipelines need (each keeps kStageBuffers chunks in flight);
+// a chunk past it is answered kResourceExhausted, which fails the initiator's transfer.
+inline constexpr size_t kMaxHeapBounceBytes = size_t{256} << 20;
+
+// Bytes of heap bounce buffers taken, against a limit. Thread-safe.
+class HeapBudget {
+ public:
+  explicit HeapBudget(size_t limit) : limit_(limit) {}
+  bool Take(size_t bytes) {
+    size_t used = used_.load(std::memory_order_relaxed);
+    do {
+      if (used + bytes > limit_.load(std::memory_order_relaxed)) return false;
+    } while (!used_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
+    return true;
+  }
+  void Give(size_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
+  size_t used() const { return used_.load(std::memory_order_relaxed); }
+  void set_limit(size_t limit) { limit_.store(limit, std::memory_order_relaxed); }  // tests
+
+ private:
+  std::atomic<size_t> used_{0};
+  std::atomic<size_t> limit_;
+};
+
+// A bounce buffer in use; back to its pool (or, from the heap, freed and its bytes given back
+// to `budget`) when the last holder lets go.
 struct Bounce {
-  Bounce(std::weak_ptr<BouncePool> pool, std::byte* data, bool pinned) : pool(std::move(pool)), data(data), pinned(pinned) {}
+  Bounce(std::weak_ptr<BouncePool> pool, std::byte* data, bool pinned, std::shared_ptr<HeapBudget> budget = nullptr)
+      : pool(std::move(pool)), data(data), pinned(pinned), budget(std::move(budget)) {}
   Bounce(const Bounce&) = delete;
   ~Bounce();
   std::weak_ptr<BouncePool> pool;
   std::byte* const data;
   const bool pinned;  // page-locked and mapped: GPU kernels reach it
+  const std::shared_ptr<HeapBudget> budget;
 };
 
 inline void FreeBuffer(std::byte* data, bool pinned) {
@@ -131,19 +162,30 @@ class BouncePool : public std::enable_shared_from_this<BouncePool> {
 };
 
 inline Bounce::~Bounce() {
-  if (auto p = pool.lock()) p->Return(data, pinned);
-  else FreeBuffer(data, pinned);
+  if (budget) {
+    FreeBuffer(data, pinned);
+    budget->Give(kBounceBytes);
+  } else if (auto p = pool.lock()) {
+    p->Return(data, pinned);
+  } else {
+    FreeBuffer(data, pinned);
+  }
 }
 
 // A buffer for one message: from the pool, or (pool exhausted, or a target of host memory)
-// plain heap memory that only the DMA engines reach.
-inline std::shared_ptr<Bounce> AnyBuffer(BouncePool* pool) {
+// plain heap memory that only the DMA engines reach, within `budget`. Null when neither is
+// to be had (the caller answers kResourceExhausted).
+inline std::shared_ptr<Bounce> AnyBuffer(BouncePool* pool, const std::shared_ptr<HeapBudget>& budget) {
   if (pool != nullptr) {
     if (auto b = pool->TryAcquire()) return b;
   }
+  if (!budget->Take(kBounceBytes)) return nullptr;
   auto* data = static_cast<std::byte*>(std::aligned_alloc(4096, kBounceBytes));
-  if (data == nullptr) return nullptr;
-  return std::make_shared<Bounce>(std::weak_ptr<BouncePool>(), data, false);
+  if (data == nullptr) {
+    budget->Give(kBounceBytes);
+    return nullptr;
+  }
+  return std::make_shared<Bounce>(std::weak_ptr<BouncePool>(), data, false, budget);
 }
 
 using GpuCopy = StageCopy;
@@ -154,6 +196,7 @@ struct Stager::Impl : std::enable_shared_from_this<Stager::Impl> {
   Core* core = nullptr;
   std::shared_ptr<Dispatcher> dispatch = std::make_shared<Dispatcher>();
   std::shared_ptr<BouncePool> send_pool, recv_pool;
+  std::shared_ptr<HeapBudget> heap = std::make_shared<HeapBudget>(kMaxHeapBounceBytes);
   std::unique_ptr<StageCopier> copier;  // progress thread (and ~Stager, once it stopped)
   bool has_gpu = false;
 

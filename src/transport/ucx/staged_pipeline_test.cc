@@ -191,6 +191,32 @@ TEST_F(StagedPipelineTest, GpuToHost) { RoundTrip(MemoryKind::kCuda, MemoryKind:
 TEST_F(StagedPipelineTest, HostToGpu) { RoundTrip(MemoryKind::kHost, MemoryKind::kCuda); }
 TEST_F(StagedPipelineTest, GpuToGpu) { RoundTrip(MemoryKind::kCuda, MemoryKind::kCuda); }
 
+// Staged chunks into host memory take heap bounce buffers, bounded per engine: a chunk past the
+// bound is answered kResourceExhausted and fails the initiator's transfer; within it the same
+// write goes through, and every heap buffer is given back.
+TEST_F(StagedPipelineTest, HeapBounceBuffersPastTheBoundAreRefused) {
+  ASSERT_NO_FATAL_FAILURE(MakePair(MemoryKind::kCuda, MemoryKind::kHost));
+  Channel& ch = *link_.channel;
+  ASSERT_TRUE(ch.path().staged);
+  auto ops = KvOps(kBytes / 32768, 32768);
+  b_->stager->SetHeapBufferLimitForTest(0);
+  auto refused = Post(ch, Op::kWrite, ops);
+  Status st = refused->Wait(Deadline::After(20s));
+  EXPECT_EQ(st.code(), Code::kResourceExhausted) << st.ToString();
+  EXPECT_EQ(b_->stager->heap_buffer_bytes(), 0u);
+  // The failed transfer's other chunks, still in flight, are refused too before the bound rises.
+  for (int i = 0; i < 2000 && a_->stager->free_buffers() != a_->stager->allocated_buffers(); ++i)
+    std::this_thread::sleep_for(1ms);
+  std::this_thread::sleep_for(100ms);
+  // Room for a buffer or two: a single small chunk goes through.
+  b_->stager->SetHeapBufferLimitForTest(size_t{8} << 20);
+  auto one = Post(ch, Op::kWrite, {{0, 0, 65536}});
+  st = one->Wait(Deadline::After(20s));
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  for (int i = 0; i < 2000 && b_->stager->heap_buffer_bytes() != 0; ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_EQ(b_->stager->heap_buffer_bytes(), 0u) << "a heap bounce buffer was not given back";
+}
+
 // GPU memory is reached only through the staged protocol. A descriptor that claims host memory
 // for a GPU region makes the initiator send plain writes and reads (received with a CPU copy
 // straight into the region): the target rejects and counts each, and no byte moves.

@@ -48,7 +48,7 @@ void Stager::HandleWrite(Shard& s, const AmHeader& h, void* data, size_t length,
     return s.SendAck(reply.conn, reply.lane, h.token, Code::kInvalidArgument);
   }
   if (region->kind == MemoryKind::kCuda && !impl_->gpu()) return s.SendAck(reply.conn, reply.lane, h.token, Code::kUnsupported);
-  auto buf = AnyBuffer(region->kind == MemoryKind::kCuda ? impl_->recv_pool.get() : nullptr);
+  auto buf = AnyBuffer(region->kind == MemoryKind::kCuda ? impl_->recv_pool.get() : nullptr, impl_->heap);
   if (!buf) return s.SendAck(reply.conn, reply.lane, h.token, Code::kResourceExhausted);
   if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
     std::memcpy(buf->data, data, length);
@@ -147,7 +147,7 @@ void Stager::Impl::Gather(Shard& s, const std::shared_ptr<RegionUse>& hold, std:
     for (const StagedPiece& p : pieces) payload.append(reinterpret_cast<const char*>(region.base + p.offset), p.size);
     return s.Send(s.ReplyEp(reply.conn, reply.lane), resp, nullptr, std::move(payload));
   }
-  auto buf = AnyBuffer(send_pool.get());
+  auto buf = AnyBuffer(send_pool.get(), heap);
   if (!buf) return SendAckIfOpen(s, reply, token, Code::kResourceExhausted);
   std::vector<GpuCopy> copies;
   copies.reserve(pieces.size());
