@@ -161,7 +161,8 @@ std::unique_ptr<PyEngine> MakeEngine(
     int64_t max_pending_handshakes, int64_t max_connections, double handshake_timeout_ms, int64_t lanes,
     int64_t workers, int64_t post_batch, const std::string& progress, const std::string& rma,
     int64_t max_am_bytes, double connect_timeout_ms, double revoke_timeout_ms, double call_timeout_ms,
-    int64_t metrics_port, std::string secret, std::string secret_file) {
+    int64_t metrics_port, std::string secret, std::string secret_file,
+    int64_t max_pending_notifications_per_peer, int64_t shm_max_connections) {
   EngineOptions o;
   o.secret = std::move(secret);
   o.secret_file = std::move(secret_file);
@@ -176,6 +177,9 @@ std::unique_ptr<PyEngine> MakeEngine(
   o.max_notification_bytes = IntOption<size_t>(max_notification_bytes, "max_notification_bytes");
   o.max_pending_notifications = IntOption<size_t>(max_pending_notifications, "max_pending_notifications");
   o.max_pending_notification_bytes = IntOption<size_t>(max_pending_notification_bytes, "max_pending_notification_bytes");
+  o.max_pending_notifications_per_peer =
+      IntOption<size_t>(max_pending_notifications_per_peer, "max_pending_notifications_per_peer");
+  o.shm.max_connections = IntOption<size_t>(shm_max_connections, "shm_max_connections");
   o.ucx.listen_host = std::move(listen_host);
   o.ucx.listen_port = IntOption<uint16_t>(listen_port, "listen_port");
   o.ucx.max_pending_handshakes = IntOption<size_t>(max_pending_handshakes, "max_pending_handshakes");
@@ -277,6 +281,8 @@ py::dict EnvEngineKwargs() {
   k["max_notification_bytes"] = o.max_notification_bytes;
   k["max_pending_notifications"] = o.max_pending_notifications;
   k["max_pending_notification_bytes"] = o.max_pending_notification_bytes;
+  k["max_pending_notifications_per_peer"] = o.max_pending_notifications_per_peer;
+  k["shm_max_connections"] = o.shm.max_connections;
   k["metrics_port"] = o.metrics_port;
   k["secret"] = o.secret;
   k["secret_file"] = o.secret_file;
@@ -313,12 +319,13 @@ void BindEngine(py::module_& m) {
       "C++ EngineOptions (ferry/options.h) by keyword: key, default_deadline_ms,\n"
       "deregister_timeout_ms, copy_threads, parallel_copy_bytes, pin_host_memory,\n"
       "merge_adjacent_ops, transports (names), max_notification_bytes,\n"
-      "max_pending_notifications, max_pending_notification_bytes; the ucx transport's\n"
+      "max_pending_notifications, max_pending_notification_bytes,\n"
+      "max_pending_notifications_per_peer; the ucx transport's\n"
       "listen_host, listen_port (default 127.0.0.1, this host only; '0.0.0.0' for every\n"
       "interface), max_pending_handshakes, max_connections, handshake_timeout_ms, lanes,\n"
       "workers, post_batch, progress ('polling'|'event'|'shared'), rma ('auto'|'always'|\n"
-      "'never'), max_am_bytes, connect_timeout_ms; the shm transport's revoke_timeout_ms and\n"
-      "call_timeout_ms; metrics_port (0 off, -1 a free port: an HTTP GET /metrics endpoint on\n"
+      "'never'), max_am_bytes, connect_timeout_ms; the shm transport's revoke_timeout_ms,\n"
+      "call_timeout_ms and shm_max_connections; metrics_port (0 off, -1 a free port: an HTTP GET /metrics endpoint on\n"
       "127.0.0.1, see metrics_port_in_use); secret or secret_file (the deployment's shared\n"
       "secret, 16+ bytes: peers over ucx must prove they hold it). A value out of range raises ferry.InvalidArgumentError (a ValueError\n"
       "and a ferry.Error with code INVALID_ARGUMENT) naming the field; RESOURCE_EXHAUSTED when a\n"
@@ -343,7 +350,9 @@ void BindEngine(py::module_& m) {
            py::arg("connect_timeout_ms") = Ms(d.ucx.connect_timeout),
            py::arg("revoke_timeout_ms") = Ms(d.shm.revoke_timeout),
            py::arg("call_timeout_ms") = Ms(d.shm.call_timeout), py::arg("metrics_port") = d.metrics_port,
-           py::arg("secret") = "", py::arg("secret_file") = "")
+           py::arg("secret") = "", py::arg("secret_file") = "",
+           py::arg("max_pending_notifications_per_peer") = d.max_pending_notifications_per_peer,
+           py::arg("shm_max_connections") = d.shm.max_connections)
       .def_property_readonly(
           "key", [](const PyEngine& s) { return Call(s, [](Engine& e) { return e.key(); }); },
           "Unique key of this engine.")
@@ -473,6 +482,8 @@ void BindEngine(py::module_& m) {
             py::dict out;
             out["rejected_messages"] = st.rejected_messages;
             out["auth_failures"] = st.auth_failures;
+            out["access_denied"] = st.access_denied;
+            out["connections_refused"] = st.connections_refused;
             out["dropped_notifications"] = st.dropped_notifications;
             out["merged_ops"] = st.merged_ops;
             out["gpu_kernel_launches"] = st.gpu_kernel_launches;
@@ -483,6 +494,9 @@ void BindEngine(py::module_& m) {
           },
           "Counters: {'rejected_messages': malformed or out-of-bounds messages from peers,\n"
           "'auth_failures': connections refused for want of a proof of the secret,\n"
+          "'access_denied': requests for a region by a peer not on its access list,\n"
+          "'connections_refused': connections refused for want of room (max_connections, pending\n"
+          "handshakes),\n"
           "'dropped_notifications': notifications refused here (backlog full, too big),\n"
           "'merged_ops': ops of posted batches that travelled as part of the op before them,\n"
           "'gpu_kernel_launches', 'gpu_kernel_pieces', 'gpu_dma_calls', 'gpu_dma_copies': the GPU\n"
@@ -521,6 +535,7 @@ void BindEngine(py::module_& m) {
             out["rejected_messages"] = m.rejected_messages;
             out["auth_failures"] = m.auth_failures;
             out["access_denied"] = m.access_denied;
+            out["connections_refused"] = m.connections_refused;
             return out;
           },
           py::kw_only(), py::arg("format") = "dict",
@@ -530,7 +545,8 @@ void BindEngine(py::module_& m) {
           "bounds: the last is above them), 'count', 'sum_seconds'}}], 'failures': {cause: count}\n"
           "(peer_dead, deadline, rejected, out_of_range, aborted, other), 'transfers_in_flight',\n"
           "'peers', 'registered_regions', 'registered_bytes', 'dropped_notifications',\n"
-          "'rejected_messages', 'auth_failures', 'access_denied'}; format='prometheus': the same as\n"
+          "'rejected_messages', 'auth_failures', 'access_denied', 'connections_refused'};\n"
+          "format='prometheus': the same as\n"
           "Prometheus text.")
       .def(
           "in_flight",

@@ -13,12 +13,13 @@ class Engine:
     C++ EngineOptions (ferry/options.h) by keyword: key, default_deadline_ms,
     deregister_timeout_ms, copy_threads, parallel_copy_bytes, pin_host_memory,
     merge_adjacent_ops, transports (names), max_notification_bytes,
-    max_pending_notifications, max_pending_notification_bytes; the ucx transport's
+    max_pending_notifications, max_pending_notification_bytes,
+    max_pending_notifications_per_peer; the ucx transport's
     listen_host, listen_port (default 127.0.0.1, this host only; '0.0.0.0' for every
     interface), max_pending_handshakes, max_connections, handshake_timeout_ms, lanes,
     workers, post_batch, progress ('polling'|'event'|'shared'), rma ('auto'|'always'|
-    'never'), max_am_bytes, connect_timeout_ms; the shm transport's revoke_timeout_ms and
-    call_timeout_ms; metrics_port (0 off, -1 a free port: an HTTP GET /metrics endpoint on
+    'never'), max_am_bytes, connect_timeout_ms; the shm transport's revoke_timeout_ms,
+    call_timeout_ms and shm_max_connections; metrics_port (0 off, -1 a free port: an HTTP GET /metrics endpoint on
     127.0.0.1, see metrics_port_in_use); secret or secret_file (the deployment's shared
     secret, 16+ bytes: peers over ucx must prove they hold it). A value out of range raises ferry.InvalidArgumentError (a ValueError
     and a ferry.Error with code INVALID_ARGUMENT) naming the field; RESOURCE_EXHAUSTED when a
@@ -33,7 +34,7 @@ class Engine:
         """
         ...
     @overload
-    def __init__(self, *, key: str = '', default_deadline_ms: float = 30000.0, deregister_timeout_ms: Optional[float] = None, copy_threads: int = 0, parallel_copy_bytes: int = 4194304, pin_host_memory: bool = True, merge_adjacent_ops: bool = True, transports: List[str] = [], max_notification_bytes: int = 65536, max_pending_notifications: int = 65536, max_pending_notification_bytes: int = 67108864, listen_host: str = '127.0.0.1', listen_port: int = 0, max_pending_handshakes: int = 64, max_connections: int = 512, handshake_timeout_ms: float = 5000.0, lanes: int = 1, workers: int = 1, post_batch: int = 256, progress: str = 'event', rma: str = 'auto', max_am_bytes: int = 8388608, connect_timeout_ms: float = 10000.0, revoke_timeout_ms: float = 5000.0, call_timeout_ms: float = 10000.0, metrics_port: int = 0, secret: str = '', secret_file: str = '') -> None:
+    def __init__(self, *, key: str = '', default_deadline_ms: float = 30000.0, deregister_timeout_ms: Optional[float] = None, copy_threads: int = 0, parallel_copy_bytes: int = 4194304, pin_host_memory: bool = True, merge_adjacent_ops: bool = True, transports: List[str] = [], max_notification_bytes: int = 65536, max_pending_notifications: int = 65536, max_pending_notification_bytes: int = 67108864, listen_host: str = '127.0.0.1', listen_port: int = 0, max_pending_handshakes: int = 64, max_connections: int = 512, handshake_timeout_ms: float = 5000.0, lanes: int = 1, workers: int = 1, post_batch: int = 256, progress: str = 'event', rma: str = 'auto', max_am_bytes: int = 8388608, connect_timeout_ms: float = 10000.0, revoke_timeout_ms: float = 5000.0, call_timeout_ms: float = 10000.0, metrics_port: int = 0, secret: str = '', secret_file: str = '', max_pending_notifications_per_peer: int = 0, shm_max_connections: int = 512) -> None:
         """Unset keyword arguments come from the FERRY_* environment variables (docs/configuration.md), then the defaults.
         """
         ...
@@ -105,7 +106,8 @@ class Engine:
         bounds: the last is above them), 'count', 'sum_seconds'}}], 'failures': {cause: count}
         (peer_dead, deadline, rejected, out_of_range, aborted, other), 'transfers_in_flight',
         'peers', 'registered_regions', 'registered_bytes', 'dropped_notifications',
-        'rejected_messages', 'auth_failures', 'access_denied'}; format='prometheus': the same as
+        'rejected_messages', 'auth_failures', 'access_denied', 'connections_refused'};
+        format='prometheus': the same as
         Prometheus text.
         """
         ...
@@ -178,6 +180,9 @@ class Engine:
     def stats(self) -> dict:
         """Counters: {'rejected_messages': malformed or out-of-bounds messages from peers,
         'auth_failures': connections refused for want of a proof of the secret,
+        'access_denied': requests for a region by a peer not on its access list,
+        'connections_refused': connections refused for want of room (max_connections, pending
+        handshakes),
         'dropped_notifications': notifications refused here (backlog full, too big),
         'merged_ops': ops of posted batches that travelled as part of the op before them,
         'gpu_kernel_launches', 'gpu_kernel_pieces', 'gpu_dma_calls', 'gpu_dma_copies': the GPU

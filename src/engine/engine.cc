@@ -48,6 +48,10 @@ Status CheckOptions(const EngineOptions& o) {
   if (o.max_pending_notifications < 1 || o.max_pending_notifications > kMaxPendingNotifications)
     return invalid("max_pending_notifications must be in 1.." + std::to_string(kMaxPendingNotifications) + ", not " +
                    std::to_string(o.max_pending_notifications));
+  if (o.max_pending_notifications_per_peer > o.max_pending_notifications)
+    return invalid("max_pending_notifications_per_peer must be in 0..max_pending_notifications (" +
+                   std::to_string(o.max_pending_notifications) + "; 0: a quarter of it, at least 64), not " +
+                   std::to_string(o.max_pending_notifications_per_peer));
   if (o.max_notification_bytes < 1 || o.max_notification_bytes > o.max_pending_notification_bytes)
     return invalid("max_notification_bytes must be in 1..max_pending_notification_bytes (" +
                    std::to_string(o.max_pending_notification_bytes) + "), not " +
@@ -109,7 +113,8 @@ Result<std::shared_ptr<EngineCore>> EngineCore::Create(const EngineOptions& opti
   std::shared_ptr<EngineCore> core(new EngineCore(options));
   if (core->options_.key.empty()) core->options_.key = DefaultKey();
   core->inbox_ = std::make_shared<Inbox>(options.max_pending_notifications, options.max_notification_bytes,
-                                         options.max_pending_notification_bytes);
+                                         options.max_pending_notification_bytes,
+                                         options.max_pending_notifications_per_peer);
 
   core->copy_engines_ = std::make_shared<cuda::CopyEngines>();
   FERRY_ASSIGN_OR_RETURN(core->completions_, Completions::Create());

@@ -526,3 +526,35 @@ TEST(ShmLimits, ConnectionsPastMaxConnectionsAreRefusedAndCounted) {
 
 }  // namespace
 }  // namespace ferry
+
+namespace ferry {
+namespace {
+
+// EngineOptions::max_pending_notifications_per_peer reaches the engine's backlog: a peer gets
+// exactly that many undelivered notifications taken; a value over the backlog is refused.
+TEST(NotificationShareOption, TheOptionSetsEachPeersShare) {
+  EngineOptions bad;
+  bad.transports = {"local"};
+  bad.max_pending_notifications = 100;
+  bad.max_pending_notifications_per_peer = 101;
+  auto refused = Engine::Create(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), Code::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("max_pending_notifications_per_peer"), std::string::npos);
+
+  EngineOptions o;
+  o.transports = {"local"};
+  o.max_pending_notifications = 100;
+  o.max_pending_notifications_per_peer = 3;
+  auto engine = Engine::Create(o);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  int taken = 0;
+  for (int i = 0; i < 10; ++i) taken += e.Notify(e.key(), "n" + std::to_string(i)).ok() ? 1 : 0;
+  EXPECT_EQ(taken, 3);
+  EXPECT_EQ(e.PopNotifications().size(), 3u);
+  EXPECT_EQ(e.stats().dropped_notifications, 7u);
+}
+
+}  // namespace
+}  // namespace ferry

@@ -361,7 +361,8 @@ def test_closed_engine_raises_aborted():
 
 def test_stats_start_at_zero_and_count_nothing_for_good_traffic(transport):
     with ferry.Engine(key=fresh_key("s"), transports=[transport]) as e:
-        assert e.stats() == {"rejected_messages": 0, "auth_failures": 0, "dropped_notifications": 0, "merged_ops": 0,
+        assert e.stats() == {"rejected_messages": 0, "auth_failures": 0, "access_denied": 0, "connections_refused": 0,
+                             "dropped_notifications": 0, "merged_ops": 0,
                              "gpu_kernel_launches": 0, "gpu_kernel_pieces": 0, "gpu_dma_calls": 0,
                              "gpu_dma_copies": 0}
         buf, d = register_host(e, 4096)
@@ -414,6 +415,7 @@ def test_every_engine_option_is_taken():
         max_pending_handshakes=8, max_connections=16, handshake_timeout_ms=1000, lanes=2, workers=1,
         post_batch=64, progress="polling", rma="never", max_am_bytes=1 << 20,
         connect_timeout_ms=1000, revoke_timeout_ms=1000, call_timeout_ms=1000,
+        max_pending_notifications_per_peer=4, shm_max_connections=4,
     ) as e:
         assert e.transports == ["local"]
         e.notify(e.key, b"x" * 1024)
