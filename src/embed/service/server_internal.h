@@ -109,6 +109,9 @@ struct PendingLayer {
   LayerTiming timing;
   Clock::time_point t0, released, drained, gathered;
   std::shared_ptr<std::atomic<uint64_t>> copies;  // counted by the pump's issue calls
+  // The layer paid a one-time cost (the pump started, a staging allocated and page-locked):
+  // its time is not a sample of the CPU path for the step policy.
+  bool cold = false;
 };
 
 // One data-parallel rank: its members and its queue of steps, served by `worker`.

@@ -38,8 +38,10 @@ Status Server::Impl::PipelineLayer(Group& g, const std::vector<std::shared_ptr<M
     FERRY_RETURN_IF_ERROR(RetireOldest(g, members, step, failed));
   *failed = slot;
   const Clock::time_point drained = Clock::now();
+  bool cold = false;
   if (g.pump == nullptr) {
     FERRY_ASSIGN_OR_RETURN(g.pump, CopyPump::Create(pump_cpus));
+    cold = true;
   }
   uint8_t* direct = members[0]->sink->direct(slot);
   Staging& staging = g.next_staging == 0 ? g.staging : g.staging_b;
@@ -47,7 +49,10 @@ Status Server::Impl::PipelineLayer(Group& g, const std::vector<std::shared_ptr<M
   if (direct == nullptr) {
     bool want_pinned = false;
     for (const auto& m : members) want_pinned |= m->sink->wants_pinned_source();
+    const size_t capacity = staging.capacity();
+    const bool pinned = staging.pinned();
     FERRY_RETURN_IF_ERROR(staging.Reserve(bytes, reg.max_tokens * tb, want_pinned));
+    cold |= staging.capacity() != capacity || staging.pinned() != pinned;
   }
   uint8_t* src = direct != nullptr ? direct : staging.data();
   const size_t first = direct != nullptr ? 1 : 0;
@@ -89,7 +94,7 @@ Status Server::Impl::PipelineLayer(Group& g, const std::vector<std::shared_ptr<M
     return gs;
   }
   if (direct == nullptr) g.next_staging ^= 1;
-  g.pending.push_back(PendingLayer{slot, ticket, t, t0, released, drained, gathered, copies});
+  g.pending.push_back(PendingLayer{slot, ticket, t, t0, released, drained, gathered, copies, cold});
   if (!options.overlap_layers) return RetireOldest(g, members, step, failed);
   return Status::Ok();
 }
@@ -122,8 +127,11 @@ Status Server::Impl::RetireOldest(Group& g, const std::vector<std::shared_ptr<Me
   t.Set(Phase::kLayer, (t4 - p.released).count());
   t.Set(Phase::kStep, (t4 - step.received).count());
   // The policy compares paths by the work of one layer: up to its DONE being issued, which a
-  // late retirement does not inflate.
-  g.policy->Report(t.tokens, t.path, static_cast<uint64_t>((completed - p.released).count()));
+  // late retirement does not inflate. A cold layer is no sample: with two stagings the first
+  // two CPU probes each page-locked a staging of their own, their median outweighed the UVA
+  // kernel, and `--uva auto` ran 8192-token steps on the UVA kernel (4.5 ms on an H200, where
+  // the CPU path takes 1.0-1.1 ms) until re-probes outvoted them.
+  if (!p.cold) g.policy->Report(t.tokens, t.path, static_cast<uint64_t>((completed - p.released).count()));
   recorder.Commit(t);
   return Status::Ok();
 }
