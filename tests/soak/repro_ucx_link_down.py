@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""Reproduces what the soak found: a ucx Engine created while its host's network link is down
-is created without error, but after the link comes up it refuses every connection for the
-rest of its life ("opening an endpoint back to B: ucp_ep_create: Destination is unreachable").
-UCX enumerates its network devices when the engine's context is made; with the link down the
-only TCP device is lo ("tcp/lo - Destination is unreachable" in UCX's own error line).
+"""What the soak found, and what ferry does about it now: a ucx Engine created while its
+host's network link is down used to be created without error and then refuse every connection
+for the rest of its life ("opening an endpoint back to B: ucp_ep_create: Destination is
+unreachable"): UCX enumerates its network devices when the engine's context is made, and with
+the link down the only TCP device is lo. Engine::Create now refuses it (UNAVAILABLE, naming the
+interface); A retries until its link is up, as a supervisor would.
 
     sudo PYTHONPATH=build/release/python python3 tests/soak/repro_ucx_link_down.py
 
-Exit status: 1 when the engine stays unreachable (the behaviour reproduced), 0 when B reaches
-A once the link is up, 77 when it cannot run here (not root, no namespaces).
+Exit status: 0 when A was refused while its link was down and B reaches A once it is up, 1
+otherwise, 77 when it cannot run here (not root, no namespaces).
 """
 
 import os
@@ -20,7 +21,18 @@ import time
 A_SIDE = r'''
 import os, sys, time, numpy as np, ferry
 d = sys.argv[1]
-e = ferry.Engine(key="A", transports=["ucx"], listen_host="10.9.0.1")
+refused = 0
+while True:
+    try:
+        e = ferry.Engine(key="A", transports=["ucx"], listen_host="10.9.0.1")
+        break
+    except ferry.Error as err:
+        if "UNAVAILABLE" not in str(err) and getattr(err, "code", "") != "UNAVAILABLE":
+            raise
+        if refused == 0:
+            open(f"{d}/a.refused", "w").write(str(err))
+        refused += 1
+        time.sleep(0.2)
 buf = np.zeros(4096, np.uint8)
 mem = e.register_memory(buf)
 open(f"{d}/a.mem", "wb").write(mem.pack())
@@ -69,20 +81,28 @@ def main() -> int:
         if any(sh(c) for c in setup):
             print("skipped: cannot create network namespaces and a veth pair here")
             return 77
-        # A starts while its link is down ...
+        # A starts while its link is down: its engine must be refused ...
         a = subprocess.Popen(["ip", "netns", "exec", na, sys.executable, "-c", A_SIDE, d])
-        while not os.path.exists(f"{d}/a.desc"):
-            if a.poll() is not None:
-                print(f"A exited {a.returncode} before it published its descriptor")
-                return 2
+        deadline = time.monotonic() + 30
+        while not os.path.exists(f"{d}/a.refused"):
+            if os.path.exists(f"{d}/a.desc"):
+                print("A: engine created with its link down (the old behaviour)")
+                return 1
+            if a.poll() is not None or time.monotonic() > deadline:
+                print(f"A exited ({a.poll()}) or timed out before it was refused")
+                return 1
             time.sleep(0.1)
-        print("A: engine created with its link down")
-        # ... which then comes up; B, started after, tries to reach A for about 15 s.
+        print("A: refused while its link is down: " + open(f"{d}/a.refused").read().strip())
+        # ... then the link comes up, A's retry succeeds, and B reaches it.
         sh(f"ip -n {na} link set {va} up")
-        time.sleep(1)
         print(f"link of {na} up")
+        while not os.path.exists(f"{d}/a.desc"):
+            if a.poll() is not None or time.monotonic() > deadline + 30:
+                print(f"A exited ({a.poll()}) or timed out before it published its descriptor")
+                return 1
+            time.sleep(0.1)
         rc = subprocess.call(["ip", "netns", "exec", nb, sys.executable, "-c", B_SIDE, d])
-        print("reproduced: A stays unreachable after its link came up" if rc else "not reproduced: B reached A")
+        print("B could not reach A" if rc else "B reached A once A's link was up")
         return 1 if rc else 0
     finally:
         if a is not None:
