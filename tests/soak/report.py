@@ -9,7 +9,7 @@ import time
 # the soak's requests issued, succeeded and failed.
 INITIATORS = ("kvw.consumer", "kvr.producer", "batch.sender", "embed.client")
 SUMMED = ("issued", "ok", "failed", "verified_bytes", "corrupt_bytes", "ended_twice", "double_free",
-          "blocks_mismatch", "engine_retries", "finished_not_begun")
+          "blocks_mismatch", "engine_retries", "finished_not_begun", "refused_ended_unbegun")
 
 
 class Tally:

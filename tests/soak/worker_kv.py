@@ -97,6 +97,11 @@ class Worker:
             liveness_interval_ms=500, handshake_timeout_ms=3000)
         self.pool = BlockPool(N, self.rep)
         self.ended = collections.deque(maxlen=4096)  # requests that ended here, latest last
+        # Write-mode producer: requests the connector ended before this worker began them (the
+        # consumer's allocation opened them, its abort ended them). The connector ignores later
+        # saves and seals of such a request and never reports it again, so a request notice that
+        # arrives after its Finished must not begin it (it would stay open for ever).
+        self.ended_unbegun = collections.deque(maxlen=4096)
         self.reqs = {}  # request -> (blocks, ntok, started_ms, aborted)
         self.peer_key = None
         other = "consumer" if a.role == "producer" else "producer"
@@ -186,6 +191,10 @@ class Worker:
             if self.a.mode == "write":  # producer
                 m = json.loads(msg)
                 req, ntok, k = m["r"], m["n"], m["k"]
+                if req in self.ended_unbegun:
+                    self.rep.count("refused_ended_unbegun")
+                    sys.stderr.write(f"soak: {req}: ended by the connector before its notice came; not begun\n")
+                    continue
                 blocks = self.pool.take(k)
                 if blocks is None:
                     self.rep.count("refused_no_blocks")
@@ -234,6 +243,7 @@ class Worker:
                     sys.stderr.write(f"soak: {f!r} ended again\n")
                 else:  # a producer learns a request from the consumer's allocation: told it ended
                     self.rep.count("finished_not_begun")
+                    self.ended_unbegun.append(f.request)
                     sys.stderr.write(f"soak: {f!r} was not begun here\n")
                 continue
             self.ended.append(f.request)
