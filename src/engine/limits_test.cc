@@ -45,7 +45,7 @@ using testing::ThreadCount;
 constexpr uint64_t kBytes = 4096;
 // Resident memory a flood may add (allocator caches, socket bookkeeping): far below what one
 // unbounded buffer per connection or a trusted length field would take.
-constexpr uint64_t kRssSlack = 32 << 20;
+constexpr uint64_t kRssSlack = (uint64_t{32} << 20) + testing::kSanitizerRssSlack;
 
 // An engine with one shareable host buffer registered (shm reaches only those).
 struct Node {

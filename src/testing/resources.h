@@ -15,6 +15,23 @@
 
 namespace ferry::testing {
 
+// Resident memory a sanitizer adds on its own as a test runs: ASan keeps freed blocks in its
+// quarantine (256 MiB by default) and both it and TSan map shadow memory as memory is touched,
+// so a bound on resident growth holds there only with this much more room.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define FERRY_TESTING_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define FERRY_TESTING_SANITIZED 1
+#endif
+#ifdef FERRY_TESTING_SANITIZED
+inline constexpr uint64_t kSanitizerRssSlack = uint64_t{512} << 20;
+#else
+inline constexpr uint64_t kSanitizerRssSlack = 0;
+#endif
+
 // Threads of this process; -1 when /proc cannot be read.
 inline int ThreadCount() {
   DIR* d = ::opendir("/proc/self/task");

@@ -32,7 +32,7 @@ using ferry::testing::ThreadCount;
 
 // Resident memory a flood may add (allocator caches): far below one buffer of a claimed size
 // per message.
-constexpr uint64_t kRssSlack = 32 << 20;
+constexpr uint64_t kRssSlack = (uint64_t{32} << 20) + ferry::testing::kSanitizerRssSlack;
 
 // Open descriptors of this process (the service runs in it: a descriptor it leaks shows here).
 int OpenFds() {
