@@ -303,6 +303,9 @@ class Connector {
   // ---- producer ----
   // Write mode: layer `layer` of R (whose source blocks are `blocks`) is computed once `ready`
   // returns OK (no `ready`: now). Posted as soon as the consumer's allocation is known.
+  // kFailedPrecondition when R already ended here, failed or aborted, and its Finished was
+  // published (for instance, its consumer aborted it before this application began it): nothing
+  // more of R will be reported. Kept for `abort_timeout` after R's end; Seal() does the same.
   Status SaveLayer(std::string_view request, uint32_t layer, std::span<const uint64_t> blocks,
                    ReadyFn ready = nullptr);
   // Write mode: R saved `layers_saved` layers and no more will come; the completion follows

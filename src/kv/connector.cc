@@ -292,9 +292,10 @@ void Connector::Impl::Count(uint64_t ConnectorStats::*field, uint64_t n) {
   stats.*field += n;
 }
 
-void Connector::Impl::Publish(Finished f, bool producer_side) {
+void Connector::Impl::Publish(Finished f, bool producer_side, bool remember_ended) {
   MutexLock l(&mu);
   (producer_side ? producer_ids : consumer_ids).erase(f.request);
+  if (remember_ended) ended_ids.insert(f.request);
   switch (f.outcome) {
     case Outcome::kDone: ++stats.requests_done; break;
     case Outcome::kFailed: ++stats.requests_failed; break;

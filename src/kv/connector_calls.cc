@@ -45,6 +45,13 @@ Status CheckBlocks(const CacheLayout& layout, std::span<const uint64_t> blocks) 
   return {};
 }
 
+// A save or seal of a request that already ended here (failed or aborted) and was reported:
+// it would change nothing, and taking it would leave its caller waiting for a second end.
+Status EndedHereError(const std::string& request) {
+  return Status(Code::kFailedPrecondition, "request " + request +
+                                               " already ended here (failed or aborted) and was reported in finished()");
+}
+
 }  // namespace
 
 // ---- the public calls: checked here, carried out on the worker thread ----
@@ -141,6 +148,7 @@ Status Connector::SaveLayer(std::string_view request, uint32_t layer, std::span<
   std::string id(request);
   {
     MutexLock l(&impl_->mu);
+    if (impl_->ended_ids.count(id)) return EndedHereError(id);
     impl_->producer_ids.emplace(id, true);
   }
   std::vector<uint64_t> b(blocks.begin(), blocks.end());
@@ -168,6 +176,10 @@ Status Connector::Seal(std::string_view request, uint32_t layers_saved) {
   if (impl_->options.mode != Mode::kWrite) return Status(Code::kFailedPrecondition, "Seal needs write mode");
   if (layers_saved > impl_->layout.num_layers) return Status(Code::kOutOfRange, "more layers than the model has");
   std::string id(request);
+  {
+    MutexLock l(&impl_->mu);
+    if (impl_->ended_ids.count(id)) return EndedHereError(id);
+  }
   impl_->Post([impl = impl_.get(), id, layers_saved]() { impl->OnSeal(id, layers_saved); });
   return {};
 }

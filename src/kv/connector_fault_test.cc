@@ -100,10 +100,13 @@ TEST(ConnectorFaultTest, ADroppedAbortConfirmationHoldsTheBlocksUntilTheAbortTim
   EXPECT_EQ(d.outcome, Outcome::kAborted);
   EXPECT_GE(std::chrono::steady_clock::now() - start, 500ms);  // held, not handed back at once
   EXPECT_EQ(t.d->conn->stats().blocks_expired, 1u);
-  // The producer heard the abort: its request ended (aborted), and its late saves change nothing.
-  SaveAll(*t.p, "k", Blocks({1}));
+  // The producer heard the abort: its request ended (aborted) and was reported, and its late
+  // saves and seal are refused.
   Finished p = OneEnd(*t.p, "k");
   EXPECT_EQ(p.outcome, Outcome::kAborted);
+  EXPECT_EQ(t.p->conn->SaveLayer("k", 0, Blocks({1})).code(), Code::kFailedPrecondition);
+  EXPECT_EQ(t.p->conn->Seal("k", 3).code(), Code::kFailedPrecondition);
+  EXPECT_EQ(t.p->conn->pending(), 0u);
 }
 
 TEST(ConnectorFaultTest, ADroppedReleaseHoldsTheProducerBlocksUntilTheAbortTimeout) {

@@ -20,6 +20,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "base/mutex.h"
@@ -192,6 +193,10 @@ struct Connector::Impl {
   std::unordered_map<std::string, internal::LayerBoard> boards GUARDED_BY(mu);
   // Ids of requests not ended, per side: a second request under a pending id is refused.
   std::unordered_map<std::string, bool> producer_ids GUARDED_BY(mu);
+  // Producer requests that ended here, not done, and are still remembered (their tombstones):
+  // SaveLayer() and Seal() of one are refused at once rather than taken and ignored, so that an
+  // application that begins a request after its end (it learnt of the request late) hears so.
+  std::unordered_set<std::string> ended_ids GUARDED_BY(mu);
   std::unordered_map<std::string, bool> consumer_ids GUARDED_BY(mu);
   ConnectorStats stats GUARDED_BY(mu);
 
@@ -231,7 +236,9 @@ struct Connector::Impl {
   void Connect(const WorkerMetadata& peer);
   Status Send(const std::string& engine_key, const Message& m);
   Result<Session> SessionFor(const WorkerMetadata& peer, uint32_t local_region, uint32_t remote_region);
-  void Publish(Finished f, bool producer_side) EXCLUDES(mu);
+  // `remember_ended`: f's request joins ended_ids in the same step, so that a SaveLayer() or
+  // Seal() refused for it finds its Finished already queued.
+  void Publish(Finished f, bool producer_side, bool remember_ended = false) EXCLUDES(mu);
   void Count(uint64_t ConnectorStats::*field, uint64_t n = 1) EXCLUDES(mu);
   void HandleNotification(const Notification& n);
   void Timers(TimePoint now);

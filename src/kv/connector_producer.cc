@@ -448,6 +448,7 @@ void Connector::Impl::ProgressProducer(ProducerRequest& r) {
     f.outcome = Outcome::kFailed;
     f.status = r.error.ok() ? Status(Code::kUnknown, "request " + r.id + " failed") : r.error;
   }
+  bool remember = false;  // refuse late saves and seals of it (ended_ids)
   if (f.outcome != Outcome::kDone) {
     // Late calls and messages about it (a save after a deferred-write timeout, an allocation
     // that crossed the failure) are ignored or refused for a while, not taken as a new request.
@@ -458,16 +459,25 @@ void Connector::Impl::ProgressProducer(ProducerRequest& r) {
       auto& tomb = tombstones[r.id];
       tomb.until = Clock::now() + options.abort_timeout;
       tomb.ended_here = true;
+      remember = true;
     }
   }
   std::string rid = r.id;
   producing.erase(rid);
-  Publish(std::move(f), true);
+  Publish(std::move(f), true, remember);
 }
 
 void Connector::Impl::ProducerTimers(TimePoint now) {
   for (auto it = tombstones.begin(); it != tombstones.end();) {
-    it = it->second.until < now ? tombstones.erase(it) : std::next(it);
+    if (it->second.until >= now) {
+      ++it;
+      continue;
+    }
+    if (it->second.ended_here) {
+      MutexLock l(&mu);
+      ended_ids.erase(it->first);
+    }
+    it = tombstones.erase(it);
   }
   std::vector<std::string> due;
   for (auto& [rid, r] : producing) {

@@ -349,11 +349,17 @@ def test_an_abort_ends_both_sides(pd):
     d.conn.abort("ab")
     (f,) = d.finished()
     assert (f.outcome, f.producer) == ("aborted", False)
-    for layer in range(1, LAYERS):
-        p.conn.save_layer("ab", layer, [3, 4])
-    p.conn.seal("ab", LAYERS)
+    try:  # taken while the abort is on its way to the producer, refused once it ended there
+        for layer in range(1, LAYERS):
+            p.conn.save_layer("ab", layer, [3, 4])
+        p.conn.seal("ab", LAYERS)
+    except ferry.Error as e:
+        assert e.code == "FAILED_PRECONDITION", e
     (f,) = p.finished()
     assert f.outcome == "aborted" and f.blocks == [3, 4]
+    with pytest.raises(ferry.Error) as info:  # ended here and reported: nothing more of it is taken
+        p.conn.save_layer("ab", 0, [3, 4])
+    assert info.value.code == "FAILED_PRECONDITION"
     assert d.conn.stats()["requests_aborted"] == 1
     with pytest.raises(ferry.Error) as info:
         d.conn.abort("ab")

@@ -98,10 +98,13 @@ class Worker:
         self.pool = BlockPool(N, self.rep)
         self.ended = collections.deque(maxlen=4096)  # requests that ended here, latest last
         # Write-mode producer: requests the connector ended before this worker began them (the
-        # consumer's allocation opened them, its abort ended them). The connector ignores later
-        # saves and seals of such a request and never reports it again, so a request notice that
-        # arrives after its Finished must not begin it (it would stay open for ever).
+        # consumer's allocation opened them, its abort ended them), their Finished already taken.
+        # A request notice that arrives after that still begins the request: the connector must
+        # refuse its saves (FAILED_PRECONDITION), not take them and never report it again.
         self.ended_unbegun = collections.deque(maxlen=4096)
+        # Begun here, then refused as already ended, with the Finished still queued: finish()
+        # ends them when it comes (its blocks are not this worker's).
+        self.refused = set()
         self.reqs = {}  # request -> (blocks, ntok, started_ms, aborted)
         self.peer_key = None
         other = "consumer" if a.role == "producer" else "producer"
@@ -151,6 +154,19 @@ class Worker:
         self.ended.append(req)
         self.pool.give(blocks)
 
+    def ended_before(self, req: str) -> None:
+        """The connector refused a save or seal of `req`: it ended here already (its consumer
+        aborted it), and its Finished is queued, or was taken before this worker began it."""
+        self.rep.count("refused_ended_unbegun")
+        if req in self.ended_unbegun:
+            sys.stderr.write(f"soak: {req}: ended by the connector before its notice came; refused\n")
+            blocks = self.reqs.pop(req)[0]
+            self.rep.end(req, "FAILED_PRECONDITION")
+            self.ended.append(req)
+            self.pool.give(blocks)
+        else:
+            self.refused.add(req)
+
     def issue(self) -> None:
         if self.rep.draining or self.peer_key is None or len(self.reqs) >= INFLIGHT:
             return
@@ -191,10 +207,6 @@ class Worker:
             if self.a.mode == "write":  # producer
                 m = json.loads(msg)
                 req, ntok, k = m["r"], m["n"], m["k"]
-                if req in self.ended_unbegun:
-                    self.rep.count("refused_ended_unbegun")
-                    sys.stderr.write(f"soak: {req}: ended by the connector before its notice came; not begun\n")
-                    continue
                 blocks = self.pool.take(k)
                 if blocks is None:
                     self.rep.count("refused_no_blocks")
@@ -209,7 +221,10 @@ class Worker:
                         saved += 1
                     self.conn.seal(req, LAYERS)
                 except ferry.Error as e:
-                    self.fail_early(req, blocks, e, held=saved > 0)
+                    if e.code == "FAILED_PRECONDITION":
+                        self.ended_before(req)
+                    else:
+                        self.fail_early(req, blocks, e, held=saved > 0)
             else:  # consumer, read mode
                 params = kv.ReadParams.unpack(msg[1:])
                 req, ntok = params.request, params.num_tokens
@@ -248,7 +263,9 @@ class Worker:
                 continue
             self.ended.append(f.request)
             blocks, ntok = entry[0], entry[1]
-            if list(f.blocks) != list(blocks):
+            if f.request in self.refused:  # opened by the consumer's allocation, not by its saves
+                self.refused.discard(f.request)
+            elif list(f.blocks) != list(blocks):
                 self.rep.count("blocks_mismatch")
             code = "OK" if f.outcome == "done" else (f.code if f.code != "OK" else f.outcome.upper())
             if code == "OK" and self.a.role == "consumer":
