@@ -162,7 +162,8 @@ std::unique_ptr<PyEngine> MakeEngine(
     int64_t workers, int64_t post_batch, const std::string& progress, const std::string& rma,
     int64_t max_am_bytes, double connect_timeout_ms, double revoke_timeout_ms, double call_timeout_ms,
     int64_t metrics_port, std::string secret, std::string secret_file,
-    int64_t max_pending_notifications_per_peer, int64_t shm_max_connections) {
+    int64_t max_pending_notifications_per_peer, int64_t shm_max_connections,
+    std::vector<int64_t> shm_allowed_uids) {
   EngineOptions o;
   o.secret = std::move(secret);
   o.secret_file = std::move(secret_file);
@@ -180,6 +181,10 @@ std::unique_ptr<PyEngine> MakeEngine(
   o.max_pending_notifications_per_peer =
       IntOption<size_t>(max_pending_notifications_per_peer, "max_pending_notifications_per_peer");
   o.shm.max_connections = IntOption<size_t>(shm_max_connections, "shm_max_connections");
+  for (int64_t uid : shm_allowed_uids) {
+    if (uid < 0 || uid >= int64_t{UINT32_MAX}) ThrowInvalid("shm_allowed_uids: " + std::to_string(uid) + " is not a user id");
+    o.shm.allowed_uids.push_back(static_cast<uint32_t>(uid));
+  }
   o.ucx.listen_host = std::move(listen_host);
   o.ucx.listen_port = IntOption<uint16_t>(listen_port, "listen_port");
   o.ucx.max_pending_handshakes = IntOption<size_t>(max_pending_handshakes, "max_pending_handshakes");
@@ -283,6 +288,7 @@ py::dict EnvEngineKwargs() {
   k["max_pending_notification_bytes"] = o.max_pending_notification_bytes;
   k["max_pending_notifications_per_peer"] = o.max_pending_notifications_per_peer;
   k["shm_max_connections"] = o.shm.max_connections;
+  k["shm_allowed_uids"] = o.shm.allowed_uids;
   k["metrics_port"] = o.metrics_port;
   k["secret"] = o.secret;
   k["secret_file"] = o.secret_file;
@@ -325,7 +331,8 @@ void BindEngine(py::module_& m) {
       "interface), max_pending_handshakes, max_connections, handshake_timeout_ms, lanes,\n"
       "workers, post_batch, progress ('polling'|'event'|'shared'), rma ('auto'|'always'|\n"
       "'never'), max_am_bytes, connect_timeout_ms; the shm transport's revoke_timeout_ms,\n"
-      "call_timeout_ms and shm_max_connections; metrics_port (0 off, -1 a free port: an HTTP GET /metrics endpoint on\n"
+      "call_timeout_ms, shm_max_connections and shm_allowed_uids (users besides this one whose\n"
+      "processes may connect; empty: the same user only); metrics_port (0 off, -1 a free port: an HTTP GET /metrics endpoint on\n"
       "127.0.0.1, see metrics_port_in_use); secret or secret_file (the deployment's shared\n"
       "secret, 16+ bytes: peers over ucx must prove they hold it). A value out of range raises ferry.InvalidArgumentError (a ValueError\n"
       "and a ferry.Error with code INVALID_ARGUMENT) naming the field; RESOURCE_EXHAUSTED when a\n"
@@ -352,7 +359,8 @@ void BindEngine(py::module_& m) {
            py::arg("call_timeout_ms") = Ms(d.shm.call_timeout), py::arg("metrics_port") = d.metrics_port,
            py::arg("secret") = "", py::arg("secret_file") = "",
            py::arg("max_pending_notifications_per_peer") = d.max_pending_notifications_per_peer,
-           py::arg("shm_max_connections") = d.shm.max_connections)
+           py::arg("shm_max_connections") = d.shm.max_connections,
+           py::arg("shm_allowed_uids") = std::vector<int64_t>{})
       .def_property_readonly(
           "key", [](const PyEngine& s) { return Call(s, [](Engine& e) { return e.key(); }); },
           "Unique key of this engine.")

@@ -58,6 +58,7 @@ struct ServeFlags {
   int uva_probes = 3;
   int uva_reprobe_every = 64;
   uint64_t max_connections = 256;
+  std::vector<uint32_t> allow_uids;
   int pump_cpus = -1;
   std::string overlap = "on";
   bool pump_host_copies = false;
@@ -104,6 +105,7 @@ Result<embed::service::ServerOptions> CheckFlags(const ServeFlags& f) {
   o.policy.probes = f.uva_probes;
   o.policy.reprobe_every = f.uva_reprobe_every;
   o.max_connections = f.max_connections;
+  o.allowed_uids = f.allow_uids;
   o.pump_cpus = f.pump_cpus;
   o.overlap_layers = f.overlap == "on";
   o.pump_host_copies = f.pump_host_copies;
@@ -258,6 +260,9 @@ void AddEmbedServeCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--max-connections", f->max_connections,
                   "Connections served at once (GPU worker ranks and monitors); more are refused")
       ->capture_default_str();
+  cmd->add_option("--allow-uid", f->allow_uids,
+                  "A user id, besides this process's own, whose processes may connect (repeatable; "
+                  "default: the same user only)");
   cmd->add_option("--pump-cpus", f->pump_cpus,
                   "CPUs kept for the copy pumps, apart from the gather threads (-1: one when "
                   "there are more CPUs than --threads; 0: no pinning)")

@@ -108,6 +108,10 @@ struct ServerOptions {
   StepPolicyOptions policy;
   // Connections served at once (registered ranks and monitoring connections).
   size_t max_connections = 256;
+  // Users (uids) besides this process's own whose processes may connect (SO_PEERCRED); anyone
+  // else is refused at accept and logged. Empty: the same user only. The service writes into
+  // its clients' GPU memory and reads their tokens: name only users of the same deployment.
+  std::vector<uint32_t> allowed_uids;
   // CPUs kept for the copy pumps, so that they and the gather threads do not take turns on
   // the same cores: the last pump_cpus CPUs this process may run on go to the pumps, the others
   // to the gather threads (the groups' threads and the Gatherer's workers). -1 (auto): one CPU

@@ -98,6 +98,11 @@ struct ShmOptions {
   // finds it closed: kUnavailable), logged once per burst and counted in
   // EngineStats::connections_refused; a place frees when a peer hangs up.
   size_t max_connections = 512;
+  // Users (uids) besides this process's own whose processes may connect to this engine's shm
+  // socket, and whose engines' sockets this one connects to. Each end checks the other's user
+  // with SO_PEERCRED; anyone else is refused at accept and counted in
+  // EngineStats::rejected_messages. Empty: the same user only. Root gets no exception.
+  std::vector<uint32_t> allowed_uids;
 
   // `base` with the FERRY_SHM_* variables that are set applied (see the top of this file).
   static Result<ShmOptions> FromEnv(const ShmOptions& base);

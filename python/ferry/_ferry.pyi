@@ -19,7 +19,8 @@ class Engine:
     interface), max_pending_handshakes, max_connections, handshake_timeout_ms, lanes,
     workers, post_batch, progress ('polling'|'event'|'shared'), rma ('auto'|'always'|
     'never'), max_am_bytes, connect_timeout_ms; the shm transport's revoke_timeout_ms,
-    call_timeout_ms and shm_max_connections; metrics_port (0 off, -1 a free port: an HTTP GET /metrics endpoint on
+    call_timeout_ms, shm_max_connections and shm_allowed_uids (users besides this one whose
+    processes may connect; empty: the same user only); metrics_port (0 off, -1 a free port: an HTTP GET /metrics endpoint on
     127.0.0.1, see metrics_port_in_use); secret or secret_file (the deployment's shared
     secret, 16+ bytes: peers over ucx must prove they hold it). A value out of range raises ferry.InvalidArgumentError (a ValueError
     and a ferry.Error with code INVALID_ARGUMENT) naming the field; RESOURCE_EXHAUSTED when a
@@ -34,7 +35,7 @@ class Engine:
         """
         ...
     @overload
-    def __init__(self, *, key: str = '', default_deadline_ms: float = 30000.0, deregister_timeout_ms: Optional[float] = None, copy_threads: int = 0, parallel_copy_bytes: int = 4194304, pin_host_memory: bool = True, merge_adjacent_ops: bool = True, transports: List[str] = [], max_notification_bytes: int = 65536, max_pending_notifications: int = 65536, max_pending_notification_bytes: int = 67108864, listen_host: str = '127.0.0.1', listen_port: int = 0, max_pending_handshakes: int = 64, max_connections: int = 512, handshake_timeout_ms: float = 5000.0, lanes: int = 1, workers: int = 1, post_batch: int = 256, progress: str = 'event', rma: str = 'auto', max_am_bytes: int = 8388608, connect_timeout_ms: float = 10000.0, revoke_timeout_ms: float = 5000.0, call_timeout_ms: float = 10000.0, metrics_port: int = 0, secret: str = '', secret_file: str = '', max_pending_notifications_per_peer: int = 0, shm_max_connections: int = 512) -> None:
+    def __init__(self, *, key: str = '', default_deadline_ms: float = 30000.0, deregister_timeout_ms: Optional[float] = None, copy_threads: int = 0, parallel_copy_bytes: int = 4194304, pin_host_memory: bool = True, merge_adjacent_ops: bool = True, transports: List[str] = [], max_notification_bytes: int = 65536, max_pending_notifications: int = 65536, max_pending_notification_bytes: int = 67108864, listen_host: str = '127.0.0.1', listen_port: int = 0, max_pending_handshakes: int = 64, max_connections: int = 512, handshake_timeout_ms: float = 5000.0, lanes: int = 1, workers: int = 1, post_batch: int = 256, progress: str = 'event', rma: str = 'auto', max_am_bytes: int = 8388608, connect_timeout_ms: float = 10000.0, revoke_timeout_ms: float = 5000.0, call_timeout_ms: float = 10000.0, metrics_port: int = 0, secret: str = '', secret_file: str = '', max_pending_notifications_per_peer: int = 0, shm_max_connections: int = 512, shm_allowed_uids: List[int] = []) -> None:
         """Unset keyword arguments come from the FERRY_* environment variables (docs/configuration.md), then the defaults.
         """
         ...

@@ -4,8 +4,11 @@
 // the engine goes on serving the allowed peer and its other regions. Over ucx, shm and local,
 // with and without a secret; over ucx also a peer that skips the session's check and sends
 // requests by hand, and child processes; over cuda_ipc (with a GPU) a restricted region is not
-// exported, and peers reach it through ucx.
+// exported, and peers reach it through ucx. Also the shm socket's check of its peers' user
+// (SO_PEERCRED, ShmOptions::allowed_uids).
 #include <gtest/gtest.h>
+
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -19,7 +22,9 @@
 #include "ferry/engine.h"
 #include "ferry/metrics.h"
 #include "ferry/shared_memory.h"
+#include "testing/other_user.h"
 #include "testing/peer_process.h"
+#include "testing/shm_socket.h"
 #include "testing/ucx_raw_client.h"
 #include "transport/ucx/access_wire.h"
 
@@ -314,6 +319,43 @@ TEST(AccessListProcess, ChildPeersAreAllowedOrRefused) {
   EXPECT_FALSE(All(target.closed_buf.data(), 0x77)) << "the allowed child's write did not land";
   EXPECT_EQ(allowed->Command("read 0 0 4096"), "DONE OK");
   EXPECT_EQ(target.engine->stats().access_denied, 1u);
+}
+
+// ---- Peer credentials on the shm socket (SO_PEERCRED) ----
+
+// Another user's process is refused at accept and counted, unless ShmOptions::allowed_uids
+// names its user; the engine's own user always gets in. Needs root, to become another user.
+TEST(PeerCredentials, AnotherUsersProcessIsRefusedUnlessAllowed) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to connect as another user";
+  constexpr uid_t kOther = testing::kNobody;
+  for (bool allowed : {false, true}) {
+    SCOPED_TRACE(allowed ? "allowed" : "not allowed");
+    EngineOptions o;
+    o.key = kTarget;
+    o.transports = {"shm"};
+    if (allowed) o.shm.allowed_uids = {1234, kOther};
+    auto target = Engine::Create(o);
+    ASSERT_TRUE(target.ok()) << target.status().ToString();
+    const std::string name = testing::ShmSocketName((*target)->Describe());
+    ASSERT_FALSE(name.empty());
+    const uint64_t rejected = (*target)->stats().rejected_messages;
+    EXPECT_EQ(testing::ConnectAsUser(kOther, name, true, allowed ? 300 : 3000), allowed ? 1 : 0);
+    EXPECT_EQ((*target)->stats().rejected_messages, rejected + (allowed ? 0 : 1));
+    EXPECT_EQ(testing::ConnectAsUser(geteuid(), name, true, 300), 1) << "the engine's own user was refused";
+    // It still serves a peer engine of its own user.
+    Side target_side;
+    target_side.engine = std::move(target).value();
+    Side peer = Make(kAllowed, "shm", false);
+    ASSERT_TRUE(peer.engine);
+    auto buf = AllocateSharedHost(kBytes);
+    ASSERT_TRUE(buf.ok());
+    auto region = target_side.engine->RegisterMemory(buf->data(), kBytes);
+    ASSERT_TRUE(region.ok());
+    auto session = Open(peer, peer.open, target_side, *region);
+    ASSERT_TRUE(session.ok()) << session.status().ToString();
+    EXPECT_TRUE(Write(*session).ok());
+    ASSERT_TRUE(target_side.engine->DeregisterMemory(*region).ok());
+  }
 }
 
 // cuda_ipc: a restricted GPU region is not exported (its IPC handle would be open to every

@@ -69,6 +69,8 @@ Status CheckOptions(const EngineOptions& o) {
   if (o.shm.max_connections < 1 || o.shm.max_connections > kMaxShmConnections)
     return invalid("shm.max_connections must be in 1.." + std::to_string(kMaxShmConnections) + ", not " +
                    std::to_string(o.shm.max_connections));
+  if (o.shm.allowed_uids.size() > 4096)
+    return invalid("shm.allowed_uids lists " + std::to_string(o.shm.allowed_uids.size()) + " users, more than 4096");
   return Status::Ok();
 }
 

@@ -28,6 +28,7 @@
 #include "ferry/shared_memory.h"
 #include "testing/loopback.h"
 #include "testing/resources.h"
+#include "testing/shm_socket.h"
 #include "transport/inbox.h"
 #include "transport/notify_frame.h"
 #include "transport/ucx/door.h"
@@ -41,6 +42,7 @@ using internal::Inbox;
 using testing::Eventually;
 using testing::ResidentBytes;
 using testing::ThreadCount;
+using testing::ShmSocketName;
 
 constexpr uint64_t kBytes = 4096;
 // Resident memory a flood may add (allocator caches, socket bookkeeping): far below what one
@@ -363,19 +365,7 @@ TEST(UcxDoorLimits, AFloodOfIdleAndHugeHandshakesStartsNoThreadAndAllocatesNothi
 
 // ---- The shm listener --------------------------------------------------------------------------
 
-// The name of an engine's shm socket (its descriptor's shm entry).
-std::string ShmSocketName(const EngineDesc& engine) {
-  const TransportData* t = engine.FindTransport("shm");
-  if (t == nullptr) return {};
-  auto reader = codec::Reader::Parse(t->data);
-  if (!reader.ok()) return {};
-  codec::ArrayReader root = reader->root();
-  (void)root.Bytes("host", 1024);
-  auto name = root.Bytes("socket", 100);
-  return name.ok() ? std::string(*name) : std::string();
-}
-
-// Connections to the shm socket (same user only, which SO_PEERCRED checks) are served by the
+// Connections to the shm socket (same user or ShmOptions::allowed_uids, which SO_PEERCRED checks) are served by the
 // transport's one I/O thread: a flood of them, idle or sending datagrams far over the largest
 // message, starts no thread and keeps no buffer of the claimed size; the oversized ones are
 // rejected and counted, and a real peer gets in meanwhile.

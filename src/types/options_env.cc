@@ -67,6 +67,26 @@ std::string FormatList(const std::vector<std::string>& l) {
   return s;
 }
 
+Status ParseUids(std::string_view v, std::vector<uint32_t>* out) {
+  std::vector<std::string> items;
+  FERRY_RETURN_IF_ERROR(ParseList(v, &items));
+  std::vector<uint32_t> uids;
+  for (const std::string& item : items) {
+    uint32_t uid = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), uid);
+    if (ec != std::errc() || end != item.data() + item.size() || uid == UINT32_MAX)
+      return Bad("\"" + item.substr(0, 32) + "\" is not a user id");
+    uids.push_back(uid);
+  }
+  *out = std::move(uids);
+  return Status::Ok();
+}
+std::string FormatUids(const std::vector<uint32_t>& l) {
+  std::string s;
+  for (uint32_t u : l) s += (s.empty() ? "" : ",") + std::to_string(u);
+  return s;
+}
+
 Status ParseBool(std::string_view v, bool* out) {
   const std::string s = Lower(v);
   if (s == "1" || s == "true") *out = true;
@@ -216,6 +236,7 @@ const EnvField kFields[] = {
     FERRY_ENV_FIELD("FERRY_SHM_REVOKE_TIMEOUT", shm.revoke_timeout, Duration, "duration"),
     FERRY_ENV_FIELD("FERRY_SHM_CALL_TIMEOUT", shm.call_timeout, Duration, "duration"),
     FERRY_ENV_FIELD("FERRY_SHM_MAX_CONNECTIONS", shm.max_connections, Count, "count"),
+    FERRY_ENV_FIELD("FERRY_SHM_ALLOWED_UIDS", shm.allowed_uids, Uids, "user ids, comma-separated; empty = same user only"),
 };
 
 #undef FERRY_ENV_FIELD

@@ -15,6 +15,7 @@ namespace ferry {
 enum class EnvKind {
   kString,        // taken as is
   kList,          // comma-separated names
+  kUids,          // comma-separated user ids (numbers)
   kBool,          // 0, 1, true, false (any case)
   kCount,         // a non-negative integer
   kInt,           // an integer (may be negative)

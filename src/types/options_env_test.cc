@@ -42,6 +42,7 @@ std::vector<std::pair<std::string, std::string>> Samples(EnvKind kind) {
   switch (kind) {
     case EnvKind::kString: return {{"ferry-env-test", "ferry-env-test"}};
     case EnvKind::kList: return {{"shm,local", "shm,local"}};
+    case EnvKind::kUids: return {{"65534,1000", "65534,1000"}};
     case EnvKind::kBool: return {{"FALSE", "false"}, {"1", "true"}};
     case EnvKind::kCount: return {{"7", "7"}, {"3", "3"}};
     case EnvKind::kInt: return {{"-1", "-1"}, {"9", "9"}};
@@ -200,6 +201,15 @@ TEST(OptionsEnvTest, ShmMaxConnectionsFromEnv) {
   EXPECT_EQ(shm->max_connections, 7u);
   vars.Set("FERRY_SHM_MAX_CONNECTIONS", "many");
   EXPECT_EQ(ShmOptions::FromEnv().status().code(), Code::kInvalidArgument);
+  vars.Set("FERRY_SHM_MAX_CONNECTIONS", "7");
+  vars.Set("FERRY_SHM_ALLOWED_UIDS", "1000,65534");
+  shm = ShmOptions::FromEnv();
+  ASSERT_TRUE(shm.ok()) << shm.status().ToString();
+  EXPECT_EQ(shm->allowed_uids, (std::vector<uint32_t>{1000, 65534}));
+  for (const char* bad : {"nobody", "1000,", "-1", "4294967295", "12x"}) {
+    vars.Set("FERRY_SHM_ALLOWED_UIDS", bad);
+    EXPECT_EQ(ShmOptions::FromEnv().status().code(), Code::kInvalidArgument) << bad;
+  }
 }
 
 }  // namespace

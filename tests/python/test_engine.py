@@ -415,7 +415,7 @@ def test_every_engine_option_is_taken():
         max_pending_handshakes=8, max_connections=16, handshake_timeout_ms=1000, lanes=2, workers=1,
         post_batch=64, progress="polling", rma="never", max_am_bytes=1 << 20,
         connect_timeout_ms=1000, revoke_timeout_ms=1000, call_timeout_ms=1000,
-        max_pending_notifications_per_peer=4, shm_max_connections=4,
+        max_pending_notifications_per_peer=4, shm_max_connections=4, shm_allowed_uids=[65534],
     ) as e:
         assert e.transports == ["local"]
         e.notify(e.key, b"x" * 1024)
@@ -434,6 +434,7 @@ def test_every_engine_option_is_taken():
         ({"connect_timeout_ms": float("nan")}, "connect_timeout_ms"),
         ({"deregister_timeout_ms": -1}, "deregister_timeout"),
         ({"revoke_timeout_ms": 0}, "revoke_timeout"),
+        ({"shm_allowed_uids": [-1]}, "shm_allowed_uids"),
     ],
 )
 def test_bad_option_values_are_value_errors_naming_the_field(options, field):

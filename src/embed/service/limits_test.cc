@@ -15,11 +15,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <thread>
 
 #include "ferry/embed_server.h"
 #include "testing/embed_service.h"
+#include "testing/other_user.h"
 #include "testing/resources.h"
 
 namespace ferry::embed::service {
@@ -204,6 +206,30 @@ TEST(EmbedServiceLimits, ConnectionChurnLeavesNothing) {
   EXPECT_TRUE(Eventually([&] { return OpenFds() == fds; })) << OpenFds() << " descriptors open, " << fds << " before";
   EXPECT_LT(ResidentBytes(), rss + kRssSlack);
   ExpectServesAClient(path, 8);
+}
+
+// Another user's process is refused at accept unless ServerOptions::allowed_uids names it
+// (SO_PEERCRED); the socket file is then open to others, and the check is what keeps them out.
+TEST(EmbedServiceLimits, AnotherUsersProcessIsRefusedUnlessAllowed) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to connect as another user";
+  using ferry::testing::ConnectAsUser;
+  using ferry::testing::kNobody;
+  // Allowed users, and what nobody's connection gets: 0 closed at accept, 1 served, 2 refused
+  // by the socket file's mode (0600 when no other user is allowed).
+  const std::vector<std::pair<std::vector<uint32_t>, std::vector<int>>> cases = {
+      {{}, {0, 2}}, {{1234}, {0}}, {{1234, kNobody}, {1}}};
+  int n = 0;
+  for (const auto& [allowed, want] : cases) {
+    SCOPED_TRACE(n);
+    std::string path = TempSocketPath("limits-uid-" + std::to_string(n++));
+    ServerOptions o = SmallServerOptions(path);
+    o.allowed_uids = allowed;
+    auto server = StartServer(o);
+    ASSERT_TRUE(server);
+    const int got = ConnectAsUser(kNobody, path, false, want[0] == 1 ? 300 : 3000);
+    EXPECT_NE(std::find(want.begin(), want.end(), got), want.end()) << got;
+    ExpectServesAClient(path, 9);
+  }
 }
 
 }  // namespace

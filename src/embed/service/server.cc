@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -106,6 +107,13 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options,
                    impl->pump_cpus.size(), impl->pump_cpus.front(), impl->gather_cpus.size());
   FERRY_ASSIGN_OR_RETURN(impl->wake_fd, MakeWakeFd());
   FERRY_ASSIGN_OR_RETURN(impl->listen_fd, Listen(options.socket_path));
+  // Other users named in allowed_uids must be able to reach the socket file; everyone else who
+  // connects is refused by the peer check at accept.
+  if (!options.allowed_uids.empty() && ::chmod(options.socket_path.c_str(), 0666) != 0) {
+    const int err = errno;
+    ::unlink(options.socket_path.c_str());
+    return Status(Code::kInternal, "chmod " + options.socket_path + ": " + std::strerror(err));
+  }
   Impl* raw = impl.get();
   Result<std::thread> loop = StartThread("embed-serve event loop", [raw] { raw->Loop(); });
   if (!loop.ok()) {
@@ -230,8 +238,12 @@ bool Server::Impl::AcceptOne() {
   }
   // Another user's process gets nothing: the service writes into its clients' GPU memory.
   auto uid = os::PeerUid(fd->get());
-  if (!uid.ok() || *uid != getuid()) {
-    FERRY_LOG_WARN("embed-serve: refused a connection from another user (uid {})", uid.ok() ? std::to_string(*uid) : "?");
+  if (!uid.ok() || (*uid != getuid() && std::find(options.allowed_uids.begin(), options.allowed_uids.end(), *uid) ==
+                                            options.allowed_uids.end())) {
+    const int64_t who = uid.ok() ? static_cast<int64_t>(*uid) : -1;
+    if (refused_users.size() < 64 && refused_users.insert(who).second)  // once per user
+      FERRY_LOG_WARN("embed-serve: refused a connection from another user (uid {}; --allow-uid admits one)",
+                     uid.ok() ? std::to_string(*uid) : "?");
     return true;  // closed here
   }
   if (connections.size() >= options.max_connections) {

@@ -17,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <set>
 #include <vector>
 
 #include "base/mutex.h"
@@ -169,6 +170,7 @@ struct Server::Impl {
   // on gather_cpus, the copy pumps on pump_cpus; both empty when nothing is pinned.
   std::vector<int> gather_cpus, pump_cpus;
   UniqueFd listen_fd;
+  std::set<int64_t> refused_users;  // event loop only: users refused at accept, logged once each
   UniqueFd wake_fd;  // ends the event loop
   std::thread loop_thread;
   std::atomic<bool> stopping{false};

@@ -180,14 +180,21 @@ void Core::Deregister(const Region& region) {
   os::Env::Current()->Close(fd);
 }
 
+bool Core::UidAllowed(uid_t uid) const {
+  return uid == getuid() ||
+         std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(), uid) != options_.allowed_uids.end();
+}
+
 Result<std::shared_ptr<Conn>> Core::Dial(const std::string& peer_key, const std::string& name) {
   if (stopping_.load()) return Status(Code::kAborted, "the shm transport was shut down");
   // No retry: the peer listens from before it was described.
   const Deadline now = Deadline::At(Clock::time_point::min());
   FERRY_ASSIGN_OR_RETURN(os::UniqueFd fd, os::ConnectUnix(os::UnixAddress::Abstract(name), now));
   auto uid = os::PeerUid(fd.get());
-  if (!uid.ok() || *uid != getuid())
-    return Status(Code::kUnavailable, "the shm socket of " + peer_key + " belongs to another user");
+  if (!uid.ok() || !UidAllowed(*uid))
+    return Status(Code::kPermissionDenied, "the shm socket of " + peer_key + " belongs to another user" +
+                                               (uid.ok() ? " (uid " + std::to_string(*uid) + ")" : std::string()) +
+                                               ", not in ShmOptions::allowed_uids");
   auto conn = std::make_shared<Conn>(fd.release(), Conn::Role::kInitiator, peer_key, kSendTimeout);
   // The proofs go before the I/O thread takes the socket: this thread reads the challenge.
   if (!secret_.empty()) FERRY_RETURN_IF_ERROR(Authenticate(*conn, Deadline::After(options_.call_timeout)));
@@ -236,8 +243,13 @@ void Core::Accept() {
     auto fd = os::AcceptUnix(listen_fd_);
     if (!fd.ok()) return;
     auto uid = os::PeerUid(fd->get());
-    if (!uid.ok() || *uid != getuid()) {
-      Reject("connection from another user");
+    if (!uid.ok() || !UidAllowed(*uid)) {
+      Reject("connection from another user, not in ShmOptions::allowed_uids");
+      const int64_t who = uid.ok() ? static_cast<int64_t>(*uid) : -1;
+      MutexLock lock(&mu_);
+      if (refused_users_.size() < 64 && refused_users_.insert(who).second)  // once per user
+        FERRY_LOG_WARN("shm: refused a connection from user {} (not this process's user, nor in "
+                       "ShmOptions::allowed_uids)", uid.ok() ? std::to_string(*uid) : std::string("?"));
       continue;  // `fd` closes itself
     }
     {

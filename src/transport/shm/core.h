@@ -26,6 +26,8 @@
 // Thread safety: every public method may be called from any thread.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -193,6 +195,8 @@ class Core : public std::enable_shared_from_this<Core> {
 
   // Initiator side: connects to the engine listening on `name` and says hello.
   Result<std::shared_ptr<Conn>> Dial(const std::string& peer_key, const std::string& name);
+  // This process's user or one in ShmOptions::allowed_uids (SO_PEERCRED, both ends).
+  bool UidAllowed(uid_t uid) const;
 
  private:
   explicit Core(const TransportContext& ctx);
@@ -280,6 +284,7 @@ class Core : public std::enable_shared_from_this<Core> {
   std::vector<AfterDrain::Ack> deferred_acks_ GUARDED_BY(deferred_mu_);  // for the I/O thread
 
   mutable Mutex mu_;
+  std::set<int64_t> refused_users_ GUARDED_BY(mu_);  // users refused at accept, logged once each
   CondVar unmapped_cv_;
   std::vector<std::shared_ptr<Conn>> conns_ GUARDED_BY(mu_);
   size_t accepted_ GUARDED_BY(mu_) = 0;  // target connections in conns_ (max_connections)
