@@ -12,7 +12,8 @@
 //    two GPUs exist (the cases report an error and move nothing otherwise).
 //  - kv_cuda_ipc/<piece>/ferry: the same batch from this process's GPU memory into a
 //    ferry_test_peer child's GPU memory on the same GPU, through cuda_ipc; baseline
-//    d2d_1GiB/cudaMemcpy: one 1 GiB copy inside one GPU.
+//    d2d_1GiB/cudaMemcpy: one 1 GiB copy inside one GPU. ferry_2_in_flight posts the batch
+//    twice before waiting, as layers in flight do.
 //  - kv_d2d/<piece>/{ferry,kernel,naive}: the same batch between two buffers of one GPU in this
 //    process: through ferry (local transport), ferry's copy kernel alone (one launch, timed by
 //    CUDA events), and a naive kernel (one thread per 16-byte word of the batch, one launch):
@@ -217,6 +218,27 @@ void FerryKv(benchmark::State& state, Target target, uint64_t piece) {
   Finish(state, bytes, kPieces, path);
 }
 
+// The same batch posted twice before either is waited for (the two write the same bytes), as
+// an application with layers in flight does: the host's work for one batch (check, descriptor
+// fill, launches) and the completion of the other overlap. Bytes: both batches'.
+void FerryKvTwoInFlight(benchmark::State& state, Target target, uint64_t piece) {
+  const uint64_t bytes = kPieces * piece;
+  Rig* rig = GetRig(target, bytes);
+  if (!rig->error.empty()) return state.SkipWithError(rig->error.c_str());
+  const auto ops = KvOps(piece);
+  std::string path;
+  for (auto _ : state) {
+    auto start = Clock::now();
+    ferry::Transfer a = rig->session.WriteBatch(ops);
+    ferry::Transfer b = rig->session.WriteBatch(ops);
+    ferry::Status sa = a.Wait(), sb = b.Wait();
+    state.SetIterationTime(std::chrono::duration<double>(Clock::now() - start).count());
+    if (!sa.ok() || !sb.ok()) return state.SkipWithError((sa.ok() ? sb : sa).ToString().c_str());
+    path = a.path().ToString();
+  }
+  Finish(state, 2 * bytes, 2 * kPieces, path);
+}
+
 // ferry's copy kernel alone, one launch over the batch's pieces (cut as the engine cuts them),
 // timed on the GPU.
 void KernelKv(benchmark::State& state, Target target, uint64_t piece, bool naive) {
@@ -358,6 +380,8 @@ void Register() {
   for (uint64_t kib : {16, 32, 128}) {
     const std::string p = std::to_string(kib) + "KiB/";
     opts(benchmark::RegisterBenchmark(("kv_cuda_ipc/" + p + "ferry").c_str(), FerryKv, Target::kIpcPeer, kib << 10));
+    opts(benchmark::RegisterBenchmark(("kv_cuda_ipc/" + p + "ferry_2_in_flight").c_str(), FerryKvTwoInFlight,
+                                      Target::kIpcPeer, kib << 10));
     opts(benchmark::RegisterBenchmark(("kv_d2d/" + p + "ferry").c_str(), FerryKv, Target::kGpu0, kib << 10));
     opts(benchmark::RegisterBenchmark(("kv_d2d/" + p + "kernel").c_str(), KernelKv, Target::kGpu0, kib << 10, false));
     opts(benchmark::RegisterBenchmark(("kv_d2d/" + p + "naive").c_str(), KernelKv, Target::kGpu0, kib << 10, true));
