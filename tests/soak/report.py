@@ -8,6 +8,12 @@ import time
 # The roles that start requests (the other side of each pair serves them): their counts are
 # the soak's requests issued, succeeded and failed.
 INITIATORS = ("kvw.consumer", "kvr.producer", "batch.sender", "embed.client")
+# The assertion UCX 1.13.1 (Debian 12's) fails in its TCP transport when an endpoint times out
+# with multi-fragment zero-copy sends still queued (bench/results/soak.md, finding 1). A worker
+# that dies of it is listed apart and does not fail the run: the fault is in UCX, and the
+# workaround (UCX_ZCOPY_THRESH=inf) costs 2.4x on 64 KiB writes over TCP. Every other exit fails it.
+KNOWN_UCX_ABORT = "comp->count > 0"
+
 SUMMED = ("issued", "ok", "failed", "verified_bytes", "corrupt_bytes", "ended_twice", "double_free",
           "blocks_mismatch", "engine_retries", "finished_not_begun", "refused_ended_unbegun")
 
@@ -18,6 +24,7 @@ class Tally:
         self.finals = {}
         self.hung = set()  # (role, request) seen overdue
         self.stalls, self.crashes, self.no_exit, self.missing_final = [], [], [], []
+        self.known_aborts = []
         self.faults, self.resources = {}, {}
         self.drain_s = 0.0
         self.log_corrupt = self.log_tracebacks = 0
@@ -46,8 +53,12 @@ class Tally:
         return (f"issued {c['issued']} ok {c['ok']} failed {c['failed']} corrupt bytes {c['corrupt_bytes']} "
                 f"hung {len(self.hung)} stalled {len(self.stalls)} exits {len(self.crashes)} faults {self.faults}")
 
-    def crash(self, role, inc, rc, last_line: str) -> None:
-        self.crashes.append(f"{role}#{inc} exited {rc}: {last_line[:300]}")
+    def crash(self, role, inc, rc, last_line: str, log_tail=()) -> None:
+        line = f"{role}#{inc} exited {rc}: {last_line[:300]}"
+        if any(KNOWN_UCX_ABORT in l for l in log_tail):
+            self.known_aborts.append(line)  # UCX 1.13's own assertion: reported, not ferry's invariant
+        else:
+            self.crashes.append(line)
 
     def stall(self, role, inc, secs) -> None:
         self.stalls.append(f"{role}#{inc} silent {secs:.0f} s")
@@ -102,6 +113,7 @@ class Tally:
             "requests_hung": len(self.hung) + unfinished,
             "workers_stalled": self.stalls,
             "unexpected_exits": self.crashes,
+            "known_ucx_aborts": self.known_aborts,
             "workers_without_final_report": self.missing_final + self.no_exit,
             "ended_twice": sum(r["ended_twice"] for r in roles.values()),
             "blocks_leaked": leaked + pending,
@@ -114,6 +126,7 @@ class Tally:
             "faults": dict(self.faults),
             "engine_start_retries": sum(r["engine_retries"] for r in roles.values()),
             "finished_not_begun": sum(r["finished_not_begun"] for r in roles.values()),
+            "refused_ended_unbegun": sum(r["refused_ended_unbegun"] for r in roles.values()),
             "netem": netem_reason or "on",
             "in_flight_in_killed_processes": lost,
             "drain_s": round(self.drain_s, 1),
@@ -133,9 +146,10 @@ class Tally:
 def render(r: dict) -> str:
     lines = ["== ferry soak: " + ("PASSED" if r["ok"] else "FAILED") + f" (seed {r.get('seed')})"]
     for k in ("requests_issued", "requests_succeeded", "requests_failed_reported", "failed_by_code",
-              "requests_hung", "workers_stalled", "unexpected_exits", "workers_without_final_report",
+              "requests_hung", "workers_stalled", "unexpected_exits", "known_ucx_aborts", "workers_without_final_report",
               "ended_twice", "blocks_leaked", "blocks_freed_twice", "blocks_mismatched", "bytes_verified",
-              "bytes_corrupted", "corruption_lines_in_logs", "tracebacks_in_logs", "faults", "engine_start_retries", "finished_not_begun", "netem",
+              "bytes_corrupted", "corruption_lines_in_logs", "tracebacks_in_logs", "faults", "engine_start_retries", "finished_not_begun",
+              "refused_ended_unbegun", "netem",
               "in_flight_in_killed_processes", "drain_s", "resource_margin"):
         lines.append(f"  {k:32} {r[k]}")
     for role, s in r["resources"].items():

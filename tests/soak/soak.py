@@ -283,7 +283,7 @@ class Soak:
                         tail = [l.strip() for l in f.readlines()[-40:] if l.strip()]
                     telling = [l for l in tail if any(w in l for w in ("Assertion", "Error", "Fatal", "rror:"))]
                     last = (telling or tail)[-1:]
-                    self.tally.crash(pr.name, pr.inc, rc, last[0] if last else "")
+                    self.tally.crash(pr.name, pr.inc, rc, last[0] if last else "", tail)
                     pr.restart_at = now + 0.5
                 continue
             if not pr.reports or pr.stopped or now < pr.quiet_until:
