@@ -28,10 +28,20 @@ struct ChunkResult {
   uint64_t last_local_end = 0, last_remote_end = 0;
 };
 
+// One load of each field of a caller's op. The caller's array may be changed by another thread
+// while it is read (a hostile or careless caller): a plain copy lets the compiler load a field
+// again for the check after storing the copy (the race makes that legal), so the check could
+// pass on a value that the copy does not hold. Seen with g++ 13 on a 16-core machine: a write
+// landed 512 KiB past its region (Conformance.OpsChangedByAnotherThreadNeverMoveUncheckedBytes).
+inline TransferOp LoadOnce(const TransferOp& op) {
+  return TransferOp{__atomic_load_n(&op.local_offset, __ATOMIC_RELAXED),
+                    __atomic_load_n(&op.remote_offset, __ATOMIC_RELAXED), __atomic_load_n(&op.size, __ATOMIC_RELAXED)};
+}
+
 ChunkResult CheckChunk(const TransferOp* in, TransferOp* out, size_t n, uint64_t local_size, uint64_t remote_size) {
   ChunkResult r;
   for (size_t i = 0; i < n; ++i) {
-    const TransferOp o = in[i];
+    const TransferOp o = in == out ? in[i] : LoadOnce(in[i]);
     out[i] = o;  // what is checked is the copy the transport will get
     const bool inside = InBounds(o.local_offset, o.size, local_size) && InBounds(o.remote_offset, o.size, remote_size);
     const bool overflow = __builtin_add_overflow(r.total, o.size, &r.total);

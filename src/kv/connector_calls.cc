@@ -61,6 +61,10 @@ Status Connector::ExpectWrite(std::string_view request, std::string_view produce
   if (Status s = CheckRequestId(request); !s.ok()) return s;
   if (impl_->options.mode != Mode::kWrite) return Status(Code::kFailedPrecondition, "ExpectWrite needs write mode");
   if (impl_->options.role == Role::kProducer) return Status(Code::kFailedPrecondition, "a producer does not receive");
+  // Checked and used from a copy: the caller's array may change under another thread.
+  if (blocks.size() > kMaxMessageBlocks) return Status(Code::kOutOfRange, "too many blocks for one request");
+  const std::vector<uint64_t> own_blocks(blocks.begin(), blocks.end());
+  blocks = own_blocks;
   if (Status s = CheckBlocks(impl_->layout, blocks); !s.ok()) return s;
   if (num_tokens > blocks.size() * uint64_t{impl_->layout.block_tokens}) {
     return Status(Code::kOutOfRange, "more tokens than the blocks hold");
@@ -87,6 +91,10 @@ Status Connector::StartRead(const ReadParams& params, std::span<const uint64_t> 
   if (Status s = CheckRequestId(params.request); !s.ok()) return s;
   if (impl_->options.mode != Mode::kRead) return Status(Code::kFailedPrecondition, "StartRead needs read mode");
   if (impl_->options.role == Role::kProducer) return Status(Code::kFailedPrecondition, "a producer does not receive");
+  // Checked and used from a copy: the caller's array may change under another thread.
+  if (blocks.size() > kMaxMessageBlocks) return Status(Code::kOutOfRange, "too many blocks for one request");
+  const std::vector<uint64_t> own_blocks(blocks.begin(), blocks.end());
+  blocks = own_blocks;
   if (Status s = CheckBlocks(impl_->layout, blocks); !s.ok()) return s;
   auto ranks = impl_->InstanceRanks(params.producer.instance, params.producer.dp_rank);
   if (!ranks.ok() && params.producer_tp_size == 1 && !params.handshake.empty()) {
@@ -144,6 +152,10 @@ Status Connector::SaveLayer(std::string_view request, uint32_t layer, std::span<
   if (impl_->options.mode != Mode::kWrite) return Status(Code::kFailedPrecondition, "SaveLayer needs write mode");
   if (impl_->options.role == Role::kConsumer) return Status(Code::kFailedPrecondition, "a consumer does not send");
   if (layer >= impl_->layout.num_layers) return Status(Code::kOutOfRange, "no layer " + std::to_string(layer));
+  // Checked and used from a copy: the caller's array may change under another thread.
+  if (blocks.size() > kMaxMessageBlocks) return Status(Code::kOutOfRange, "too many blocks for one request");
+  const std::vector<uint64_t> own_blocks(blocks.begin(), blocks.end());
+  blocks = own_blocks;
   if (Status s = CheckBlocks(impl_->layout, blocks); !s.ok()) return s;
   std::string id(request);
   {
@@ -189,6 +201,10 @@ Result<ReadParams> Connector::HoldForRead(std::string_view request, std::span<co
   if (Status s = CheckRequestId(request); !s.ok()) return s;
   if (impl_->options.mode != Mode::kRead) return Status(Code::kFailedPrecondition, "HoldForRead needs read mode");
   if (impl_->options.role == Role::kConsumer) return Status(Code::kFailedPrecondition, "a consumer does not send");
+  // Checked and used from a copy: the caller's array may change under another thread.
+  if (blocks.size() > kMaxMessageBlocks) return Status(Code::kOutOfRange, "too many blocks for one request");
+  const std::vector<uint64_t> own_blocks(blocks.begin(), blocks.end());
+  blocks = own_blocks;
   if (Status s = CheckBlocks(impl_->layout, blocks); !s.ok()) return s;
   if (num_tokens > blocks.size() * uint64_t{impl_->layout.block_tokens}) {
     return Status(Code::kOutOfRange, "more tokens than the blocks hold");
