@@ -80,6 +80,25 @@ Status CheckListenLink(const std::string& listen_host) {
                                         "engine is made and would never use it: retry once the link is up");
 }
 
+// UCX's TCP transport moves a message in segments of UCX_TCP_TX_SEG_SIZE (8 KiB by default)
+// and receives into UCX_TCP_RX_SEG_SIZE (64 KiB): a 1 MiB write is 128 sends and as many
+// progress rounds. With 256 KiB segments, ferry's 1 MiB writes over TCP went from 0.62 to 0.77
+// of ucx_perftest's tag_bw (median of 5 rounds, 16-core host, bench/results/ucx_two_process.md),
+// and writes up to 256 KiB (ferry's eager pieces) go as one eager message, not as zero-copy
+// fragments (the path of UCX 1.13's `comp->count > 0` abort, bench/results/soak.md). The cost:
+// a connection that is receiving holds one segment, at most ucx.max_connections x 256 KiB
+// (docs/limits.md). UCX takes the transport's own names here (no TCP_ prefix); only TCP has
+// them. A user who sets either variable keeps UCX's sizes and theirs.
+constexpr char kTcpSegment[] = "256k";
+
+void ApplyTcpDefaults(ucp_config_t* config) {
+  if (std::getenv("UCX_TCP_TX_SEG_SIZE") != nullptr || std::getenv("UCX_TCP_RX_SEG_SIZE") != nullptr) return;
+  for (const char* name : {"RX_SEG_SIZE", "TX_SEG_SIZE"}) {
+    if (ucs_status_t st = ucp_config_modify(config, name, kTcpSegment); st != UCS_OK)
+      FERRY_LOG_DEBUG("ucx: cannot set TCP {}: {}", name, ucs_status_string(st));
+  }
+}
+
 }  // namespace
 
 Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx, std::unique_ptr<StageCopier> copier) {
@@ -108,7 +127,12 @@ Result<std::shared_ptr<Core>> Core::Create(const TransportContext& ctx, std::uni
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
   params.mt_workers_shared = 1;
-  ucs_status_t st = ucp_init(&params, nullptr, &core->context_);
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) return FromUcs(st, "ucp_config_read");
+  ApplyTcpDefaults(config);
+  st = ucp_init(&params, config, &core->context_);
+  ucp_config_release(config);
   if (st != UCS_OK) return FromUcs(st, "ucp_init");
 
   core->rma_ = DecideRma(AvailableUctTransports(), ReadUcxTls());
