@@ -249,7 +249,7 @@ TEST_P(NotificationLimits, AFloodingPeerDoesNotStarveAnother) {
   })) << from_good << " from the good peer, " << from_flooder << " from the flooder";
   EXPECT_EQ(t.stats().dropped_notifications, dropped) << "none of the good peer's notifications was dropped";
   EXPECT_EQ(t.stats().rejected_messages, 0u) << "refused at the limit, not malformed";
-  EXPECT_EQ(ThreadCount(), threads);
+  EXPECT_LE(ThreadCount(), threads);
   EXPECT_LT(ResidentBytes(), rss + kRssSlack);
   // Once taken, the flooder's share is free again.
   ASSERT_TRUE(flooder->engine->Notify("target", "after").ok());
@@ -283,7 +283,7 @@ TEST(UcxDoorLimits, ConnectionsPastMaxConnectionsAreRefused) {
     EXPECT_EQ(d.status().code(), Code::kResourceExhausted) << d.status().ToString();
     EXPECT_NE(d.status().message().find("ucx.max_connections"), std::string_view::npos) << d.status().ToString();
   }
-  EXPECT_EQ(ThreadCount(), threads);
+  EXPECT_LE(ThreadCount(), threads);
   EXPECT_LT(ResidentBytes(), rss + kRssSlack);
   // A real engine past the limit fails to connect, with the target's reason.
   auto p3 = MakeNode("peer-3", {"ucx"});
@@ -345,7 +345,7 @@ TEST(UcxDoorLimits, AFloodOfIdleAndHugeHandshakesStartsNoThreadAndAllocatesNothi
       huge.push_back(fd);
     }
   }
-  EXPECT_EQ(ThreadCount(), threads) << "a thread per connection";
+  EXPECT_LE(ThreadCount(), threads) << "a thread per connection";
   ExpectServesANewPeer(*target, "ucx");
   int closed = 0;
   for (int fd : huge) {
@@ -359,7 +359,7 @@ TEST(UcxDoorLimits, AFloodOfIdleAndHugeHandshakesStartsNoThreadAndAllocatesNothi
     close(fd);
   }
   EXPECT_EQ(closed, static_cast<int>(idle.size())) << "idle connections were kept past the handshake timeout";
-  EXPECT_EQ(ThreadCount(), threads);
+  EXPECT_LE(ThreadCount(), threads);
   EXPECT_LT(ResidentBytes(), rss + kRssSlack);
 }
 
@@ -389,10 +389,10 @@ TEST(ShmLimits, AFloodOfConnectionsAndOversizedMessagesStartsNoThread) {
     ASSERT_EQ(send(conns[i].get(), big.data(), big.size(), MSG_NOSIGNAL), static_cast<ssize_t>(big.size())) << errno;
   ASSERT_TRUE(Eventually([&] { return target->engine->stats().rejected_messages >= rejected + 20; }))
       << target->engine->stats().rejected_messages - rejected;
-  EXPECT_EQ(ThreadCount(), threads) << "a thread per connection";
+  EXPECT_LE(ThreadCount(), threads) << "a thread per connection";
   ExpectServesANewPeer(*target, "shm");
   conns.clear();
-  EXPECT_EQ(ThreadCount(), threads);
+  EXPECT_LE(ThreadCount(), threads);
   EXPECT_LT(ResidentBytes(), rss + kRssSlack);
 }
 
@@ -427,7 +427,7 @@ TEST(MetricsLimits, AFloodOfConnectionsStartsNoThread) {
     }
     close(fd);
     if (i % 50 == 0) {
-      EXPECT_EQ(ThreadCount(), threads);
+      EXPECT_LE(ThreadCount(), threads);
     }
   }
   EXPECT_GE(connected, 16) << "the flood never reached the endpoint";
@@ -449,7 +449,7 @@ TEST(MetricsLimits, AFloodOfConnectionsStartsNoThread) {
     close(fd);
     return reply.rfind("HTTP/1.0 200 OK", 0) == 0;
   }, 10s)) << reply;
-  EXPECT_EQ(ThreadCount(), threads);
+  EXPECT_LE(ThreadCount(), threads);
   EXPECT_LT(ResidentBytes(), rss + kRssSlack);
 }
 
@@ -499,7 +499,7 @@ TEST(ShmLimits, ConnectionsPastMaxConnectionsAreRefusedAndCounted) {
   for (auto& fd : served) EXPECT_FALSE(ClosedWithin(fd.get(), 0ms));
   // Our ends of every connection, and the engine's ends of the served ones only.
   EXPECT_EQ(descriptors(), fds + static_cast<int>(kLimit + refused.size() + kLimit));
-  EXPECT_EQ(ThreadCount(), threads) << "a thread per connection";
+  EXPECT_LE(ThreadCount(), threads) << "a thread per connection";
   const uint64_t count = target->engine->stats().connections_refused;
   EXPECT_EQ(count, refused.size());
   const std::string text = RenderPrometheus(target->engine->Metrics());
