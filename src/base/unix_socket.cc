@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
@@ -138,6 +139,13 @@ Result<uid_t> PeerUid(int fd) {
   if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
     return ErrnoStatus("SO_PEERCRED", errno);
   return cred.uid;
+}
+
+bool PeerUserAllowed(int fd, std::span<const uint32_t> allowed, uid_t* peer) {
+  auto uid = PeerUid(fd);
+  if (peer != nullptr) *peer = uid.ok() ? *uid : static_cast<uid_t>(-1);
+  if (!uid.ok()) return false;
+  return *uid == ::getuid() || std::find(allowed.begin(), allowed.end(), *uid) != allowed.end();
 }
 
 Result<UniqueFd> MakeWakeFd() {

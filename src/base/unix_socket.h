@@ -66,6 +66,9 @@ Result<UniqueFd> ConnectUnix(const UnixAddress& address, Deadline retry_until);
 Result<UniqueFd> AcceptUnix(int listen_fd);
 // The user id of the process at the other end.
 Result<uid_t> PeerUid(int fd);
+// Whether the process behind `fd` may connect: this process's user, or one in `allowed`.
+// False when its user cannot be read.
+bool PeerUserAllowed(int fd, std::span<const uint32_t> allowed, uid_t* peer = nullptr);
 
 // Sends one message with `fds` attached, waiting for room in the socket until `until`
 // (a default Deadline waits as long as the peer takes). kDeadlineExceeded when the socket stays

@@ -63,7 +63,7 @@ Status Connector::ExpectWrite(std::string_view request, std::string_view produce
   if (impl_->options.role == Role::kProducer) return Status(Code::kFailedPrecondition, "a producer does not receive");
   // Checked and used from a copy: the caller's array may change under another thread.
   if (blocks.size() > kMaxMessageBlocks) return Status(Code::kOutOfRange, "too many blocks for one request");
-  const std::vector<uint64_t> own_blocks(blocks.begin(), blocks.end());
+  std::vector<uint64_t> own_blocks(blocks.begin(), blocks.end());
   blocks = own_blocks;
   if (Status s = CheckBlocks(impl_->layout, blocks); !s.ok()) return s;
   if (num_tokens > blocks.size() * uint64_t{impl_->layout.block_tokens}) {
@@ -80,7 +80,7 @@ Status Connector::ExpectWrite(std::string_view request, std::string_view produce
       return Status(Code::kAlreadyExists, "request " + id + " is already pending here");
     }
   }
-  impl_->Post([impl = impl_.get(), id, sources = std::move(*sources), b = std::vector<uint64_t>(blocks.begin(), blocks.end()),
+  impl_->Post([impl = impl_.get(), id, sources = std::move(*sources), b = std::move(own_blocks),
                num_tokens, first_token]() mutable {
     impl->OnExpectWrite(id, std::move(sources), std::move(b), num_tokens, first_token);
   });
@@ -93,7 +93,7 @@ Status Connector::StartRead(const ReadParams& params, std::span<const uint64_t> 
   if (impl_->options.role == Role::kProducer) return Status(Code::kFailedPrecondition, "a producer does not receive");
   // Checked and used from a copy: the caller's array may change under another thread.
   if (blocks.size() > kMaxMessageBlocks) return Status(Code::kOutOfRange, "too many blocks for one request");
-  const std::vector<uint64_t> own_blocks(blocks.begin(), blocks.end());
+  std::vector<uint64_t> own_blocks(blocks.begin(), blocks.end());
   blocks = own_blocks;
   if (Status s = CheckBlocks(impl_->layout, blocks); !s.ok()) return s;
   auto ranks = impl_->InstanceRanks(params.producer.instance, params.producer.dp_rank);
@@ -120,7 +120,7 @@ Status Connector::StartRead(const ReadParams& params, std::span<const uint64_t> 
     impl_->boards[params.request] = std::move(board);
   }
   impl_->Post([impl = impl_.get(), params, ranks = std::move(*ranks), sources = std::move(*sources),
-               b = std::vector<uint64_t>(blocks.begin(), blocks.end()), first_token]() mutable {
+               b = std::move(own_blocks), first_token]() mutable {
     impl->OnStartRead(std::move(params), std::move(ranks), std::move(sources), std::move(b), first_token);
   });
   return {};
@@ -154,7 +154,7 @@ Status Connector::SaveLayer(std::string_view request, uint32_t layer, std::span<
   if (layer >= impl_->layout.num_layers) return Status(Code::kOutOfRange, "no layer " + std::to_string(layer));
   // Checked and used from a copy: the caller's array may change under another thread.
   if (blocks.size() > kMaxMessageBlocks) return Status(Code::kOutOfRange, "too many blocks for one request");
-  const std::vector<uint64_t> own_blocks(blocks.begin(), blocks.end());
+  std::vector<uint64_t> own_blocks(blocks.begin(), blocks.end());
   blocks = own_blocks;
   if (Status s = CheckBlocks(impl_->layout, blocks); !s.ok()) return s;
   std::string id(request);
@@ -163,7 +163,7 @@ Status Connector::SaveLayer(std::string_view request, uint32_t layer, std::span<
     if (impl_->ended_ids.count(id)) return EndedHereError(id);
     impl_->producer_ids.emplace(id, true);
   }
-  std::vector<uint64_t> b(blocks.begin(), blocks.end());
+  std::vector<uint64_t> b = std::move(own_blocks);  // `blocks` views it: not used past here
   if (!ready) {
     impl_->Post([impl = impl_.get(), id, layer, b = std::move(b)]() mutable {
       impl->OnSaved(id, layer, std::move(b), {}, false);
@@ -203,7 +203,7 @@ Result<ReadParams> Connector::HoldForRead(std::string_view request, std::span<co
   if (impl_->options.role == Role::kConsumer) return Status(Code::kFailedPrecondition, "a consumer does not send");
   // Checked and used from a copy: the caller's array may change under another thread.
   if (blocks.size() > kMaxMessageBlocks) return Status(Code::kOutOfRange, "too many blocks for one request");
-  const std::vector<uint64_t> own_blocks(blocks.begin(), blocks.end());
+  std::vector<uint64_t> own_blocks(blocks.begin(), blocks.end());
   blocks = own_blocks;
   if (Status s = CheckBlocks(impl_->layout, blocks); !s.ok()) return s;
   if (num_tokens > blocks.size() * uint64_t{impl_->layout.block_tokens}) {
@@ -221,7 +221,7 @@ Result<ReadParams> Connector::HoldForRead(std::string_view request, std::span<co
   p.producer = impl_->id;
   p.producer_tp_size = impl_->layout.tp_size;
   p.handshake = impl_->HandshakeAddress();
-  p.blocks.assign(blocks.begin(), blocks.end());
+  p.blocks = std::move(own_blocks);
   p.num_tokens = num_tokens;
   impl_->Post([impl = impl_.get(), id, b = p.blocks, num_tokens]() mutable { impl->OnHold(id, std::move(b), num_tokens); });
   return p;

@@ -237,13 +237,11 @@ bool Server::Impl::AcceptOne() {
     return false;
   }
   // Another user's process gets nothing: the service writes into its clients' GPU memory.
-  auto uid = os::PeerUid(fd->get());
-  if (!uid.ok() || (*uid != getuid() && std::find(options.allowed_uids.begin(), options.allowed_uids.end(), *uid) ==
-                                            options.allowed_uids.end())) {
-    const int64_t who = uid.ok() ? static_cast<int64_t>(*uid) : -1;
+  uid_t uid = 0;
+  if (!os::PeerUserAllowed(fd->get(), options.allowed_uids, &uid)) {
+    const int64_t who = uid == static_cast<uid_t>(-1) ? -1 : static_cast<int64_t>(uid);  // -1: unknown
     if (refused_users.size() < 64 && refused_users.insert(who).second)  // once per user
-      FERRY_LOG_WARN("embed-serve: refused a connection from another user (uid {}; --allow-uid admits one)",
-                     uid.ok() ? std::to_string(*uid) : "?");
+      FERRY_LOG_WARN("embed-serve: refused a connection from another user (uid {}; --allow-uid admits one)", who);
     return true;  // closed here
   }
   if (connections.size() >= options.max_connections) {

@@ -180,21 +180,16 @@ void Core::Deregister(const Region& region) {
   os::Env::Current()->Close(fd);
 }
 
-bool Core::UidAllowed(uid_t uid) const {
-  return uid == getuid() ||
-         std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(), uid) != options_.allowed_uids.end();
-}
-
 Result<std::shared_ptr<Conn>> Core::Dial(const std::string& peer_key, const std::string& name) {
   if (stopping_.load()) return Status(Code::kAborted, "the shm transport was shut down");
   // No retry: the peer listens from before it was described.
   const Deadline now = Deadline::At(Clock::time_point::min());
   FERRY_ASSIGN_OR_RETURN(os::UniqueFd fd, os::ConnectUnix(os::UnixAddress::Abstract(name), now));
-  auto uid = os::PeerUid(fd.get());
-  if (!uid.ok() || !UidAllowed(*uid))
-    return Status(Code::kPermissionDenied, "the shm socket of " + peer_key + " belongs to another user" +
-                                               (uid.ok() ? " (uid " + std::to_string(*uid) + ")" : std::string()) +
-                                               ", not in ShmOptions::allowed_uids");
+  uid_t uid = 0;
+  if (!os::PeerUserAllowed(fd.get(), options_.allowed_uids, &uid))
+    return Status(Code::kPermissionDenied, "the shm socket of " + peer_key + " belongs to another user (uid " +
+                                               (uid == static_cast<uid_t>(-1) ? std::string("?") : std::to_string(uid)) +
+                                               "), not in ShmOptions::allowed_uids");
   auto conn = std::make_shared<Conn>(fd.release(), Conn::Role::kInitiator, peer_key, kSendTimeout);
   // The proofs go before the I/O thread takes the socket: this thread reads the challenge.
   if (!secret_.empty()) FERRY_RETURN_IF_ERROR(Authenticate(*conn, Deadline::After(options_.call_timeout)));
@@ -242,14 +237,14 @@ void Core::Accept() {
   for (int i = 0; i < 16; ++i) {
     auto fd = os::AcceptUnix(listen_fd_);
     if (!fd.ok()) return;
-    auto uid = os::PeerUid(fd->get());
-    if (!uid.ok() || !UidAllowed(*uid)) {
+    uid_t uid = 0;
+    if (!os::PeerUserAllowed(fd->get(), options_.allowed_uids, &uid)) {
       Reject("connection from another user, not in ShmOptions::allowed_uids");
-      const int64_t who = uid.ok() ? static_cast<int64_t>(*uid) : -1;
+      const int64_t who = uid == static_cast<uid_t>(-1) ? -1 : static_cast<int64_t>(uid);  // -1: unknown
       MutexLock lock(&mu_);
       if (refused_users_.size() < 64 && refused_users_.insert(who).second)  // once per user
         FERRY_LOG_WARN("shm: refused a connection from user {} (not this process's user, nor in "
-                       "ShmOptions::allowed_uids)", uid.ok() ? std::to_string(*uid) : std::string("?"));
+                       "ShmOptions::allowed_uids)", who);
       continue;  // `fd` closes itself
     }
     {

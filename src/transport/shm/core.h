@@ -195,8 +195,6 @@ class Core : public std::enable_shared_from_this<Core> {
 
   // Initiator side: connects to the engine listening on `name` and says hello.
   Result<std::shared_ptr<Conn>> Dial(const std::string& peer_key, const std::string& name);
-  // This process's user or one in ShmOptions::allowed_uids (SO_PEERCRED, both ends).
-  bool UidAllowed(uid_t uid) const;
 
  private:
   explicit Core(const TransportContext& ctx);
