@@ -17,13 +17,15 @@ namespace ferry::cuda {
 
 CopyEngine::Core::~Core() {
   DeviceGuard guard(device);
-  if (stream != nullptr) (void)cudaStreamSynchronize(stream);
+  SyncStreams();
   if (upload_stream != nullptr) (void)cudaStreamSynchronize(upload_stream);
   for (cudaEvent_t e : free_events) (void)cudaEventDestroy(e);
   if (upload_event != nullptr) (void)cudaEventDestroy(upload_event);
+  if (join_event != nullptr) (void)cudaEventDestroy(join_event);
   if (host_ring != nullptr) (void)cudaFreeHost(host_ring);
   if (device_ring != nullptr) (void)cudaFree(device_ring);
   if (stream != nullptr) (void)cudaStreamDestroy(stream);
+  if (stream2 != nullptr) (void)cudaStreamDestroy(stream2);
   if (upload_stream != nullptr) (void)cudaStreamDestroy(upload_stream);
   (void)cudaGetLastError();
 }
@@ -44,6 +46,10 @@ Status CopyEngine::Core::Init(int ordinal) {
   max_blocks = static_cast<uint32_t>(std::max(sms, 1));
   FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
                                  "cudaStreamCreateWithFlags"));
+  FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamCreateWithFlags(&stream2, cudaStreamNonBlocking),
+                                 "cudaStreamCreateWithFlags (second launch stream)"));
+  FERRY_RETURN_IF_ERROR(ToStatus(cudaEventCreateWithFlags(&join_event, cudaEventDisableTiming),
+                                 "cudaEventCreateWithFlags (stream join)"));
   // Descriptors go up on a stream of their own, so that a launch's upload runs while the
   // launch before it copies (on one stream each upload waited for the previous kernel).
   FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamCreateWithFlags(&upload_stream, cudaStreamNonBlocking),
@@ -90,7 +96,19 @@ void CopyEngine::Core::ReleaseEventLocked(cudaEvent_t event) {
   }
 }
 
-Status CopyEngine::Core::PushSegmentLocked(bool uses_ring, size_t ring_end,
+void CopyEngine::Core::SyncStreams() {
+  if (stream != nullptr) (void)cudaStreamSynchronize(stream);
+  if (stream2 != nullptr) (void)cudaStreamSynchronize(stream2);
+}
+
+Status CopyEngine::Core::JoinLocked(cudaStream_t onto) {
+  cudaStream_t other = onto == stream ? stream2 : stream;
+  // join_event is recorded again for every join: a wait takes the record current when enqueued.
+  FERRY_RETURN_IF_ERROR(ToStatus(cudaEventRecord(join_event, other), "record the launch streams' join"));
+  return ToStatus(cudaStreamWaitEvent(onto, join_event, 0), "join the launch streams");
+}
+
+Status CopyEngine::Core::PushSegmentLocked(cudaStream_t on, bool uses_ring, size_t ring_end,
                                            std::shared_ptr<Completion> completion, Status error) {
   cudaEvent_t event = nullptr;
   if (!free_events.empty()) {
@@ -102,7 +120,7 @@ Status CopyEngine::Core::PushSegmentLocked(bool uses_ring, size_t ring_end,
         cudaEventCreateWithFlags(&event, cudaEventBlockingSync | cudaEventDisableTiming),
         "cudaEventCreateWithFlags"));
   }
-  Status recorded = ToStatus(cudaEventRecord(event, stream), "cudaEventRecord");
+  Status recorded = ToStatus(cudaEventRecord(event, on), "cudaEventRecord");
   if (!recorded.ok()) {
     free_events.push_back(event);
     return recorded;

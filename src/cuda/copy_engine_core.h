@@ -43,8 +43,16 @@ struct CopyEngine::Core {
 
   // REQUIRES (every *Locked method): mu held.
   Status EnqueueDmaLocked(const std::vector<Copy>& dma, bool batched, bool* enqueued) REQUIRES(mu);
-  Status PushSegmentLocked(bool uses_ring, size_t ring_end, std::shared_ptr<Completion> completion,
-                           Status error) REQUIRES(mu);
+  // Records the segment's event on `on` (a launch stream).
+  Status PushSegmentLocked(cudaStream_t on, bool uses_ring, size_t ring_end,
+                           std::shared_ptr<Completion> completion, Status error) REQUIRES(mu);
+  // Makes `onto` wait for the other launch stream's work enqueued so far, so that an event
+  // recorded on `onto` next covers both.
+  Status JoinLocked(cudaStream_t onto) REQUIRES(mu);
+  // The stream of the next launch: the two launch streams in turn.
+  cudaStream_t NextLaunchStreamLocked() REQUIRES(mu) { return (launches++ & 1) ? stream2 : stream; }
+  // Waits for both launch streams (an enqueue failed and the ring cannot be tracked).
+  void SyncStreams();
   bool AllocRingLocked(size_t n, size_t* at) REQUIRES(mu);
   void ReleaseEventLocked(cudaEvent_t event) REQUIRES(mu);
   void ReapLocked(Done* done, const Status* force) REQUIRES(mu);
@@ -54,7 +62,12 @@ struct CopyEngine::Core {
 
   int device = 0;
   uint32_t max_blocks = 0;
+  // Launches alternate between two streams, so that a launch starts while the one before it
+  // drains its last pieces (on one stream each launch waited for the previous one's tail).
+  // Copies to the DMA engines and the batch's completion go on `stream`, after a join.
   cudaStream_t stream = nullptr;
+  cudaStream_t stream2 = nullptr;
+  cudaEvent_t join_event = nullptr;
   // Descriptor uploads, and the event each launch waits for on `stream` (recorded again for
   // every upload: a wait takes the record that was current when it was enqueued).
   cudaStream_t upload_stream = nullptr;
@@ -69,6 +82,7 @@ struct CopyEngine::Core {
   size_t head GUARDED_BY(mu) = 0;  // ring [tail, head) in use, may wrap
   size_t tail GUARDED_BY(mu) = 0;
   size_t ring_users GUARDED_BY(mu) = 0;                  // segments in flight that use the ring
+  uint64_t launches GUARDED_BY(mu) = 0;                  // kernel launches so far (picks the stream)
   cudaEvent_t completer_event GUARDED_BY(mu) = nullptr;  // the event the completer sleeps on
   bool completer_event_released GUARDED_BY(mu) = false;  // its segment was reaped meanwhile
   bool stop GUARDED_BY(mu) = false;

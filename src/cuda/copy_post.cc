@@ -23,14 +23,17 @@ constexpr uint64_t kLargePieceBytes = 1 << 20;
 constexpr size_t kFewPieces = 4;
 // One launch takes at most a quarter of the descriptor ring, so that batches overlap.
 constexpr size_t kMaxLaunchPieces = kRingPieces / 4;
-// The first launch of a batch carries at most this many pieces and each later one four times
-// the last, so that the GPU starts while the CPU still fills descriptors for the rest: on an
-// H200 a first launch of 32,768 pieces kept the link idle for about 1.4 ms of a 27 ms batch.
-// The host fills a launch's descriptors faster than the GPU copies the one before it (ops of
-// 16 KiB within one GPU: about 1.3 ns an op to fill, 8.7 ns to copy), so fewer, larger launches
-// lose less to the idle tail at the end of each (bench/results/cuda_ipc.md).
+// The first launch of a batch carries at most this many pieces and each later one twice the
+// last, so that the GPU starts while the CPU still fills descriptors for the rest: on an H200 a
+// first launch of 32,768 pieces kept the link idle for about 1.4 ms of a 27 ms batch. Twice,
+// not more: on the H200 machine's host the fill of a checked batch of offsets took about 4 ns an
+// op (it reads ops that the checking threads wrote), half what the GPU takes to copy a 16 KiB
+// op, so launches four times larger left the GPU waiting for descriptors (a trace: 100-130 us
+// more GPU time than one launch of the batch); twice keeps the fill ahead of the copy. The
+// launches alternate between two streams, so each one's tail overlaps the next one's start
+// (bench/results/cuda_ipc.md).
 constexpr size_t kFirstLaunchPieces = 2048;
-constexpr size_t kLaunchGrowth = 4;
+constexpr size_t kLaunchGrowth = 2;
 // Ops of a batch of offsets up to this size go to the kernel whole, one warp each; larger ones
 // are cut into pieces of kMaxPieceBytes (or go to the DMA engines). KV blocks of 128 KiB then
 // travel as one descriptor each, not two.
@@ -166,6 +169,7 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
   }
   auto backoff = std::chrono::microseconds(5);
   size_t launch = kFirstLaunchPieces;
+  cudaStream_t last_on = stream;  // the stream of the batch's last enqueued work
   while (error.ok() && !all_dma && !cursor.done()) {
     const size_t prev_head = head;
     size_t at = 0;
@@ -206,7 +210,9 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
                                      cudaMemcpyHostToDevice, upload_stream),
                      "upload copy descriptors");
     if (error.ok()) error = ToStatus(cudaEventRecord(upload_event, upload_stream), "record descriptor upload");
-    if (error.ok()) error = ToStatus(cudaStreamWaitEvent(stream, upload_event, 0), "wait for descriptor upload");
+    cudaStream_t on = NextLaunchStreamLocked();
+    last_on = on;
+    if (error.ok()) error = ToStatus(cudaStreamWaitEvent(on, upload_event, 0), "wait for descriptor upload");
     if (error.ok()) {
       enqueued = true;
       int launched = 0;
@@ -214,9 +220,9 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
         if (offsets)
           launched = LaunchOffsetCopy(reinterpret_cast<const OffsetPiece*>(device_ring + at), static_cast<uint32_t>(n),
                                       reinterpret_cast<char*>(copies.dst), reinterpret_cast<const char*>(copies.src),
-                                      copies.write, max_blocks, stream);
+                                      copies.write, max_blocks, on);
       }
-      if (!offsets) launched = LaunchBatchCopy(device_ring + at, static_cast<uint32_t>(n), max_blocks, stream);
+      if (!offsets) launched = LaunchBatchCopy(device_ring + at, static_cast<uint32_t>(n), max_blocks, on);
       error = ToStatus(static_cast<cudaError_t>(launched), "launch batch copy kernel");
       if (error.ok()) {
         ++stats.kernel_launches;
@@ -225,16 +231,23 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
     }
     launch = std::min(launch * kLaunchGrowth, kMaxLaunchPieces);
     const bool last = (cursor.done() && dma.empty()) || !error.ok();
-    Status pushed = PushSegmentLocked(true, at + n, last ? completion : nullptr, error);
+    // The batch completes with its last launch: that launch's event covers both streams.
+    if (last && error.ok()) error = JoinLocked(on);
+    Status pushed = PushSegmentLocked(on, true, at + n, last ? completion : nullptr, error);
     if (!pushed.ok()) {
       // Without an event the ring space cannot be tracked: wait here instead.
-      (void)cudaStreamSynchronize(stream);
+      SyncStreams();
       if (error.ok()) error = pushed;
       break;
     }
     placed = last;
   }
-  if (error.ok() && !dma.empty()) error = EnqueueDmaLocked(dma, /*batched=*/!options.pageable, &enqueued);
+  if (error.ok() && !dma.empty()) {
+    // After this batch's launches on either stream: the DMA copies and the completion go on `stream`.
+    error = JoinLocked(stream);
+    if (error.ok()) error = EnqueueDmaLocked(dma, /*batched=*/!options.pageable, &enqueued);
+    last_on = stream;
+  }
   if (enqueued) ++stats.batches;
   if (!placed) {
     if (!enqueued) {
@@ -244,9 +257,12 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
       }
       done.push_back({completion, Status::Ok()});  // nothing to copy
     } else {
-      Status pushed = PushSegmentLocked(false, 0, completion, error);
+      // An enqueue failed after some launches (or the batch went to the DMA engines on `stream`,
+      // joined above): the completion waits for both streams.
+      if (Status joined = JoinLocked(last_on); !joined.ok() && error.ok()) error = joined;
+      Status pushed = PushSegmentLocked(last_on, false, 0, completion, error);
       if (!pushed.ok()) {
-        (void)cudaStreamSynchronize(stream);
+        SyncStreams();
         done.push_back({completion, error.ok() ? pushed : error});
       }
     }
