@@ -21,7 +21,6 @@ CopyEngine::Core::~Core() {
   if (upload_stream != nullptr) (void)cudaStreamSynchronize(upload_stream);
   for (cudaEvent_t e : free_events) (void)cudaEventDestroy(e);
   if (upload_event != nullptr) (void)cudaEventDestroy(upload_event);
-  if (join_event != nullptr) (void)cudaEventDestroy(join_event);
   if (host_ring != nullptr) (void)cudaFreeHost(host_ring);
   if (device_ring != nullptr) (void)cudaFree(device_ring);
   if (stream != nullptr) (void)cudaStreamDestroy(stream);
@@ -48,8 +47,6 @@ Status CopyEngine::Core::Init(int ordinal) {
                                  "cudaStreamCreateWithFlags"));
   FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamCreateWithFlags(&stream2, cudaStreamNonBlocking),
                                  "cudaStreamCreateWithFlags (second launch stream)"));
-  FERRY_RETURN_IF_ERROR(ToStatus(cudaEventCreateWithFlags(&join_event, cudaEventDisableTiming),
-                                 "cudaEventCreateWithFlags (stream join)"));
   // Descriptors go up on a stream of their own, so that a launch's upload runs while the
   // launch before it copies (on one stream each upload waited for the previous kernel).
   FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamCreateWithFlags(&upload_stream, cudaStreamNonBlocking),
@@ -99,13 +96,6 @@ void CopyEngine::Core::ReleaseEventLocked(cudaEvent_t event) {
 void CopyEngine::Core::SyncStreams() {
   if (stream != nullptr) (void)cudaStreamSynchronize(stream);
   if (stream2 != nullptr) (void)cudaStreamSynchronize(stream2);
-}
-
-Status CopyEngine::Core::JoinLocked(cudaStream_t onto) {
-  cudaStream_t other = onto == stream ? stream2 : stream;
-  // join_event is recorded again for every join: a wait takes the record current when enqueued.
-  FERRY_RETURN_IF_ERROR(ToStatus(cudaEventRecord(join_event, other), "record the launch streams' join"));
-  return ToStatus(cudaStreamWaitEvent(onto, join_event, 0), "join the launch streams");
 }
 
 Status CopyEngine::Core::PushSegmentLocked(cudaStream_t on, bool uses_ring, size_t ring_end,

@@ -1,9 +1,9 @@
 // CopyEngine: moves batches of copies on one CUDA device without blocking the caller.
 //
-// Each engine owns two non-blocking launch streams (kernel launches alternate between them; a
-// batch's DMA copies and completion follow a join of both), a ring of piece descriptors
-// (page-locked on the host, mirrored on the device) and a pool of events. Post() enqueues a
-// batch and returns at once: many small pieces become a few kernel launches; a few large pieces, or memory that kernels cannot
+// Each engine owns two non-blocking launch streams (kernel launches alternate between them; DMA
+// copies go on the first), a ring of piece descriptors (page-locked on the host, mirrored on
+// the device) and a pool of events. Post() enqueues a batch and returns at once: many small
+// pieces become a few kernel launches; a few large pieces, or memory that kernels cannot
 // address (pageable host memory), go to the DMA engines (cudaMemcpyBatchAsync /
 // cudaMemcpyAsync). Completion is observed by cudaEventQuery from Poll() (never blocks) and by
 // the engine's completion thread, which sleeps on the oldest event, so that a batch nobody

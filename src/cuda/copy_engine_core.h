@@ -43,12 +43,9 @@ struct CopyEngine::Core {
 
   // REQUIRES (every *Locked method): mu held.
   Status EnqueueDmaLocked(const std::vector<Copy>& dma, bool batched, bool* enqueued) REQUIRES(mu);
-  // Records the segment's event on `on` (a launch stream).
+  // Records the segment's event on `on` (the stream of the segment's work).
   Status PushSegmentLocked(cudaStream_t on, bool uses_ring, size_t ring_end,
                            std::shared_ptr<Completion> completion, Status error) REQUIRES(mu);
-  // Makes `onto` wait for the other launch stream's work enqueued so far, so that an event
-  // recorded on `onto` next covers both.
-  Status JoinLocked(cudaStream_t onto) REQUIRES(mu);
   // The stream of the next launch: the two launch streams in turn.
   cudaStream_t NextLaunchStreamLocked() REQUIRES(mu) { return (launches++ & 1) ? stream2 : stream; }
   // Waits for both launch streams (an enqueue failed and the ring cannot be tracked).
@@ -64,11 +61,12 @@ struct CopyEngine::Core {
   uint32_t max_blocks = 0;
   // Launches alternate between two streams, so that a launch starts while the one before it
   // drains its last pieces (on one stream each launch waited for the previous one's tail).
-  // Copies to the DMA engines and the batch's completion go on `stream`, after a join.
+  // Copies to the DMA engines go on `stream`. Every launch is a segment with its own event, and
+  // segments complete in the order pushed (ReapLocked), so a batch's last event completes it
+  // only once every earlier launch, on either stream, has completed: no join is needed.
   cudaStream_t stream = nullptr;
   cudaStream_t stream2 = nullptr;
-  cudaEvent_t join_event = nullptr;
-  // Descriptor uploads, and the event each launch waits for on `stream` (recorded again for
+  // Descriptor uploads, and the event each launch waits for on its stream (recorded again for
   // every upload: a wait takes the record that was current when it was enqueued).
   cudaStream_t upload_stream = nullptr;
   cudaEvent_t upload_event = nullptr;

@@ -169,7 +169,7 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
   }
   auto backoff = std::chrono::microseconds(5);
   size_t launch = kFirstLaunchPieces;
-  cudaStream_t last_on = stream;  // the stream of the batch's last enqueued work
+  cudaStream_t last_on = stream;  // the stream of the batch's last launch
   while (error.ok() && !all_dma && !cursor.done()) {
     const size_t prev_head = head;
     size_t at = 0;
@@ -231,8 +231,6 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
     }
     launch = std::min(launch * kLaunchGrowth, kMaxLaunchPieces);
     const bool last = (cursor.done() && dma.empty()) || !error.ok();
-    // The batch completes with its last launch: that launch's event covers both streams.
-    if (last && error.ok()) error = JoinLocked(on);
     Status pushed = PushSegmentLocked(on, true, at + n, last ? completion : nullptr, error);
     if (!pushed.ok()) {
       // Without an event the ring space cannot be tracked: wait here instead.
@@ -243,10 +241,8 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
     placed = last;
   }
   if (error.ok() && !dma.empty()) {
-    // After this batch's launches on either stream: the DMA copies and the completion go on `stream`.
-    error = JoinLocked(stream);
-    if (error.ok()) error = EnqueueDmaLocked(dma, /*batched=*/!options.pageable, &enqueued);
-    last_on = stream;
+    error = EnqueueDmaLocked(dma, /*batched=*/!options.pageable, &enqueued);
+    last_on = stream;  // the completion's event follows the DMA copies
   }
   if (enqueued) ++stats.batches;
   if (!placed) {
@@ -257,9 +253,8 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
       }
       done.push_back({completion, Status::Ok()});  // nothing to copy
     } else {
-      // An enqueue failed after some launches (or the batch went to the DMA engines on `stream`,
-      // joined above): the completion waits for both streams.
-      if (Status joined = JoinLocked(last_on); !joined.ok() && error.ok()) error = joined;
+      // After the DMA copies, or after the launches when an enqueue failed: the launches' own
+      // segments come first, so the completion waits for them too.
       Status pushed = PushSegmentLocked(last_on, false, 0, completion, error);
       if (!pushed.ok()) {
         SyncStreams();
