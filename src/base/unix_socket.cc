@@ -141,9 +141,9 @@ Result<uid_t> PeerUid(int fd) {
   return cred.uid;
 }
 
-bool PeerUserAllowed(int fd, std::span<const uint32_t> allowed, uid_t* peer) {
+bool PeerUserAllowed(int fd, std::span<const uint32_t> allowed, int64_t* peer) {
   auto uid = PeerUid(fd);
-  if (peer != nullptr) *peer = uid.ok() ? *uid : static_cast<uid_t>(-1);
+  if (peer != nullptr) *peer = uid.ok() ? static_cast<int64_t>(*uid) : -1;
   if (!uid.ok()) return false;
   return *uid == ::getuid() || std::find(allowed.begin(), allowed.end(), *uid) != allowed.end();
 }

@@ -18,6 +18,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -67,8 +68,8 @@ Result<UniqueFd> AcceptUnix(int listen_fd);
 // The user id of the process at the other end.
 Result<uid_t> PeerUid(int fd);
 // Whether the process behind `fd` may connect: this process's user, or one in `allowed`.
-// False when its user cannot be read.
-bool PeerUserAllowed(int fd, std::span<const uint32_t> allowed, uid_t* peer = nullptr);
+// False when its user cannot be read. *peer: its user id, -1 when it cannot be read.
+bool PeerUserAllowed(int fd, std::span<const uint32_t> allowed, int64_t* peer = nullptr);
 
 // Sends one message with `fds` attached, waiting for room in the socket until `until`
 // (a default Deadline waits as long as the peer takes). kDeadlineExceeded when the socket stays

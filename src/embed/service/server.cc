@@ -237,9 +237,8 @@ bool Server::Impl::AcceptOne() {
     return false;
   }
   // Another user's process gets nothing: the service writes into its clients' GPU memory.
-  uid_t uid = 0;
-  if (!os::PeerUserAllowed(fd->get(), options.allowed_uids, &uid)) {
-    const int64_t who = uid == static_cast<uid_t>(-1) ? -1 : static_cast<int64_t>(uid);  // -1: unknown
+  int64_t who = -1;  // -1: unknown
+  if (!os::PeerUserAllowed(fd->get(), options.allowed_uids, &who)) {
     if (refused_users.size() < 64 && refused_users.insert(who).second)  // once per user
       FERRY_LOG_WARN("embed-serve: refused a connection from another user (uid {}; --allow-uid admits one)", who);
     return true;  // closed here

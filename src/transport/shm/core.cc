@@ -185,10 +185,10 @@ Result<std::shared_ptr<Conn>> Core::Dial(const std::string& peer_key, const std:
   // No retry: the peer listens from before it was described.
   const Deadline now = Deadline::At(Clock::time_point::min());
   FERRY_ASSIGN_OR_RETURN(os::UniqueFd fd, os::ConnectUnix(os::UnixAddress::Abstract(name), now));
-  uid_t uid = 0;
+  int64_t uid = -1;
   if (!os::PeerUserAllowed(fd.get(), options_.allowed_uids, &uid))
     return Status(Code::kPermissionDenied, "the shm socket of " + peer_key + " belongs to another user (uid " +
-                                               (uid == static_cast<uid_t>(-1) ? std::string("?") : std::to_string(uid)) +
+                                               (uid < 0 ? std::string("?") : std::to_string(uid)) +
                                                "), not in ShmOptions::allowed_uids");
   auto conn = std::make_shared<Conn>(fd.release(), Conn::Role::kInitiator, peer_key, kSendTimeout);
   // The proofs go before the I/O thread takes the socket: this thread reads the challenge.
@@ -237,10 +237,9 @@ void Core::Accept() {
   for (int i = 0; i < 16; ++i) {
     auto fd = os::AcceptUnix(listen_fd_);
     if (!fd.ok()) return;
-    uid_t uid = 0;
-    if (!os::PeerUserAllowed(fd->get(), options_.allowed_uids, &uid)) {
+    int64_t who = -1;  // -1: unknown
+    if (!os::PeerUserAllowed(fd->get(), options_.allowed_uids, &who)) {
       Reject("connection from another user, not in ShmOptions::allowed_uids");
-      const int64_t who = uid == static_cast<uid_t>(-1) ? -1 : static_cast<int64_t>(uid);  // -1: unknown
       MutexLock lock(&mu_);
       if (refused_users_.size() < 64 && refused_users_.insert(who).second)  // once per user
         FERRY_LOG_WARN("shm: refused a connection from user {} (not this process's user, nor in "
