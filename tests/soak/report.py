@@ -28,6 +28,7 @@ class Tally:
         self.faults, self.resources = {}, {}
         self.drain_s = 0.0
         self.log_corrupt = self.log_tracebacks = 0
+        self.first_traceback = ""  # "log: last line" of the first traceback in the workers' logs
 
     def record(self, role, inc, ev) -> None:
         self.last[(role, inc)] = (ev, time.monotonic())
@@ -70,9 +71,15 @@ class Tally:
     def scan_logs(self, rundir: str) -> None:
         for path in glob.glob(os.path.join(rundir, "*.log")):
             with open(path, errors="replace") as f:
+                in_tb = False
                 for line in f:
                     self.log_corrupt += "bytes differ" in line
-                    self.log_tracebacks += line.startswith("Traceback")
+                    if line.startswith("Traceback"):
+                        self.log_tracebacks += 1
+                        in_tb = not self.first_traceback
+                    elif in_tb and line.strip() and not line.startswith((" ", "\t")):
+                        self.first_traceback = f"{os.path.basename(path)}: {line.strip()[:300]}"
+                        in_tb = False
 
     def summary(self, fd_margin: int, rss_margin, netem_reason) -> dict:
         roles = {}
@@ -111,6 +118,8 @@ class Tally:
             "requests_failed_reported": sum(r.get("failed", 0) for r in init),
             "failed_by_code": codes,
             "requests_hung": len(self.hung) + unfinished,
+            "hung_roles": sorted({role for role, _ in self.hung}
+                                 | {role for (role, _), f in self.finals.items() if f.get("outstanding")}),
             "workers_stalled": self.stalls,
             "unexpected_exits": self.crashes,
             "known_ucx_aborts": self.known_aborts,
@@ -123,6 +132,7 @@ class Tally:
             "bytes_corrupted": sum(r["corrupt_bytes"] for r in roles.values()),
             "corruption_lines_in_logs": self.log_corrupt,
             "tracebacks_in_logs": self.log_tracebacks,
+            "first_traceback": self.first_traceback,
             "faults": dict(self.faults),
             "engine_start_retries": sum(r["engine_retries"] for r in roles.values()),
             "finished_not_begun": sum(r["finished_not_begun"] for r in roles.values()),
@@ -134,13 +144,31 @@ class Tally:
             "resource_margin": f"fds +{fd_margin}; RSS x{rss_margin[0]} + {rss_margin[1] // 1024} MiB",
             "roles": roles,
         }
-        out["ok"] = (out["requests_hung"] == 0 and not self.stalls and not self.crashes
-                     and not out["workers_without_final_report"] and out["ended_twice"] == 0
-                     and out["blocks_leaked"] == 0 and out["blocks_freed_twice"] == 0
-                     and out["blocks_mismatched"] == 0 and out["bytes_corrupted"] == 0
-                     and self.log_corrupt == 0 and self.log_tracebacks == 0
-                     and all(r["ok"] for r in res.values()) and out["requests_succeeded"] > 0)
+        out["broken"] = broken(out)
+        out["ok"] = not out["broken"]
         return out
+
+
+def broken(r: dict) -> list:
+    """The invariants the run broke, each as "name=value" (empty when every one held)."""
+    out = []
+    for k in ("requests_hung", "ended_twice", "blocks_leaked", "blocks_freed_twice", "blocks_mismatched",
+              "bytes_corrupted", "corruption_lines_in_logs", "tracebacks_in_logs"):
+        if r[k]:
+            out.append(f"{k}={r[k]}")
+    if r["tracebacks_in_logs"] and r.get("first_traceback"):
+        out.append(f"first_traceback={r['first_traceback']}")
+    if r["hung_roles"]:
+        out.append(f"hung_in={r['hung_roles']}")
+    for k in ("workers_stalled", "unexpected_exits", "workers_without_final_report"):
+        if r[k]:
+            out.append(f"{k}={'; '.join(r[k])[:400]}")
+    for role, s in r["resources"].items():
+        if not s["ok"]:
+            out.append(f"resources[{role}]={ {k: v for k, v in s.items() if k != 'ok'} }")
+    if r["requests_succeeded"] <= 0:
+        out.append("requests_succeeded=0")
+    return out
 
 
 def render(r: dict) -> str:
@@ -157,4 +185,6 @@ def render(r: dict) -> str:
     for role, s in r["roles"].items():
         lines.append(f"  role {role:27} x{s['incarnations']} issued {s['issued']} ok {s['ok']} "
                      f"failed {s['failed']} {s['codes']}")
+    if r["broken"]:
+        lines.append("== ferry soak: broken: " + ", ".join(r["broken"]))
     return "\n".join(lines)
