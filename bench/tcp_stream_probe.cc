@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
   int s = socket(AF_INET, SOCK_STREAM, 0);
   if (s < 0 || connect(s, (sockaddr*)&a, sizeof a) != 0) {
     perror("connect");
-    return 1;
+    std::exit(1);  // the receiving thread waits in accept
   }
   int one = 1; setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   auto t0 = std::chrono::steady_clock::now(); size_t sent = 0;
@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
     ssize_t n = send(s, src.data() + (sent % ring), std::min(ch, ring - sent % ring), 0);
     if (n <= 0) {
       perror("send");
-      return 1;
+      std::exit(1);
     }
     sent += static_cast<size_t>(n);
   }
