@@ -208,6 +208,11 @@ void Connector::Impl::ForgetEngine(const std::string& engine_key, const Status& 
   // Its requests end as for a lost peer (a consumer fences it first), then its sessions and
   // the engine's connections to it go: a restarted partner must not leave them behind, each
   // with its buffers (a shared-memory ring, UCX endpoints), for the life of this process.
+  {
+    MutexLock l(&mu);  // a worker named it again meanwhile (its metadata came back): keep it
+    for (const auto& [wid, m] : peers)
+      if (m->engine.key == engine_key) return;
+  }
   PeerLost(engine_key, why);
   for (auto it = sessions.begin(); it != sessions.end();)
     it = std::get<0>(it->first) == engine_key ? sessions.erase(it) : std::next(it);
