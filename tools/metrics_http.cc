@@ -109,16 +109,22 @@ Result<int> Connect(const addrinfo* addrs, const std::string& what, Clock::time_
   return last;
 }
 
-Status SendAll(int fd, std::string_view data) {
+// Sends `data` by `until`; a `wake_fd` that becomes readable (the server stops) ends it at once.
+// A peer that stops reading is kDeadlineExceeded then, so it holds no thread.
+Status SendAll(int fd, std::string_view data, Clock::time_point until, int wake_fd = -1) {
   while (!data.empty()) {
-    const ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) {
-      pollfd p{fd, POLLOUT, 0};
-      poll(&p, 1, 100);
+    const ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      data.remove_prefix(static_cast<size_t>(n));
       continue;
     }
-    if (n <= 0) return Errno("send");
-    data.remove_prefix(static_cast<size_t>(n));
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return Errno("send");
+    if (Clock::now() >= until) return Status(Code::kDeadlineExceeded, "the peer took no more bytes in time");
+    pollfd p[2] = {{fd, POLLOUT, 0}, {wake_fd, POLLIN, 0}};
+    const int r = poll(p, wake_fd >= 0 ? 2 : 1, Remaining(until));
+    if (r < 0 && errno != EINTR) return Errno("poll");
+    if (r > 0 && wake_fd >= 0 && p[1].revents) return Status(Code::kAborted, "the server stops");
   }
   return Status::Ok();
 }
@@ -197,7 +203,8 @@ Result<std::string> FetchMetrics(const MetricsUrl& url, std::chrono::millisecond
     ~Closer() { close(fd); }
   } closer{fd};
   FERRY_RETURN_IF_ERROR(SendAll(fd, "GET " + url.path + " HTTP/1.0\r\nHost: " + what +
-                                        "\r\nAccept: text/plain\r\nConnection: close\r\n\r\n"));
+                                        "\r\nAccept: text/plain\r\nConnection: close\r\n\r\n",
+                                until));
   std::string reply;
   char buf[16384];
   for (;;) {
@@ -375,10 +382,14 @@ void MetricsHttpServer::Serve(int fd) {
   // the server.
   std::string req;
   const auto until = Clock::now() + std::chrono::seconds(1);
+  // The answer, within two seconds: a client that stops reading is dropped.
+  const auto answer = [&](const std::string& response) {
+    (void)SendAll(fd, response, Clock::now() + std::chrono::seconds(2), wake_[0]);
+  };
   char buf[1024];
   while (req.find("\r\n\r\n") == std::string::npos && req.find("\n\n") == std::string::npos) {
     if (req.size() >= kMaxMetricsRequestBytes)
-      return (void)SendAll(fd, Response("400 Bad Request", "text/plain", "too large\n"));
+      return answer(Response("400 Bad Request", "text/plain", "too large\n"));
     pollfd p[2] = {{fd, POLLIN, 0}, {wake_[0], POLLIN, 0}};
     const int r = poll(p, 2, Remaining(until));
     if (r < 0 && errno == EINTR) continue;
@@ -393,11 +404,11 @@ void MetricsHttpServer::Serve(int fd) {
   const size_t sp2 = sp1 == std::string_view::npos ? sp1 : head.find(' ', sp1 + 1);
   if (sp1 == std::string_view::npos || sp2 == std::string_view::npos || head.substr(0, sp1) != "GET" ||
       head.substr(sp2 + 1, 5) != "HTTP/")
-    return (void)SendAll(fd, Response("400 Bad Request", "text/plain", "bad request\n"));
+    return answer(Response("400 Bad Request", "text/plain", "bad request\n"));
   const std::string_view path = head.substr(sp1 + 1, sp2 - sp1 - 1);
   if (path != "/metrics" && path != "/")
-    return (void)SendAll(fd, Response("404 Not Found", "text/plain", "not found\n"));
-  (void)SendAll(fd, Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", render_()));
+    return answer(Response("404 Not Found", "text/plain", "not found\n"));
+  answer(Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", render_()));
 }
 
 }  // namespace ferry::tools

@@ -59,7 +59,8 @@ std::string MergePrometheus(const std::vector<Scrape>& scrapes);
 
 // A tiny HTTP server for GET /metrics (and GET /), one thread, one connection at a time: it
 // reads at most kMaxMetricsRequestBytes within one second, answers 200 with `render()`, 404
-// for another path, 400 for anything else, and closes the connection.
+// for another path, 400 for anything else, within two seconds (a client that stops reading is
+// dropped), and closes the connection. Stopping (the destructor) ends any wait at once.
 // Thread safety: Start and the destructor from one thread; `render` runs on the server's.
 class MetricsHttpServer {
  public:

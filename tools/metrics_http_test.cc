@@ -3,6 +3,7 @@
 #include "metrics_http.h"
 
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <string>
+#include <thread>
 
 #include "ferry/engine.h"
 
@@ -151,6 +153,37 @@ TEST(MetricsHttp, ServerServesTwoEnginesMergedOverIpv4AndRefusesOtherRequests) {
                 .status()
                 .code(),
             Code::kUnavailable);
+}
+
+// A client that asks and never reads a long answer must not hold the server: the next fetch
+// is served once the answer to it times out, and stopping the server does not wait for it.
+TEST(MetricsHttp, AClientThatStopsReadingHoldsNeitherTheNextNorTheStop) {
+  const std::string big(8 << 20, 'm');
+  auto server = MetricsHttpServer::Start("127.0.0.1:0", [&] { return big; });
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const auto port = static_cast<uint16_t>((*server)->port());
+  const auto stalled_client = [&] {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    const std::string get = "GET /metrics HTTP/1.0\r\n\r\n";
+    EXPECT_EQ(send(fd, get.data(), get.size(), MSG_NOSIGNAL), static_cast<ssize_t>(get.size()));
+    return fd;  // and never reads
+  };
+  const int stalled = stalled_client();
+  auto text = FetchMetrics(MetricsUrl{"127.0.0.1", port, "/metrics"}, milliseconds(8000));
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  EXPECT_EQ(*text, big);
+  close(stalled);
+  const int another = stalled_client();
+  std::this_thread::sleep_for(milliseconds(200));  // the server is writing to it
+  const auto stop = std::chrono::steady_clock::now();
+  server->reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - stop, milliseconds(500));
+  close(another);
 }
 
 }  // namespace

@@ -97,6 +97,33 @@ TEST(MetricsHttp, AStalledClientIsDroppedWithoutBlockingTheNext) {
   close(stalled);
 }
 
+// A client that asks and then never reads a long answer must not hold the server: the next
+// client is served once its send times out, and stopping the server does not wait for it.
+TEST(MetricsHttp, AClientThatStopsReadingIsDroppedWithoutHoldingTheNextOrTheStop) {
+  const std::string big(8 << 20, 'm');  // far more than the sockets buffer unread
+  auto server = internal::MetricsServer::Start(0, [&] { return big; });
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const int port = (*server)->port();
+  const std::string get = "GET /metrics HTTP/1.0\r\n\r\n";
+  const int stalled = Connect(port);
+  ASSERT_EQ(send(stalled, get.data(), get.size(), MSG_NOSIGNAL), static_cast<ssize_t>(get.size()));
+  const auto start = std::chrono::steady_clock::now();
+  const std::string ok = Ask(port, get);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(ok.rfind("HTTP/1.0 200 OK", 0), 0u) << ok.substr(0, 64);
+  EXPECT_EQ(ok.size() - ok.find("\r\n\r\n") - 4, big.size());
+  EXPECT_LT(took, internal::MetricsServer::kResponseTimeout + std::chrono::seconds(3));
+  close(stalled);
+  // Stopping while the server waits on a client that does not read: at once.
+  const int another = Connect(port);
+  ASSERT_EQ(send(another, get.data(), get.size(), MSG_NOSIGNAL), static_cast<ssize_t>(get.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the server is writing to it
+  const auto stop = std::chrono::steady_clock::now();
+  server->reset();
+  EXPECT_LT(std::chrono::steady_clock::now() - stop, std::chrono::milliseconds(500));
+  close(another);
+}
+
 // A signal that interrupts the server's wait for the rest of a request (the host process's
 // SIGUSR1 dump, a profiler's timer) must not drop the request: it used to end it unanswered.
 TEST(MetricsHttp, ASignalWhileReadingTheRequestDoesNotDropIt) {

@@ -17,12 +17,23 @@
 namespace ferry::internal {
 namespace {
 
-void WriteAll(int fd, std::string_view data) {
+// Sends `data` until `until`: a client that stops reading (its socket full) is dropped then,
+// or at once when `wake_fd` says the server stops, so that it cannot hold the thread.
+void WriteAll(int fd, std::string_view data, int wake_fd, std::chrono::steady_clock::time_point until) {
   while (!data.empty()) {
-    ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      data.remove_prefix(static_cast<size_t>(n));
+      continue;
+    }
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    data.remove_prefix(static_cast<size_t>(n));
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return;
+    pollfd pfds[2] = {{fd, POLLOUT, 0}, {wake_fd, POLLIN, 0}};
+    const int ready = poll(pfds, 2, static_cast<int>(left.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0 || pfds[1].revents) return;
   }
 }
 
@@ -92,9 +103,12 @@ void MetricsServer::Serve(int fd) {
   // that one client cannot hold the server.
   std::string req;
   const auto until = std::chrono::steady_clock::now() + kRequestTimeout;
+  const auto answer = [&](const std::string& response) {
+    WriteAll(fd, response, wake_[0], std::chrono::steady_clock::now() + kResponseTimeout);
+  };
   char buf[1024];
   while (req.find("\r\n\r\n") == std::string::npos && req.find("\n\n") == std::string::npos) {
-    if (req.size() >= kMaxRequestBytes) return WriteAll(fd, Response("400 Bad Request", "text/plain", "too large\n"));
+    if (req.size() >= kMaxRequestBytes) return answer(Response("400 Bad Request", "text/plain", "too large\n"));
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
     if (left.count() <= 0) return;
     pollfd pfds[2] = {{fd, POLLIN, 0}, {wake_[0], POLLIN, 0}};
@@ -112,10 +126,10 @@ void MetricsServer::Serve(int fd) {
   const size_t sp2 = sp1 == std::string_view::npos ? sp1 : head.find(' ', sp1 + 1);
   if (sp1 == std::string_view::npos || sp2 == std::string_view::npos || head.substr(0, sp1) != "GET" ||
       head.substr(sp2 + 1, 5) != "HTTP/")
-    return WriteAll(fd, Response("400 Bad Request", "text/plain", "bad request\n"));
+    return answer(Response("400 Bad Request", "text/plain", "bad request\n"));
   std::string_view path = head.substr(sp1 + 1, sp2 - sp1 - 1);
-  if (path != "/metrics") return WriteAll(fd, Response("404 Not Found", "text/plain", "not found\n"));
-  WriteAll(fd, Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", render_()));
+  if (path != "/metrics") return answer(Response("404 Not Found", "text/plain", "not found\n"));
+  answer(Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", render_()));
 }
 
 }  // namespace ferry::internal

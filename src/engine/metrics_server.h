@@ -1,9 +1,10 @@
 // MetricsServer: a tiny HTTP server for GET /metrics (EngineOptions::metrics_port).
 //
-// One thread, one connection at a time, blocking: it accepts a connection, reads at most
+// One thread, one connection at a time: it accepts a connection, reads at most
 // kMaxRequestBytes within kRequestTimeout (a client that stalls is dropped), answers GET
 // /metrics with 200 and the text `render` gives, any other GET with 404, anything else with
-// 400, and closes the connection. It listens on 127.0.0.1 only.
+// 400, within kResponseTimeout (a client that stops reading is dropped), and closes the
+// connection. It listens on 127.0.0.1 only. Stopping (the destructor) ends any wait at once.
 //
 // Thread safety: Start and the destructor from one thread; `render` runs on the server's.
 #pragma once
@@ -23,6 +24,7 @@ class MetricsServer {
  public:
   static constexpr size_t kMaxRequestBytes = 8192;
   static constexpr std::chrono::milliseconds kRequestTimeout{1000};
+  static constexpr std::chrono::milliseconds kResponseTimeout{2000};
 
   // `port`: 0 picks a free one. kUnavailable when it cannot listen there.
   static Result<std::unique_ptr<MetricsServer>> Start(int port, std::function<std::string()> render);
