@@ -3,7 +3,7 @@
 // HTTP plays next to MoRI-IO in an inference server).
 //
 // Frames are a 4-byte little-endian length and that many bytes, at most kMaxFrameBytes; a
-// longer or truncated frame is an error, never a crash. Every receive has a timeout.
+// longer or truncated frame is an error, never a crash. Every send and receive has a timeout.
 //
 // Thread safety: one thread per object.
 #pragma once
@@ -29,7 +29,9 @@ class SideChannel {
   static Result<std::unique_ptr<SideChannel>> Dial(const std::string& address,
                                                    std::chrono::milliseconds timeout);
 
-  Status Send(std::string_view frame);
+  // kDeadlineExceeded when the other side does not take the frame within `timeout` (it stopped
+  // reading and its socket is full).
+  Status Send(std::string_view frame, std::chrono::milliseconds timeout = std::chrono::seconds(10));
   Result<std::string> Receive(std::chrono::milliseconds timeout);
   // Whether bytes (or the peer's close) are waiting, after at most `timeout`.
   bool Readable(std::chrono::milliseconds timeout);

@@ -114,6 +114,18 @@ TEST(SideChannel, SilentPeerIsDeadlineExceeded) {
   EXPECT_EQ(p.channel->Receive(50ms).status().code(), Code::kDeadlineExceeded);
 }
 
+TEST(SideChannel, APeerThatStopsReadingIsDeadlineExceededNotAHang) {
+  Pair p = Connect();  // the raw peer never reads
+  const std::string frame(kMaxFrameBytes, 'x');
+  Status last;
+  for (int i = 0; i < 256 && last.ok(); ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    last = p.channel->Send(frame, 100ms);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+  }
+  EXPECT_EQ(last.code(), Code::kDeadlineExceeded) << last.ToString();
+}
+
 // Whether this host can listen on the IPv6 loopback (containers often have IPv6 off).
 bool HasIpv6Loopback() {
   const int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
