@@ -325,9 +325,7 @@ void BindKv(py::module_& parent) {
           },
           py::arg("metadata"),
           "Learns a peer worker from its metadata() bytes. Raises InvalidArgumentError naming the\n"
-          "first field that must agree and does not (\"head_dim: 128 vs 64\"). A worker learnt again\n"
-          "under another engine (its process restarted) replaces the one before: the old engine's\n"
-          "requests end as for a lost peer and the engine forgets it.")
+          "first field that must agree and does not (\"head_dim: 128 vs 64\").")
       .def(
           "add_peer_from",
           [](const PyConnector& s, const std::string& address) {

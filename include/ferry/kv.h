@@ -280,10 +280,7 @@ class Connector {
   // Starts a handshake endpoint on host:port (0 = pick a free one); returns "host:port".
   Result<std::string> ServeHandshake(const std::string& host = "127.0.0.1", uint16_t port = 0);
   // Learns a peer worker from its metadata (checked for compatibility) or fetches it from a
-  // handshake endpoint, within handshake_timeout. A worker learnt again under another engine
-  // (its process restarted) replaces the one before: the old engine's requests end as for a
-  // lost peer, and its sessions and its entry in the Engine (RemovePeer) go, unless another
-  // worker still names it.
+  // handshake endpoint, within handshake_timeout.
   Status AddPeer(std::string_view metadata);
   Status AddPeerFrom(const std::string& handshake_address);
 

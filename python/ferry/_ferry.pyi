@@ -522,9 +522,7 @@ class kv:
             ...
         def add_peer(self, metadata: object) -> None:
             """Learns a peer worker from its metadata() bytes. Raises InvalidArgumentError naming the
-            first field that must agree and does not ("head_dim: 128 vs 64"). A worker learnt again
-            under another engine (its process restarted) replaces the one before: the old engine's
-            requests end as for a lost peer and the engine forgets it.
+            first field that must agree and does not ("head_dim: 128 vs 64").
             """
             ...
         def add_peer_from(self, address: str) -> None:

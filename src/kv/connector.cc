@@ -184,39 +184,12 @@ Status Connector::Impl::LearnPeer(std::string_view bytes) {
   if (meta->id == id) return Status(Code::kInvalidArgument, "peer " + meta->id.ToString() + " has this worker's name");
   if (Status s = engine->AddPeer(meta->engine); !s.ok()) return s;
   auto shared = std::make_shared<const WorkerMetadata>(std::move(*meta));
-  // A worker that came back under another engine (its process restarted): the engine it had
-  // before is gone for this connector, unless another worker still names it.
-  std::string replaced;
   {
     MutexLock l(&mu);
-    auto it = peers.find(shared->id);
-    if (it != peers.end() && it->second->engine.key != shared->engine.key) replaced = it->second->engine.key;
     peers[shared->id] = shared;
-    for (const auto& [wid, m] : peers)
-      if (m->engine.key == replaced) replaced.clear();
-  }
-  if (!replaced.empty()) {
-    Post([this, replaced, who = shared->id.ToString()] {
-      ForgetEngine(replaced, Status(Code::kUnavailable, "peer " + who + " came back as another engine"));
-    });
   }
   if (options.eager_connect) Post([this, shared] { Connect(*shared); });
   return {};
-}
-
-void Connector::Impl::ForgetEngine(const std::string& engine_key, const Status& why) {
-  // Its requests end as for a lost peer (a consumer fences it first), then its sessions and
-  // the engine's connections to it go: a restarted partner must not leave them behind, each
-  // with its buffers (a shared-memory ring, UCX endpoints), for the life of this process.
-  {
-    MutexLock l(&mu);  // a worker named it again meanwhile (its metadata came back): keep it
-    for (const auto& [wid, m] : peers)
-      if (m->engine.key == engine_key) return;
-  }
-  PeerLost(engine_key, why);
-  for (auto it = sessions.begin(); it != sessions.end();)
-    it = std::get<0>(it->first) == engine_key ? sessions.erase(it) : std::next(it);
-  (void)engine->RemovePeer(engine_key);  // kNotFound when the application removed it already
 }
 
 void Connector::Impl::Connect(const WorkerMetadata& peer) {

@@ -208,6 +208,7 @@ struct Connector::Impl {
   std::unordered_map<std::string, ProducerRequest> producing;
   std::unordered_map<std::string, ConsumerRequest> consuming;
   std::map<std::tuple<std::string, uint32_t, uint32_t>, Session> sessions;
+  std::unordered_map<std::string, bool> lost;  // engine keys found dead
   // Producer requests the consumer aborted before this side saw them: a later SaveLayer of one
   // fails at once instead of waiting for an allocation that will not come.
   struct Tombstone {
@@ -243,9 +244,6 @@ struct Connector::Impl {
   void Timers(TimePoint now);
   void CheckLiveness(TimePoint now);
   void PeerLost(const std::string& engine_key, const Status& why);
-  // A partner's engine replaced by another (its worker restarted): its requests end as for a
-  // lost peer, and its sessions and the engine's peer entry are dropped.
-  void ForgetEngine(const std::string& engine_key, const Status& why);
   Message Base(MsgType type, const std::string& request) const;
   std::string HandshakeAddress() const EXCLUDES(mu);
 
