@@ -14,6 +14,8 @@
 #include <cstring>
 #include <set>
 
+#include "socket_io.h"
+
 namespace ferry::tools {
 namespace {
 
@@ -109,25 +111,9 @@ Result<int> Connect(const addrinfo* addrs, const std::string& what, Clock::time_
   return last;
 }
 
-// Sends `data` by `until`; a `wake_fd` that becomes readable (the server stops) ends it at once.
-// A peer that stops reading is kDeadlineExceeded then, so it holds no thread.
-Status SendAll(int fd, std::string_view data, Clock::time_point until, int wake_fd = -1) {
-  while (!data.empty()) {
-    const ssize_t n = send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      data.remove_prefix(static_cast<size_t>(n));
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return Errno("send");
-    if (Clock::now() >= until) return Status(Code::kDeadlineExceeded, "the peer took no more bytes in time");
-    pollfd p[2] = {{fd, POLLOUT, 0}, {wake_fd, POLLIN, 0}};
-    const int r = poll(p, wake_fd >= 0 ? 2 : 1, Remaining(until));
-    if (r < 0 && errno != EINTR) return Errno("poll");
-    if (r > 0 && wake_fd >= 0 && p[1].revents) return Status(Code::kAborted, "the server stops");
-  }
-  return Status::Ok();
-}
+// What the metrics server's and client's sends say when they fail (socket_io.h).
+constexpr SendMessages kSendMessages{
+    .prefix = "", .deadline = "the peer took no more bytes in time", .woken = "the server stops"};
 
 std::string Response(const char* status, std::string_view type, std::string_view body) {
   return std::string("HTTP/1.0 ") + status + "\r\nContent-Type: " + std::string(type) +
@@ -202,9 +188,9 @@ Result<std::string> FetchMetrics(const MetricsUrl& url, std::chrono::millisecond
     int fd;
     ~Closer() { close(fd); }
   } closer{fd};
-  FERRY_RETURN_IF_ERROR(SendAll(fd, "GET " + url.path + " HTTP/1.0\r\nHost: " + what +
-                                        "\r\nAccept: text/plain\r\nConnection: close\r\n\r\n",
-                                until));
+  FERRY_RETURN_IF_ERROR(SendAllBy(fd, "GET " + url.path + " HTTP/1.0\r\nHost: " + what +
+                                          "\r\nAccept: text/plain\r\nConnection: close\r\n\r\n",
+                                  until, kSendMessages));
   std::string reply;
   char buf[16384];
   for (;;) {
@@ -384,7 +370,7 @@ void MetricsHttpServer::Serve(int fd) {
   const auto until = Clock::now() + std::chrono::seconds(1);
   // The answer, within two seconds: a client that stops reading is dropped.
   const auto answer = [&](const std::string& response) {
-    (void)SendAll(fd, response, Clock::now() + std::chrono::seconds(2), wake_[0]);
+    (void)SendAllBy(fd, response, Clock::now() + std::chrono::seconds(2), kSendMessages, wake_[0]);
   };
   char buf[1024];
   while (req.find("\r\n\r\n") == std::string::npos && req.find("\n\n") == std::string::npos) {

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <thread>
 
+#include "socket_io.h"
+
 namespace ferry::tools {
 namespace {
 
@@ -154,21 +156,9 @@ Status SideChannel::Send(std::string_view frame, std::chrono::milliseconds timeo
   std::string out(kLengthBytes, '\0');
   StoreLength(static_cast<uint32_t>(frame.size()), out.data());
   out.append(frame);
-  size_t sent = 0;
-  while (sent < out.size()) {
-    ssize_t k = ::send(fd_, out.data() + sent, out.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (k > 0) {
-      sent += static_cast<size_t>(k);
-      continue;
-    }
-    if (k < 0 && errno == EINTR) continue;
-    if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return Errno("side channel send");
-    pollfd pfd{fd_, POLLOUT, 0};
-    const int r = poll(&pfd, 1, Remaining(until));
-    if (r < 0 && errno != EINTR) return Errno("side channel poll");
-    if (r == 0) return Status(Code::kDeadlineExceeded, "the other side takes no more bytes (it stopped reading)");
-  }
-  return Status::Ok();
+  return SendAllBy(fd_, out, until,
+                   {.prefix = "side channel ",
+                    .deadline = "the other side takes no more bytes (it stopped reading)"});
 }
 
 Status SideChannel::ReadExactly(char* out, size_t n, Clock::time_point until) {
