@@ -389,13 +389,16 @@ Status EngineCore::AddPeer(const EngineDesc& peer) {
   if (peer.protocol_version != kDescriptorVersion)
     return Status(Code::kFailedPrecondition, "peer speaks protocol " + std::to_string(peer.protocol_version));
   if (peer.key == options_.key) return Status::Ok();  // this engine reaches itself already
-  MutexLock lock(&mu_);
-  peers_[peer.key] = peer;
-  notify_endpoints_.erase(peer.key);
-  ++peers_generation_;
-  for (auto it = endpoints_.begin(); it != endpoints_.end();) {
-    it = it->first.first == peer.key ? endpoints_.erase(it) : std::next(it);
+  {
+    MutexLock lock(&mu_);
+    peers_[peer.key] = peer;
+    notify_endpoints_.erase(peer.key);
+    ++peers_generation_;
+    for (auto it = endpoints_.begin(); it != endpoints_.end();) {
+      it = it->first.first == peer.key ? endpoints_.erase(it) : std::next(it);
+    }
   }
+  PruneDeadEndpoints();  // a peer that comes back as another engine leaves its old one dead
   return Status::Ok();
 }
 
@@ -432,7 +435,31 @@ Result<EngineDesc> EngineCore::FindPeer(std::string_view key) {
   return it->second;
 }
 
+void EngineCore::PruneDeadEndpoints() {
+  std::vector<std::shared_ptr<Endpoint>> dead;
+  {
+    MutexLock lock(&mu_);
+    for (auto it = endpoints_.begin(); it != endpoints_.end();) {
+      if (!it->second->dead()) {
+        ++it;
+        continue;
+      }
+      dead.push_back(std::move(it->second));
+      it = endpoints_.erase(it);
+    }
+    for (auto it = notify_endpoints_.begin(); it != notify_endpoints_.end();) {
+      if (!it->second->dead()) {
+        ++it;
+        continue;
+      }
+      dead.push_back(std::move(it->second));
+      it = notify_endpoints_.erase(it);
+    }
+  }
+}
+
 Result<std::shared_ptr<Endpoint>> EngineCore::GetEndpoint(const EngineDesc& peer, size_t transport) {
+  PruneDeadEndpoints();  // a new connection is a good time to let go of dead ones
   auto cache_key = std::make_pair(peer.key, transport);
   {
     MutexLock lock(&mu_);

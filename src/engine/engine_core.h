@@ -107,6 +107,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   Result<EngineDesc> FindPeer(std::string_view key) EXCLUDES(mu_);
   // Connects without mu_ held (a connection may take a handshake's time).
   Result<std::shared_ptr<Endpoint>> GetEndpoint(const EngineDesc& peer, size_t transport) EXCLUDES(mu_);
+  // Drops the cached endpoints that are dead (Endpoint::dead): those of a peer that is never
+  // asked for again would otherwise stay for the engine's life, each with what its transport
+  // holds for it (over shm a ring). They are destroyed after mu_ is released.
+  void PruneDeadEndpoints() EXCLUDES(mu_);
   // An endpoint of the first transport with notifications that reaches `peer`.
   Result<std::shared_ptr<Endpoint>> NotificationEndpoint(const EngineDesc& peer) EXCLUDES(mu_);
 

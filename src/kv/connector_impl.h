@@ -208,7 +208,6 @@ struct Connector::Impl {
   std::unordered_map<std::string, ProducerRequest> producing;
   std::unordered_map<std::string, ConsumerRequest> consuming;
   std::map<std::tuple<std::string, uint32_t, uint32_t>, Session> sessions;
-  std::unordered_map<std::string, bool> lost;  // engine keys found dead
   // Producer requests the consumer aborted before this side saw them: a later SaveLayer of one
   // fails at once instead of waiting for an allocation that will not come.
   struct Tombstone {
@@ -244,6 +243,10 @@ struct Connector::Impl {
   void Timers(TimePoint now);
   void CheckLiveness(TimePoint now);
   void PeerLost(const std::string& engine_key, const Status& why);
+  // Whether a known worker names `engine_key` as its engine.
+  bool Names(const std::string& engine_key) const EXCLUDES(mu);
+  // Drops the sessions to `engine_key` unless a worker names it (see LearnPeer).
+  void DropSessionsOf(const std::string& engine_key);
   Message Base(MsgType type, const std::string& request) const;
   std::string HandshakeAddress() const EXCLUDES(mu);
 

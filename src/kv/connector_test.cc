@@ -2,6 +2,7 @@
 // modes, deferral, heterogeneous TP and layouts, prefix hits, and the fail-closed ends.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <random>
 #include <thread>
 
@@ -327,6 +328,52 @@ TEST_P(ConnectorTest, AConsumerWhoseProducerIsGoneEndsWithoutWaitingForTheAbortT
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0].outcome, Outcome::kFailed);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+// Shared-memory rings mapped in this process (both ends of every shm connection map one).
+size_t MappedRings() {
+  std::ifstream maps("/proc/self/maps");
+  size_t n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find("ferry-shm-ring") != std::string::npos;
+  return n;
+}
+
+// A consumer whose process restarts comes back under the same worker name as another engine.
+// The producer drops its sessions to the old engine, and its engine the old engine's dead
+// connection: over shm each restart used to leave a ring mapped for the producer's life.
+TEST_P(ConnectorTest, AConsumerThatRestartsLeavesNoConnectionOfItsOldEngineBehind) {
+  Pd pd = MakePd(transport(), 1, 1, TensorOrder::kKvFirst, TensorOrder::kKvFirst);
+  const auto p_blocks = Blocks({3}), d_blocks = Blocks({5});
+  ConnectorOptions d_options;
+  d_options.busy_poll = transport().ends_with(kBusy);
+  size_t rings = 0;
+  for (int k = 0; k < 4; ++k) {
+    const std::string id = "restart" + std::to_string(k);
+    ASSERT_TRUE(pd.d[0]->conn->ExpectWrite(id, "prefill", 0, d_blocks, 16).ok());
+    SaveAll(pd, id, 10 + k, p_blocks, 16);
+    ExpectDone(*pd.d[0], id);
+    ExpectDone(*pd.p[0], id);
+    EXPECT_EQ(CheckAll(pd, 10 + k, d_blocks, 16), 0u) << "after " << k << " restarts";
+    if (k == 0) rings = MappedRings();
+    pd.d[0].reset();
+    pd.d[0] = MakeWorker(BaseTransport(transport()), "decode", Identity(0, 1), TensorOrder::kKvFirst, d_options);
+    ASSERT_NE(pd.d[0], nullptr);
+    Introduce(pd.all());
+  }
+  // The producer still serves the consumer it has now ...
+  ASSERT_TRUE(pd.d[0]->conn->ExpectWrite("after", "prefill", 0, d_blocks, 16).ok());
+  SaveAll(pd, "after", 20, p_blocks, 16);
+  ExpectDone(*pd.d[0], "after");
+  ExpectDone(*pd.p[0], "after");
+  EXPECT_EQ(CheckAll(pd, 20, d_blocks, 16), 0u);
+  // ... and keeps none of the old engines' connections: as many shm rings as with the first
+  // consumer after its first request.
+  if (BaseTransport(transport()) == "shm") {
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    while (MappedRings() > rings && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+    EXPECT_LE(MappedRings(), rings);
+    EXPECT_GT(rings, 0u) << "no shm ring was mapped: the test counts nothing";
+  }
 }
 
 TEST_P(ConnectorTest, BadCallsAreRefusedWithClearErrors) {

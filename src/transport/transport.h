@@ -84,6 +84,11 @@ class Endpoint {
   }
   // False once the connection failed; the engine then connects anew.
   virtual bool healthy() const { return true; }
+  // True once nothing of the connection is left for the transport to close (every part of it
+  // failed and was closed): the engine then drops it from its caches even if the peer is never
+  // asked for again (a peer whose process restarted as another engine), and dropping it closes
+  // nothing. An endpoint of several connections that failed only in part is not dead.
+  virtual bool dead() const { return !healthy(); }
 };
 
 class Transport {

@@ -335,6 +335,11 @@ class UcxEndpoint final : public Endpoint {
       if (conn->failed()) return false;
     return true;
   }
+  bool dead() const override {
+    for (const auto& conn : conns_)
+      if (!conn->failed()) return false;
+    return true;
+  }
 
  private:
   std::shared_ptr<Core> core_;
