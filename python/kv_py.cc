@@ -325,7 +325,9 @@ void BindKv(py::module_& parent) {
           },
           py::arg("metadata"),
           "Learns a peer worker from its metadata() bytes. Raises InvalidArgumentError naming the\n"
-          "first field that must agree and does not (\"head_dim: 128 vs 64\").")
+          "first field that must agree and does not (\"head_dim: 128 vs 64\"). A worker learnt again\n"
+          "under another engine (its process restarted) replaces the one before; the connections to\n"
+          "its old engine are let go once they are found dead.")
       .def(
           "add_peer_from",
           [](const PyConnector& s, const std::string& address) {

@@ -280,7 +280,11 @@ class Connector {
   // Starts a handshake endpoint on host:port (0 = pick a free one); returns "host:port".
   Result<std::string> ServeHandshake(const std::string& host = "127.0.0.1", uint16_t port = 0);
   // Learns a peer worker from its metadata (checked for compatibility) or fetches it from a
-  // handshake endpoint, within handshake_timeout.
+  // handshake endpoint, within handshake_timeout. A worker learnt again under another engine
+  // (its process restarted) replaces the one before: the connector's sessions to the old engine
+  // are dropped once no worker names it, and the engine lets go of its connection once the
+  // transport found it dead; the old engine's open requests end as they would have (the peer's
+  // liveness, their deadlines).
   Status AddPeer(std::string_view metadata);
   Status AddPeerFrom(const std::string& handshake_address);
 

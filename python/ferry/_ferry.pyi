@@ -522,7 +522,9 @@ class kv:
             ...
         def add_peer(self, metadata: object) -> None:
             """Learns a peer worker from its metadata() bytes. Raises InvalidArgumentError naming the
-            first field that must agree and does not ("head_dim: 128 vs 64").
+            first field that must agree and does not ("head_dim: 128 vs 64"). A worker learnt again
+            under another engine (its process restarted) replaces the one before; the connections to
+            its old engine are let go once they are found dead.
             """
             ...
         def add_peer_from(self, address: str) -> None:
