@@ -21,11 +21,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int Remaining(Clock::time_point until) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
-  return left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30));
-}
-
 Status Errno(const std::string& what) { return Status(Code::kUnavailable, what + ": " + std::strerror(errno)); }
 
 // "host:port" or "[v6]:port" -> host (no brackets), port.
@@ -93,7 +88,7 @@ Result<int> Connect(const addrinfo* addrs, const std::string& what, Clock::time_
     if (errno == EINPROGRESS) {
       pollfd p{fd, POLLOUT, 0};
       int r;
-      while ((r = poll(&p, 1, Remaining(until))) < 0 && errno == EINTR) {
+      while ((r = poll(&p, 1, PollMillisUntil(until))) < 0 && errno == EINTR) {
       }
       if (r == 0) {
         close(fd);
@@ -195,7 +190,7 @@ Result<std::string> FetchMetrics(const MetricsUrl& url, std::chrono::millisecond
   char buf[16384];
   for (;;) {
     pollfd p{fd, POLLIN, 0};
-    const int r = poll(&p, 1, Remaining(until));
+    const int r = poll(&p, 1, PollMillisUntil(until));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return Errno("poll");
     if (r == 0) return Status(Code::kDeadlineExceeded, what + " did not answer in time");
@@ -377,7 +372,7 @@ void MetricsHttpServer::Serve(int fd) {
     if (req.size() >= kMaxMetricsRequestBytes)
       return answer(Response("400 Bad Request", "text/plain", "too large\n"));
     pollfd p[2] = {{fd, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-    const int r = poll(p, 2, Remaining(until));
+    const int r = poll(p, 2, PollMillisUntil(until));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0 || p[1].revents) return;
     const ssize_t n = recv(fd, buf, std::min(sizeof(buf), kMaxMetricsRequestBytes - req.size()), 0);

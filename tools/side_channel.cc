@@ -23,16 +23,6 @@ Status Errno(const std::string& what) {
   return Status(Code::kUnavailable, what + ": " + std::strerror(errno));
 }
 
-// A timeout as poll() takes it: [0, 2^30] ms.
-int PollMillis(std::chrono::milliseconds timeout) {
-  const auto left = timeout.count();
-  return left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30));
-}
-
-int Remaining(Clock::time_point until) {
-  return PollMillis(std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()));
-}
-
 // A frame's length prefix: kLengthBytes, little-endian whatever the host's byte order. (Tools
 // see only ferry's public headers, so not base/endian.h.)
 constexpr size_t kLengthBytes = 4;
@@ -165,7 +155,7 @@ Status SideChannel::ReadExactly(char* out, size_t n, Clock::time_point until) {
   size_t got = 0;
   while (got < n) {
     pollfd pfd{fd_, POLLIN, 0};
-    int r = poll(&pfd, 1, Remaining(until));
+    int r = poll(&pfd, 1, PollMillisUntil(until));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return Errno("side channel poll");
     if (r == 0) return Status(Code::kDeadlineExceeded, "the other side sent nothing in time");
@@ -192,7 +182,7 @@ Result<std::string> SideChannel::Receive(std::chrono::milliseconds timeout) {
 
 bool SideChannel::Readable(std::chrono::milliseconds timeout) {
   pollfd pfd{fd_, POLLIN, 0};
-  return poll(&pfd, 1, PollMillis(timeout)) > 0;
+  return poll(&pfd, 1, PollMillisUntil(Clock::now() + timeout)) > 0;
 }
 
 SideListener::~SideListener() { close(fd_); }
@@ -220,7 +210,7 @@ Result<std::unique_ptr<SideChannel>> SideListener::Accept(std::chrono::milliseco
   int fd = -1;
   while (fd < 0) {
     pollfd pfd{fd_, POLLIN, 0};
-    int r = poll(&pfd, 1, Remaining(until));
+    int r = poll(&pfd, 1, PollMillisUntil(until));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return Errno("accept poll");
     if (r == 0) return Status(Code::kDeadlineExceeded, "no peer connected in time");

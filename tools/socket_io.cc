@@ -14,13 +14,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The wait until `until` as poll() takes it: [0, 2^30] ms, rounded up so that a wait that
-// times out ends at or past `until` (the next pass then says kDeadlineExceeded, no busy loop).
-int PollMillisUntil(Clock::time_point until) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
-  return left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30));
-}
-
 // errno is read first: building the message may allocate, and that may set it.
 Status Errno(std::string_view prefix, const char* what) {
   const int err = errno;
@@ -28,6 +21,11 @@ Status Errno(std::string_view prefix, const char* what) {
 }
 
 }  // namespace
+
+int PollMillisUntil(Clock::time_point until) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now()).count();
+  return left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30));
+}
 
 Status SendAllBy(int fd, std::string_view data, Clock::time_point until,
                  const SendMessages& messages, int wake_fd) {

@@ -12,6 +12,11 @@
 
 namespace ferry::tools {
 
+// The wait until `until` as poll() takes it: [0, 2^30] ms, rounded up, so that a wait that
+// times out ends at or past `until` (the caller's next check of the deadline then ends its loop
+// rather than polling again with a timeout of 0).
+int PollMillisUntil(std::chrono::steady_clock::time_point until);
+
 // What SendAllBy's failures say, in its caller's words (so that each keeps its own messages).
 struct SendMessages {
   std::string_view prefix;      // before "send: <errno>" and "poll: <errno>" (kUnavailable)

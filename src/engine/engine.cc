@@ -437,25 +437,20 @@ Result<EngineDesc> EngineCore::FindPeer(std::string_view key) {
 
 void EngineCore::PruneDeadEndpoints() {
   std::vector<std::shared_ptr<Endpoint>> dead;
-  {
-    MutexLock lock(&mu_);
-    for (auto it = endpoints_.begin(); it != endpoints_.end();) {
+  auto take = [&dead](auto& cache) {
+    for (auto it = cache.begin(); it != cache.end();) {
       if (!it->second->dead()) {
         ++it;
         continue;
       }
       dead.push_back(std::move(it->second));
-      it = endpoints_.erase(it);
+      it = cache.erase(it);
     }
-    for (auto it = notify_endpoints_.begin(); it != notify_endpoints_.end();) {
-      if (!it->second->dead()) {
-        ++it;
-        continue;
-      }
-      dead.push_back(std::move(it->second));
-      it = notify_endpoints_.erase(it);
-    }
-  }
+  };
+  MutexLock lock(&mu_);
+  take(endpoints_);
+  take(notify_endpoints_);
+  // `dead` is declared before the lock: the endpoints close after mu_ is released.
 }
 
 Result<std::shared_ptr<Endpoint>> EngineCore::GetEndpoint(const EngineDesc& peer, size_t transport) {
