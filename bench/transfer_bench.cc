@@ -7,10 +7,18 @@
 //  - post_batch/<bytes>: post a batch of 100,000 tiny ops and wait; time_per_op is CPU time.
 //    validate_batch: the same batch failing OUT_OF_RANGE at its last op (every op validated,
 //    nothing moves). Target: <= 100 ns per op.
+//  - op_check/80000/{threads,one_thread}/{asleep,back_to_back}: the engine's copy and check of a
+//    batch of 80,000 ops (what every Post does before any byte moves) on its checking threads,
+//    and on the calling thread alone (slices under the parallel threshold); `asleep` waits 1 ms
+//    between batches, so the checking threads have gone to sleep, as between a GPU path's
+//    batches; wall time of the check alone.
 // Run: build/<preset>/bench/ferry_bench_transfer (results in bench/results/transfer_host.md).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <thread>
+#include <span>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -20,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/op_check.h"
 #include "ferry/engine.h"
 
 namespace {
@@ -156,6 +165,32 @@ void ValidateBatch(benchmark::State& state) {
       benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
+// The engine's copy and check of 80,000 ops of 16 KiB scattered over 1.3 GB regions.
+void OpCheckBatch(benchmark::State& state, bool threads, bool asleep) {
+  constexpr size_t kOps = 80'000;
+  constexpr uint64_t kPiece = 16 << 10, kRegion = kOps * kPiece;
+  std::vector<ferry::TransferOp> ops(kOps), out(kOps);
+  std::vector<uint64_t> slots(kOps);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), std::mt19937_64(7));
+  for (size_t i = 0; i < kOps; ++i) ops[i] = ferry::TransferOp{i * kPiece, slots[i] * kPiece, kPiece};
+  const size_t slice = threads ? kOps : ferry::internal::kParallelCheckOps - 1;
+  for (auto _ : state) {
+    if (asleep) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const auto start = std::chrono::steady_clock::now();
+    bool ok = true;
+    for (size_t at = 0; at < kOps; at += slice) {
+      const size_t n = std::min(slice, kOps - at);
+      ok &= ferry::internal::CopyAndCheckOps(std::span(ops).subspan(at, n), out.data() + at, kRegion, kRegion).ok;
+    }
+    state.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    if (!ok) return state.SkipWithError("the check failed a batch inside its regions");
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["time_per_op"] = benchmark::Counter(
+      static_cast<double>(kOps), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+
 std::string SizeName(uint64_t bytes) {
   return bytes >= (1u << 20) ? std::to_string(bytes >> 20) + "MiB"
                              : std::to_string(bytes >> 10) + "KiB";
@@ -188,6 +223,16 @@ void RegisterAll() {
   benchmark::RegisterBenchmark("validate_batch/100000_out_of_range", ValidateBatch)
       ->MinTime(kMinTime)
       ->Unit(benchmark::kMicrosecond);
+  for (bool asleep : {true, false}) {
+    for (bool threads : {true, false}) {
+      const std::string name = std::string("op_check/80000/") + (threads ? "threads/" : "one_thread/") +
+                               (asleep ? "asleep" : "back_to_back");
+      benchmark::RegisterBenchmark(name.c_str(), OpCheckBatch, threads, asleep)
+          ->UseManualTime()
+          ->MinTime(kMinTime)
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
 }
 
 }  // namespace
