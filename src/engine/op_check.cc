@@ -7,7 +7,8 @@
 #include <thread>
 #include <vector>
 
-#include "base/thread_pool.h"
+#include "base/mutex.h"
+#include "base/thread_pool.h"  // StartThread
 #include "transport/region.h"
 
 namespace ferry::internal {
@@ -66,19 +67,8 @@ ChunkResult CheckChunk(const TransferOp* in, TransferOp* out, size_t n, uint64_t
   return r;
 }
 
-ThreadPool* CheckPool() {
-  static ThreadPool* pool = [] {
-    const unsigned cores = std::thread::hardware_concurrency();
-    const int threads = std::min<int>(kMaxCheckThreads, cores > 2 ? static_cast<int>(cores) / 2 : 1);
-    auto made = ThreadPool::Create(threads, "ferry-opcheck");
-    // Never destroyed: a batch may be checked while the process exits.
-    return made.ok() ? std::move(made).value().release() : nullptr;
-  }();
-  return pool;
-}
-
-// Shares claimed one at a time by the caller and the pool's threads; kept alive by each thread
-// that may still look at it (a helper that starts after the batch was done finds nothing left).
+// Shares claimed one at a time by the caller and the checking threads; kept alive by each thread
+// that may still look at it (a helper that wakes after the batch was done finds nothing left).
 struct Job {
   const TransferOp* in;
   TransferOp* out;
@@ -100,14 +90,74 @@ struct Job {
   }
 };
 
+// The process's checking threads. A batch is published as the current job and one notify wakes
+// every thread (one futex call); each then claims shares until none is left. A task queue, as
+// before, took a lock and made a wake-up call per helper on the posting thread, one after the
+// other, and its helpers then queued on that lock. Two batches checked at once share the
+// threads: a helper works on the job that is current when it wakes, and each caller finishes
+// its own job's shares itself when no helper comes.
+class Checkers {
+ public:
+  // Null when no thread could start (the caller then checks alone).
+  static Checkers* Get() {
+    static Checkers* checkers = [] {
+      const unsigned cores = std::thread::hardware_concurrency();
+      const int want = std::min<int>(kMaxCheckThreads, cores > 2 ? static_cast<int>(cores) / 2 : 1);
+      auto* c = new Checkers();  // never destroyed: a batch may be checked while the process exits
+      for (int i = 0; i < want; ++i) {
+        auto t = StartThread("ferry-opcheck-" + std::to_string(i), [c] { c->Loop(); });
+        if (!t.ok()) break;
+        t->detach();
+        ++c->threads_;
+      }
+      if (c->threads_ == 0) {
+        delete c;
+        c = nullptr;
+      }
+      return c;
+    }();
+    return checkers;
+  }
+
+  // Makes `job` the current one and wakes every thread.
+  void Publish(std::shared_ptr<Job> job) EXCLUDES(mu_) {
+    {
+      MutexLock lock(&mu_);
+      job_ = std::move(job);
+    }
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();
+  }
+
+ private:
+  void Loop() EXCLUDES(mu_) {
+    uint32_t seen = 0;
+    for (;;) {
+      generation_.wait(seen, std::memory_order_acquire);
+      seen = generation_.load(std::memory_order_acquire);
+      std::shared_ptr<Job> job;
+      {
+        MutexLock lock(&mu_);
+        job = job_;
+      }
+      if (job) job->Work();
+    }
+  }
+
+  int threads_ = 0;  // counted before Get() returns, then fixed
+  std::atomic<uint32_t> generation_{0};  // 32 bits: a futex word (wrapping is harmless)
+  Mutex mu_;
+  std::shared_ptr<Job> job_ GUARDED_BY(mu_);  // the batch published last (kept until the next)
+};
+
 }  // namespace
 
 OpCheck CopyAndCheckOps(std::span<const TransferOp> in, TransferOp* out, uint64_t local_size,
                         uint64_t remote_size) {
   const size_t n = in.size();
-  ThreadPool* pool = n >= kParallelCheckOps ? CheckPool() : nullptr;
+  Checkers* checkers = n >= kParallelCheckOps ? Checkers::Get() : nullptr;
   std::vector<ChunkResult> results;
-  if (pool == nullptr) {
+  if (checkers == nullptr) {
     ChunkResult r = CheckChunk(in.data(), out, n, local_size, remote_size);
     results.push_back(r);
   } else {
@@ -119,8 +169,7 @@ OpCheck CopyAndCheckOps(std::span<const TransferOp> in, TransferOp* out, uint64_
     job->remote_size = remote_size;
     job->chunks = (n + kChunkOps - 1) / kChunkOps;
     job->results.resize(job->chunks);
-    const size_t helpers = std::min<size_t>(static_cast<size_t>(pool->size()), job->chunks - 1);
-    for (size_t i = 0; i < helpers; ++i) pool->Submit([job] { job->Work(); });
+    checkers->Publish(job);
     job->Work();
     // Every share is claimed; the ones other threads hold are a few microseconds of work that
     // is already running, so this wait ends without a deadline of its own.
