@@ -196,13 +196,6 @@ Status Connector::Impl::LearnPeer(std::string_view bytes) {
   return {};
 }
 
-bool Connector::Impl::Names(const std::string& engine_key) const {
-  MutexLock l(&mu);
-  for (const auto& [wid, m] : peers)
-    if (m->engine.key == engine_key) return true;
-  return false;
-}
-
 void Connector::Impl::DropSessionsOf(const std::string& engine_key) {
   // A worker that came back as another engine (its process restarted): the sessions to the
   // engine it had are dropped unless a worker names that engine again by now (metadata that
@@ -212,7 +205,7 @@ void Connector::Impl::DropSessionsOf(const std::string& engine_key) {
   // the engine's peer entry and any connection the transport has not yet found dead stay, so
   // nothing is closed here that the transport did not close itself (UCX 1.13 aborted in a soak
   // that closed endpoints of dead peers: bench/results/soak.md).
-  if (Names(engine_key)) return;
+  if (PeerByKey(engine_key) != nullptr) return;
   for (auto it = sessions.begin(); it != sessions.end();)
     it = std::get<0>(it->first) == engine_key ? sessions.erase(it) : std::next(it);
 }

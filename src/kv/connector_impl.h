@@ -243,8 +243,6 @@ struct Connector::Impl {
   void Timers(TimePoint now);
   void CheckLiveness(TimePoint now);
   void PeerLost(const std::string& engine_key, const Status& why);
-  // Whether a known worker names `engine_key` as its engine.
-  bool Names(const std::string& engine_key) const EXCLUDES(mu);
   // Drops the sessions to `engine_key` unless a worker names it (see LearnPeer).
   void DropSessionsOf(const std::string& engine_key);
   Message Base(MsgType type, const std::string& request) const;
