@@ -4,6 +4,10 @@
 //    scattered pieces (16, 32, 128 KiB; remote slots shuffled) from GPU memory to pinned host
 //    memory, through ferry (two engines of this process, `local` transport) and as one
 //    cudaMemcpyBatchAsync of the same pieces; baseline pinned_1GiB/cudaMemcpy: one 1 GiB copy.
+//  - kv_gpu_to_host_slab/<piece>/ferry and kv_host_slab_to_gpu/<piece>/ferry: the same pieces
+//    scattered on the GPU but end to end in one pinned host slab (a request's blocks offloaded
+//    and loaded back), written to the host / read from it; baselines pinned_1GiB/cudaMemcpy and
+//    pinned_1GiB_h2d/cudaMemcpy.
 //  - kv_gpu_to_host/<piece>/kernel: ferry's copy kernel alone over the same pieces (descriptors
 //    uploaded once, timed by CUDA events around one launch): what ferry's path adds to it
 //    (posting, the launches of the ramp, completion) is the difference to .../ferry, whose
@@ -218,6 +222,26 @@ void FerryKv(benchmark::State& state, Target target, uint64_t piece) {
   Finish(state, bytes, kPieces, path);
 }
 
+// GPU pieces scattered, host side one slab in order: written to it (read == false) or read
+// back from it.
+void FerrySlab(benchmark::State& state, uint64_t piece, bool read) {
+  const uint64_t bytes = kPieces * piece;
+  Rig* rig = GetRig(Target::kHost, bytes);
+  if (!rig->error.empty()) return state.SkipWithError(rig->error.c_str());
+  std::vector<ferry::TransferOp> ops = KvOps(piece);
+  for (ferry::TransferOp& o : ops) std::swap(o.local_offset, o.remote_offset);  // GPU side scattered
+  std::string path;
+  for (auto _ : state) {
+    auto start = Clock::now();
+    ferry::Transfer t = read ? rig->session.ReadBatch(ops) : rig->session.WriteBatch(ops);
+    ferry::Status s = t.Wait();
+    state.SetIterationTime(std::chrono::duration<double>(Clock::now() - start).count());
+    if (!s.ok()) return state.SkipWithError(s.ToString().c_str());
+    path = t.path().ToString();
+  }
+  Finish(state, bytes, kPieces, path);
+}
+
 // The same batch posted twice before either is waited for (the two write the same bytes), as
 // an application with layers in flight does: the host's work for one batch (check, descriptor
 // fill, launches) and the completion of the other overlap. Bytes: both batches'.
@@ -328,7 +352,8 @@ void BatchAsyncKv(benchmark::State& state, Target target, uint64_t piece) {
 #endif
 }
 
-// One large copy: the link's ceiling. kind: 0 GPU -> pinned host, 1 GPU0 -> GPU1, 2 in GPU0.
+// One large copy: the link's ceiling. kind: 0 GPU -> pinned host, 1 GPU0 -> GPU1, 2 in GPU0,
+// 3 pinned host -> GPU.
 void OneCopy(benchmark::State& state, int kind) {
   std::string reason;
   if (!ferry::CudaAvailable(&reason)) return state.SkipWithError(("no GPU: " + reason).c_str());
@@ -338,7 +363,7 @@ void OneCopy(benchmark::State& state, int kind) {
   std::unique_ptr<DeviceBuffer> dev_dst;
   std::unique_ptr<PinnedBuffer> host_dst;
   void* dst = nullptr;
-  if (kind == 0) {
+  if (kind == 0 || kind == 3) {
     host_dst = std::make_unique<PinnedBuffer>(kOneGiB);
     dst = host_dst->ptr;
   } else {
@@ -349,7 +374,9 @@ void OneCopy(benchmark::State& state, int kind) {
   if (kind == 1) (void)cudaDeviceEnablePeerAccess(1, 0);
   for (auto _ : state) {
     auto start = Clock::now();
-    cudaError_t e = kind == 1 ? cudaMemcpyPeer(dst, 1, src.ptr, 0, kOneGiB) : cudaMemcpy(dst, src.ptr, kOneGiB, cudaMemcpyDefault);
+    cudaError_t e = kind == 1   ? cudaMemcpyPeer(dst, 1, src.ptr, 0, kOneGiB)
+                    : kind == 3 ? cudaMemcpy(src.ptr, dst, kOneGiB, cudaMemcpyDefault)  // host -> GPU
+                                : cudaMemcpy(dst, src.ptr, kOneGiB, cudaMemcpyDefault);
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
     state.SetIterationTime(std::chrono::duration<double>(Clock::now() - start).count());
     if (e != cudaSuccess) return state.SkipWithError(cudaGetErrorString(e));
@@ -369,6 +396,12 @@ void Register() {
     opts(benchmark::RegisterBenchmark(("kv_gpu_to_host/" + p + "/kernel").c_str(), KernelKv, Target::kHost, piece, false));
     opts(benchmark::RegisterBenchmark(("kv_gpu_to_host/" + p + "/cudaMemcpyBatchAsync").c_str(), BatchAsyncKv,
                                       Target::kHost, piece));
+  }
+  opts(benchmark::RegisterBenchmark("pinned_1GiB_h2d/cudaMemcpy", OneCopy, 3));
+  for (uint64_t kib : {16, 32, 128}) {
+    const std::string p = std::to_string(kib) + "KiB";
+    opts(benchmark::RegisterBenchmark(("kv_gpu_to_host_slab/" + p + "/ferry").c_str(), FerrySlab, kib << 10, false));
+    opts(benchmark::RegisterBenchmark(("kv_host_slab_to_gpu/" + p + "/ferry").c_str(), FerrySlab, kib << 10, true));
   }
   opts(benchmark::RegisterBenchmark("peer_1GiB/cudaMemcpyPeer", OneCopy, 1));
   for (uint64_t kib : {16, 32, 128}) {

@@ -20,6 +20,12 @@ CopyEngine::Core::~Core() {
   SyncStreams();
   if (upload_stream != nullptr) (void)cudaStreamSynchronize(upload_stream);
   for (cudaEvent_t e : free_events) (void)cudaEventDestroy(e);
+  for (int i = 0; i < kStageSlots; ++i) {
+    if (stage_handoff[i] != nullptr) (void)cudaEventDestroy(stage_handoff[i]);
+    if (stage_free[i] != nullptr) (void)cudaEventDestroy(stage_free[i]);
+  }
+  if (staging != nullptr) (void)cudaFree(staging);
+  if (stage_stream != nullptr) (void)cudaStreamDestroy(stage_stream);
   if (upload_event != nullptr) (void)cudaEventDestroy(upload_event);
   if (host_ring != nullptr) (void)cudaFreeHost(host_ring);
   if (device_ring != nullptr) (void)cudaFree(device_ring);
@@ -55,8 +61,10 @@ Status CopyEngine::Core::Init(int ordinal) {
                                  "cudaEventCreateWithFlags (descriptor uploads)"));
   const size_t ring_bytes = kRingPieces * sizeof(Piece);
   FERRY_RETURN_IF_ERROR(ToStatus(cudaHostAlloc(reinterpret_cast<void**>(&host_ring), ring_bytes,
-                                               cudaHostAllocPortable),
+                                               cudaHostAllocPortable | cudaHostAllocMapped),
                                  "cudaHostAlloc (descriptor ring)"));
+  FERRY_RETURN_IF_ERROR(ToStatus(cudaHostGetDevicePointer(reinterpret_cast<void**>(&mapped_ring), host_ring, 0),
+                                 "cudaHostGetDevicePointer (descriptor ring)"));
   return ToStatus(cudaMalloc(reinterpret_cast<void**>(&device_ring), ring_bytes),
                   "cudaMalloc (descriptor ring)");
 }
@@ -96,6 +104,32 @@ void CopyEngine::Core::ReleaseEventLocked(cudaEvent_t event) {
 void CopyEngine::Core::SyncStreams() {
   if (stream != nullptr) (void)cudaStreamSynchronize(stream);
   if (stream2 != nullptr) (void)cudaStreamSynchronize(stream2);
+  if (stage_stream != nullptr) (void)cudaStreamSynchronize(stage_stream);
+}
+
+bool CopyEngine::Core::StagingLocked() {
+  if (staging_tried) return staging != nullptr;
+  staging_tried = true;
+  // Made whole or not at all: a partial set is released here and never used.
+  bool ok = cudaStreamCreateWithFlags(&stage_stream, cudaStreamNonBlocking) == cudaSuccess;
+  for (int i = 0; ok && i < kStageSlots; ++i)
+    ok = cudaEventCreateWithFlags(&stage_handoff[i], cudaEventDisableTiming) == cudaSuccess &&
+         cudaEventCreateWithFlags(&stage_free[i], cudaEventDisableTiming) == cudaSuccess;
+  void* buffer = nullptr;
+  ok = ok && cudaMalloc(&buffer, kStageSlots * kStageSlotBytes) == cudaSuccess;
+  if (ok) {
+    staging = static_cast<std::byte*>(buffer);
+    return true;
+  }
+  (void)cudaGetLastError();
+  for (int i = 0; i < kStageSlots; ++i) {
+    if (stage_handoff[i] != nullptr) (void)cudaEventDestroy(stage_handoff[i]);
+    if (stage_free[i] != nullptr) (void)cudaEventDestroy(stage_free[i]);
+    stage_handoff[i] = stage_free[i] = nullptr;
+  }
+  if (stage_stream != nullptr) (void)cudaStreamDestroy(stage_stream);
+  stage_stream = nullptr;
+  return false;
 }
 
 Status CopyEngine::Core::PushSegmentLocked(cudaStream_t on, bool uses_ring, size_t ring_end,
@@ -312,6 +346,8 @@ CopyStats CopyEngines::stats() {
     sum.kernel_pieces += s.kernel_pieces;
     sum.dma_calls += s.dma_calls;
     sum.dma_copies += s.dma_copies;
+    sum.staged_chunks += s.staged_chunks;
+    sum.staged_bytes += s.staged_bytes;
   }
   return sum;
 }

@@ -5,9 +5,13 @@
 // the device) and a pool of events. Post() enqueues a batch and returns at once: many small
 // pieces become a few kernel launches; a few large pieces, or memory that kernels cannot
 // address (pageable host memory), go to the DMA engines (cudaMemcpyBatchAsync /
-// cudaMemcpyAsync). Completion is observed by cudaEventQuery from Poll() (never blocks) and by
-// the engine's completion thread, which sleeps on the oldest event, so that a batch nobody
-// polls (its transfer already timed out, say) still completes and releases what it holds.
+// cudaMemcpyAsync). Runs of pieces that lie end to end in page-locked host memory while
+// scattered on the device (PostOptions::host_side) go through a staging buffer in device memory:
+// the SMs gather (or scatter) a chunk there and a DMA engine moves it in one copy, on a stream
+// of its own, chunks pipelined over three slots. Completion is observed by cudaEventQuery from
+// Poll() (never blocks) and by the engine's completion thread, which sleeps on the oldest
+// event, so that a batch nobody polls (its transfer already timed out, say) still completes
+// and releases what it holds.
 //
 // Thread safety: every method may be called from any thread. Callbacks run on the thread that
 // observes completion, with no lock of the engine held; they may Post() again.
@@ -69,6 +73,15 @@ struct PostOptions {
   // within one GPU's memory its SMs copy about 4x faster than a DMA engine (on an H200, merged
   // 2 MiB pieces: 1.57 TB/s through the kernel against 0.35 TB/s, bench/results/cuda_ipc.md).
   bool large_to_dma = true;
+  // Which side of the batch is page-locked host memory, where the other is the engine's device
+  // (kNone: neither, or not known). On a batch of offsets, where that side's pieces lie end to
+  // end in runs of kStageMinBytes or more while the device side's are scattered (a request's
+  // blocks offloaded into one host slab, or loaded back from it), the SMs gather the device
+  // side into a staging buffer in device memory (or scatter it from there) and a DMA engine
+  // moves each chunk of the run in one copy, the two pipelined: per-piece copies over PCIe by
+  // either the SMs or the DMA engines stay below a bulk copy's rate (bench/results/cuda_ipc.md).
+  enum class HostSide : uint8_t { kNone, kDst, kSrc };
+  HostSide host_side = HostSide::kNone;
   // Called exactly once, when every copy of the batch is done or failed.
   std::function<void(const Status&)> on_done;
   // How long Post() may wait for descriptor space when many batches are in flight.
@@ -84,7 +97,17 @@ struct CopyStats {
   uint64_t kernel_pieces = 0;    // pieces those launches copied
   uint64_t dma_calls = 0;        // cudaMemcpyBatchAsync / cudaMemcpyAsync calls
   uint64_t dma_copies = 0;       // copies those calls carried
+  uint64_t staged_chunks = 0;    // chunks of host-contiguous runs moved through device staging
+  uint64_t staged_bytes = 0;     // bytes of those chunks
 };
+
+// Runs of host-contiguous pieces this long, or longer, go through device staging
+// (PostOptions::host_side); each chunk of a run is at most kStageChunkBytes, and kStageSlots
+// chunks are in flight at once (the staging buffer, made on a device's first staged chunk, is
+// kStageSlots * kStageChunkBytes of device memory).
+inline constexpr uint64_t kStageMinBytes = 4 << 20;
+inline constexpr uint64_t kStageChunkBytes = 16 << 20;
+inline constexpr int kStageSlots = 3;
 
 // Adds `s` to the gpu_* counters of `out`.
 inline void AddTo(const CopyStats& s, EngineStats* out) {

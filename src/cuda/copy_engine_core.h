@@ -18,6 +18,10 @@ namespace ferry::cuda {
 // Descriptor ring, in pieces (24 bytes each), page-locked on the host and mirrored on the
 // device.
 inline constexpr size_t kRingPieces = size_t{1} << 17;
+// A staging slot holds one chunk placed at its host address mod kStageAlign, so that the DMA
+// engine's two sides share their alignment (slots are kStageAlign-aligned).
+inline constexpr uint64_t kStageAlign = 64 << 10;
+inline constexpr uint64_t kStageSlotBytes = kStageChunkBytes + kStageAlign;
 
 // The engine's state, shared by the handle, its completer thread and running pollers, so that
 // it lives until the last of them lets go.
@@ -51,6 +55,13 @@ struct CopyEngine::Core {
   // Waits for both launch streams (an enqueue failed and the ring cannot be tracked).
   void SyncStreams();
   bool AllocRingLocked(size_t n, size_t* at) REQUIRES(mu);
+  // Makes the staging buffer, its stream and events on first use; false when they cannot be
+  // made (the batch's runs then go through the kernel like any other pieces; tried once).
+  bool StagingLocked() REQUIRES(mu);
+  // Enqueues one chunk of a host-contiguous run: `n` ops already in the host ring at `at`, `bytes` long, starting at `host_start` on the host side. Sets *on to
+  // the stream whose work ends the chunk.
+  Status EnqueueStagedLocked(const OffsetBatch& batch, bool host_is_dst, size_t at, size_t n, uint64_t bytes,
+                             uint64_t host_start, cudaStream_t* on) REQUIRES(mu);
   void ReleaseEventLocked(cudaEvent_t event) REQUIRES(mu);
   void ReapLocked(Done* done, const Status* force) REQUIRES(mu);
   static void RunDone(Done& done) {
@@ -72,6 +83,19 @@ struct CopyEngine::Core {
   cudaEvent_t upload_event = nullptr;
   Piece* host_ring = nullptr;
   Piece* device_ring = nullptr;
+  // The host ring as kernels address it (it is mapped): a staged chunk's kernel reads its
+  // descriptors from there, so that no descriptor upload queues on a DMA engine behind the
+  // chunks' own copies.
+  Piece* mapped_ring = nullptr;
+  // Device staging for host-contiguous runs (PostOptions::host_side), made on first use:
+  // kStageSlots slots of kStageChunkBytes used in turn. The DMA engines' side of a chunk goes on
+  // stage_stream; stage_handoff[s] marks slot s's chunk gathered (to host) or landed (from
+  // host), stage_free[s] that the slot may be written again. Waits take the record current when
+  // they are enqueued, and every enqueue happens under mu, so re-recording is safe.
+  std::byte* staging = nullptr;
+  cudaStream_t stage_stream = nullptr;
+  cudaEvent_t stage_handoff[kStageSlots] = {};
+  cudaEvent_t stage_free[kStageSlots] = {};
 
   Mutex mu;
   CondVar cv;
@@ -81,6 +105,8 @@ struct CopyEngine::Core {
   size_t tail GUARDED_BY(mu) = 0;
   size_t ring_users GUARDED_BY(mu) = 0;                  // segments in flight that use the ring
   uint64_t launches GUARDED_BY(mu) = 0;                  // kernel launches so far (picks the stream)
+  uint64_t staged GUARDED_BY(mu) = 0;                    // staged chunks so far (picks the slot)
+  bool staging_tried GUARDED_BY(mu) = false;             // StagingLocked ran once
   cudaEvent_t completer_event GUARDED_BY(mu) = nullptr;  // the event the completer sleeps on
   bool completer_event_released GUARDED_BY(mu) = false;  // its segment was reaped meanwhile
   bool stop GUARDED_BY(mu) = false;

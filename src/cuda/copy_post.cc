@@ -48,23 +48,86 @@ struct PieceCursor {
   bool all_dma;
   bool large_to_dma;
   std::vector<Copy>* dma;
+  // A batch of offsets whose host side may be staged (PostOptions::host_side, staging made).
+  bool stage = false;
+  bool host_is_dst = false;
   size_t index = 0;     // copy being cut
   uint64_t offset = 0;  // bytes of it already handed out
 
   bool done() const { return index == copies.size(); }
 
+  // The host side's offset of op `o` (stage only): a write's destination offsets are remote.
+  uint64_t HostOffset(const TransferOp& o) const {
+    return host_is_dst == copies.write ? o.remote_offset : o.local_offset;
+  }
+
   // For a batch of offsets: copies up to n ops as they are, stopping at the first that the
-  // kernel does not take whole (over kMaxWholeOpBytes: cut by Fill, or for the DMA engines);
-  // returns how many. Zero when the cursor is inside a copy being cut.
+  // kernel does not take whole (over kMaxWholeOpBytes: cut by Fill, or for the DMA engines),
+  // and, when staging, before a run of host-contiguous ops that reaches kStageMinBytes (it
+  // goes through staging: StagedRun); returns how many. Zero when the cursor is inside a copy
+  // being cut.
   size_t FillOffsets(OffsetPiece* out, size_t n) {
     if (offset != 0) return 0;
     size_t k = 0;
+    size_t run_k = 0;  // where the current host-contiguous run starts in out
+    uint64_t run_bytes = 0, run_end = 0;
     for (; k < n && index < copies.size(); ++index) {
       const TransferOp& o = copies.ops[index];
       if (o.size > kMaxWholeOpBytes || (large_to_dma && o.size >= kLargePieceBytes)) break;
+      if (stage) {
+        const uint64_t h = HostOffset(o);
+        if (o.size == 0) {
+          run_k = k + 1;
+          run_bytes = 0;
+        } else if (k > run_k && h == run_end) {
+          run_bytes += o.size;
+        } else {
+          run_k = k;
+          run_bytes = o.size;
+        }
+        run_end = h + o.size;
+        if (run_bytes >= kStageMinBytes) {  // hand the run back: it starts the next launch
+          index -= k - run_k;
+          k = run_k;
+          break;
+        }
+      }
       out[k++] = OffsetPiece{o.local_offset, o.remote_offset, o.size};
     }
     return k;
+  }
+
+  // Whether a run of host-contiguous ops (none empty, each taken whole by the kernel) of at
+  // least kStageMinBytes starts here; if so, its first ops up to kStageChunkBytes in all: their
+  // number, bytes and the host-side offset of the first. The ops are not consumed.
+  bool StagedRun(size_t* count, uint64_t* bytes, uint64_t* host_start) const {
+    if (!stage || offset != 0) return false;
+    uint64_t b = 0, end = 0;
+    size_t i = index;
+    for (; i < copies.size(); ++i) {
+      const TransferOp& o = copies.ops[i];
+      if (o.size == 0 || o.size > kMaxWholeOpBytes || b + o.size > kStageChunkBytes || i - index == kMaxLaunchPieces)
+        break;
+      const uint64_t h = HostOffset(o);
+      if (i == index) {
+        *host_start = h;
+      } else if (h != end) {
+        break;
+      }
+      b += o.size;
+      end = h + o.size;
+    }
+    *count = i - index;
+    *bytes = b;
+    return b >= kStageMinBytes;
+  }
+
+  // Copies the next n ops as they are (a run StagedRun found).
+  void TakeOffsets(OffsetPiece* out, size_t n) {
+    for (size_t k = 0; k < n; ++k, ++index) {
+      const TransferOp& o = copies.ops[index];
+      out[k] = OffsetPiece{o.local_offset, o.remote_offset, o.size};
+    }
   }
 
   // Fills up to n pieces; returns how many.
@@ -142,6 +205,58 @@ Status CopyEngine::Core::EnqueueDmaLocked(const std::vector<Copy>& dma, bool bat
   return Status::Ok();
 }
 
+Status CopyEngine::Core::EnqueueStagedLocked(const OffsetBatch& batch, bool host_is_dst, size_t at, size_t n,
+                                             uint64_t bytes, uint64_t host_start, cudaStream_t* on) {
+  const uint64_t slot = staged++ % kStageSlots;
+  // The chunk keeps its host address's alignment mod kStageAlign in the slot: the DMA engine
+  // then copies between equally aligned addresses.
+  const std::byte* host = (host_is_dst ? batch.dst : batch.src) + host_start;
+  std::byte* buffer = staging + slot * kStageSlotBytes + (reinterpret_cast<uintptr_t>(host) & (kStageAlign - 1));
+  // The kernel adds each op's host-side offset to this base: the chunk's ops land in (or are
+  // read from) [buffer, buffer + bytes), which lies inside the slot.
+  char* shifted = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(buffer) - host_start);
+  // The kernel reads the chunk's descriptors from the mapped host ring: an upload would be one
+  // more copy on the DMA engines, and behind a chunk's copy it held the next chunk's kernel
+  // back (on an H200, host -> GPU slabs at 0.94 of a 1 GiB copy with uploads, 0.98 without).
+  const auto* ops = reinterpret_cast<const OffsetPiece*>(mapped_ring + at);
+  const auto count = static_cast<uint32_t>(n);
+  cudaStream_t launch_on = NextLaunchStreamLocked();
+  *on = launch_on;
+  if (host_is_dst) {
+    // Gather into the slot once the slot's last chunk has gone to the host, then one DMA copy.
+    FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamWaitEvent(launch_on, stage_free[slot], 0), "wait for a staging slot"));
+    FERRY_RETURN_IF_ERROR(ToStatus(static_cast<cudaError_t>(LaunchOffsetCopy(
+                                       ops, count, shifted, reinterpret_cast<const char*>(batch.src), batch.write,
+                                       max_blocks, launch_on)),
+                                   "launch staging gather"));
+    FERRY_RETURN_IF_ERROR(ToStatus(cudaEventRecord(stage_handoff[slot], launch_on), "record staging gather"));
+    FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamWaitEvent(stage_stream, stage_handoff[slot], 0), "wait for staging gather"));
+    FERRY_RETURN_IF_ERROR(ToStatus(
+        cudaMemcpyAsync(batch.dst + host_start, buffer, bytes, cudaMemcpyDefault, stage_stream), "staging copy to host"));
+    *on = stage_stream;
+    FERRY_RETURN_IF_ERROR(ToStatus(cudaEventRecord(stage_free[slot], stage_stream), "record staging copy"));
+  } else {
+    // One DMA copy into the slot once its last chunk was scattered, then scatter from it.
+    FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamWaitEvent(stage_stream, stage_free[slot], 0), "wait for a staging slot"));
+    FERRY_RETURN_IF_ERROR(ToStatus(
+        cudaMemcpyAsync(buffer, batch.src + host_start, bytes, cudaMemcpyDefault, stage_stream), "staging copy from host"));
+    FERRY_RETURN_IF_ERROR(ToStatus(cudaEventRecord(stage_handoff[slot], stage_stream), "record staging copy"));
+    FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamWaitEvent(launch_on, stage_handoff[slot], 0), "wait for staging copy"));
+    FERRY_RETURN_IF_ERROR(ToStatus(static_cast<cudaError_t>(LaunchOffsetCopy(
+                                       ops, count, reinterpret_cast<char*>(batch.dst), shifted, batch.write,
+                                       max_blocks, launch_on)),
+                                   "launch staging scatter"));
+    FERRY_RETURN_IF_ERROR(ToStatus(cudaEventRecord(stage_free[slot], launch_on), "record staging scatter"));
+  }
+  ++stats.kernel_launches;
+  stats.kernel_pieces += n;
+  ++stats.dma_calls;
+  ++stats.dma_copies;
+  ++stats.staged_chunks;
+  stats.staged_bytes += bytes;
+  return Status::Ok();
+}
+
 template <typename Source>
 Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr<Core>& self,
                                                            const Source& copies, PostOptions options) {
@@ -151,6 +266,9 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
   const bool all_dma = !options.kernel_ok || copies.size() <= kFewPieces;
   std::vector<Copy> dma;
   PieceCursor<Source> cursor{copies, all_dma, options.large_to_dma, &dma};
+  const bool want_stage = std::is_same_v<Source, OffsetBatch> && !all_dma &&
+                          options.host_side != PostOptions::HostSide::kNone;
+  cursor.host_is_dst = options.host_side == PostOptions::HostSide::kDst;
   auto completion = std::make_shared<Completion>();
   completion->engine_ = self;
   completion->on_done_ = std::move(options.on_done);
@@ -167,13 +285,20 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
     for (size_t i = 0; i < copies.size(); ++i)
       if (const Copy c = copies[i]; c.size != 0) dma.push_back(c);
   }
+  cursor.stage = want_stage && StagingLocked();
   auto backoff = std::chrono::microseconds(5);
   size_t launch = kFirstLaunchPieces;
   cudaStream_t last_on = stream;  // the stream of the batch's last launch
   while (error.ok() && !all_dma && !cursor.done()) {
     const size_t prev_head = head;
     size_t at = 0;
-    if (!AllocRingLocked(launch, &at)) {
+    // A run of host-contiguous ops here goes through staging, a chunk at a time.
+    size_t stage_n = 0;
+    uint64_t stage_bytes = 0, stage_start = 0;
+    if constexpr (std::is_same_v<Source, OffsetBatch>) {
+      if (!cursor.StagedRun(&stage_n, &stage_bytes, &stage_start)) stage_n = 0;
+    }
+    if (!AllocRingLocked(stage_n > 0 ? stage_n : launch, &at)) {
       // The ring is full of batches in flight: complete what has finished, then back off.
       if (options.deadline.expired()) {
         error = Status(Code::kResourceExhausted, "CUDA copy descriptor ring stayed full until the deadline");
@@ -195,7 +320,12 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
     size_t n = 0;
     bool offsets = false;
     if constexpr (std::is_same_v<Source, OffsetBatch>) {
-      n = cursor.FillOffsets(reinterpret_cast<OffsetPiece*>(host_ring + at), launch);
+      if (stage_n > 0) {
+        cursor.TakeOffsets(reinterpret_cast<OffsetPiece*>(host_ring + at), stage_n);
+        n = stage_n;
+      } else {
+        n = cursor.FillOffsets(reinterpret_cast<OffsetPiece*>(host_ring + at), launch);
+      }
       offsets = n > 0;
     }
     if (!offsets) n = cursor.Fill(host_ring + at, launch);
@@ -206,14 +336,30 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
     head = at + n;  // hand back what this launch did not fill (the newest allocation)
     // The ring's slots [at, at + n) are free: the kernels that read them last have completed
     // (their segments were reaped), so the upload may run beside the launches still copying.
-    error = ToStatus(cudaMemcpyAsync(device_ring + at, host_ring + at, n * sizeof(Piece),
-                                     cudaMemcpyHostToDevice, upload_stream),
-                     "upload copy descriptors");
-    if (error.ok()) error = ToStatus(cudaEventRecord(upload_event, upload_stream), "record descriptor upload");
-    cudaStream_t on = NextLaunchStreamLocked();
+    // A staged chunk's kernel reads them where they are (EnqueueStagedLocked).
+    cudaStream_t on = stream;
+    if (stage_n == 0) {
+      error = ToStatus(cudaMemcpyAsync(device_ring + at, host_ring + at, n * sizeof(Piece),
+                                       cudaMemcpyHostToDevice, upload_stream),
+                       "upload copy descriptors");
+      if (error.ok()) error = ToStatus(cudaEventRecord(upload_event, upload_stream), "record descriptor upload");
+    }
+    if (stage_n > 0) {
+      if constexpr (std::is_same_v<Source, OffsetBatch>) {
+        if (error.ok()) {
+          enqueued = true;
+          error = EnqueueStagedLocked(copies, cursor.host_is_dst, at, n, stage_bytes, stage_start, &on);
+          // Part of the chunk may be running on the other stream: let it end before the
+          // batch's failure frees the ring and the caller's memory.
+          if (!error.ok()) SyncStreams();
+        }
+      }
+    } else {
+      on = NextLaunchStreamLocked();
+      if (error.ok()) error = ToStatus(cudaStreamWaitEvent(on, upload_event, 0), "wait for descriptor upload");
+    }
     last_on = on;
-    if (error.ok()) error = ToStatus(cudaStreamWaitEvent(on, upload_event, 0), "wait for descriptor upload");
-    if (error.ok()) {
+    if (error.ok() && stage_n == 0) {
       enqueued = true;
       int launched = 0;
       if constexpr (std::is_same_v<Source, OffsetBatch>) {
@@ -229,7 +375,7 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
         stats.kernel_pieces += n;
       }
     }
-    launch = std::min(launch * kLaunchGrowth, kMaxLaunchPieces);
+    if (stage_n == 0) launch = std::min(launch * kLaunchGrowth, kMaxLaunchPieces);
     const bool last = (cursor.done() && dma.empty()) || !error.ok();
     Status pushed = PushSegmentLocked(on, true, at + n, last ? completion : nullptr, error);
     if (!pushed.ok()) {

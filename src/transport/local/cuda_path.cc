@@ -36,6 +36,12 @@ class CudaPathImpl final : public CudaPath {
     options.pageable = (src.kind == MemoryKind::kHost && !src_reached) ||
                        (dst.kind == MemoryKind::kHost && !dst_reached);
     options.large_to_dma = !(src.kind == MemoryKind::kCuda && dst.kind == MemoryKind::kCuda && src.device == dst.device);
+    // Page-locked host memory on one side, this device's memory on the other: runs of pieces
+    // that lie end to end on the host go through device staging and one DMA copy a chunk.
+    if (options.kernel_ok && src.kind == MemoryKind::kCuda && src.device == device && dst.kind == MemoryKind::kHost)
+      options.host_side = cuda::PostOptions::HostSide::kDst;
+    if (options.kernel_ok && dst.kind == MemoryKind::kCuda && dst.device == device && src.kind == MemoryKind::kHost)
+      options.host_side = cuda::PostOptions::HostSide::kSrc;
     options.deadline = state->deadline();
     options.on_done = [state](const Status& s) { state->PartDone(s); };
     // The poster's own part keeps the transfer open until Post returns, so the poller and the
