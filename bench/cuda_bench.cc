@@ -7,7 +7,8 @@
 //  - kv_gpu_to_host_slab/<piece>/ferry and kv_host_slab_to_gpu/<piece>/ferry: the same pieces
 //    scattered on the GPU but end to end in one pinned host slab (a request's blocks offloaded
 //    and loaded back), written to the host / read from it; baselines pinned_1GiB/cudaMemcpy and
-//    pinned_1GiB_h2d/cudaMemcpy.
+//    pinned_1GiB_h2d/cudaMemcpy. kv_gpu_to_host_strided/<piece>/ferry: half as many pieces in a
+//    regular layout (every other slot on the GPU, end to end on the host): one 2D copy.
 //  - kv_gpu_to_host/<piece>/kernel: ferry's copy kernel alone over the same pieces (descriptors
 //    uploaded once, timed by CUDA events around one launch): what ferry's path adds to it
 //    (posting, the launches of the ramp, completion) is the difference to .../ferry, whose
@@ -224,12 +225,17 @@ void FerryKv(benchmark::State& state, Target target, uint64_t piece) {
 
 // GPU pieces scattered, host side one slab in order: written to it (read == false) or read
 // back from it.
-void FerrySlab(benchmark::State& state, uint64_t piece, bool read) {
+void FerrySlab(benchmark::State& state, uint64_t piece, bool read, bool strided) {
   const uint64_t bytes = kPieces * piece;
   Rig* rig = GetRig(Target::kHost, bytes);
   if (!rig->error.empty()) return state.SkipWithError(rig->error.c_str());
   std::vector<ferry::TransferOp> ops = KvOps(piece);
   for (ferry::TransferOp& o : ops) std::swap(o.local_offset, o.remote_offset);  // GPU side scattered
+  if (strided) {
+    ops.resize(kPieces / 2);
+    for (uint64_t i = 0; i < ops.size(); ++i) ops[i] = {2 * i * piece, i * piece, piece};
+  }
+  const uint64_t moved = ops.size() * piece;
   std::string path;
   for (auto _ : state) {
     auto start = Clock::now();
@@ -239,7 +245,7 @@ void FerrySlab(benchmark::State& state, uint64_t piece, bool read) {
     if (!s.ok()) return state.SkipWithError(s.ToString().c_str());
     path = t.path().ToString();
   }
-  Finish(state, bytes, kPieces, path);
+  Finish(state, moved, ops.size(), path);
 }
 
 // The same batch posted twice before either is waited for (the two write the same bytes), as
@@ -400,8 +406,12 @@ void Register() {
   opts(benchmark::RegisterBenchmark("pinned_1GiB_h2d/cudaMemcpy", OneCopy, 3));
   for (uint64_t kib : {16, 32, 128}) {
     const std::string p = std::to_string(kib) + "KiB";
-    opts(benchmark::RegisterBenchmark(("kv_gpu_to_host_slab/" + p + "/ferry").c_str(), FerrySlab, kib << 10, false));
-    opts(benchmark::RegisterBenchmark(("kv_host_slab_to_gpu/" + p + "/ferry").c_str(), FerrySlab, kib << 10, true));
+    opts(benchmark::RegisterBenchmark(("kv_gpu_to_host_slab/" + p + "/ferry").c_str(), FerrySlab, kib << 10, false,
+                                      false));
+    opts(benchmark::RegisterBenchmark(("kv_host_slab_to_gpu/" + p + "/ferry").c_str(), FerrySlab, kib << 10, true,
+                                      false));
+    opts(benchmark::RegisterBenchmark(("kv_gpu_to_host_strided/" + p + "/ferry").c_str(), FerrySlab, kib << 10,
+                                      false, true));
   }
   opts(benchmark::RegisterBenchmark("peer_1GiB/cudaMemcpyPeer", OneCopy, 1));
   for (uint64_t kib : {16, 32, 128}) {

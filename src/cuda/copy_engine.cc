@@ -348,6 +348,7 @@ CopyStats CopyEngines::stats() {
     sum.dma_copies += s.dma_copies;
     sum.staged_chunks += s.staged_chunks;
     sum.staged_bytes += s.staged_bytes;
+    sum.strided_runs += s.strided_runs;
   }
   return sum;
 }

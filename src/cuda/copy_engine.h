@@ -78,8 +78,9 @@ struct PostOptions {
   // end in runs of kStageMinBytes or more while the device side's are scattered (a request's
   // blocks offloaded into one host slab, or loaded back from it), the SMs gather the device
   // side into a staging buffer in device memory (or scatter it from there) and a DMA engine
-  // moves each chunk of the run in one copy, the two pipelined: per-piece copies over PCIe by
-  // either the SMs or the DMA engines stay below a bulk copy's rate (bench/results/cuda_ipc.md).
+  // moves each chunk of the run in one copy, the two pipelined; runs at a fixed stride on both
+  // sides go to a DMA engine as one 2D copy. Per-piece copies over PCIe by either the SMs or the
+  // DMA engines stay below a bulk copy's rate (bench/results/cuda_ipc.md).
   enum class HostSide : uint8_t { kNone, kDst, kSrc };
   HostSide host_side = HostSide::kNone;
   // Called exactly once, when every copy of the batch is done or failed.
@@ -99,15 +100,19 @@ struct CopyStats {
   uint64_t dma_copies = 0;       // copies those calls carried
   uint64_t staged_chunks = 0;    // chunks of host-contiguous runs moved through device staging
   uint64_t staged_bytes = 0;     // bytes of those chunks
+  uint64_t strided_runs = 0;     // runs of equally strided pieces moved by one 2D DMA copy each
 };
 
 // Runs of host-contiguous pieces this long, or longer, go through device staging
 // (PostOptions::host_side); each chunk of a run is at most kStageChunkBytes, and kStageSlots
 // chunks are in flight at once (the staging buffer, made on a device's first staged chunk, is
-// kStageSlots * kStageChunkBytes of device memory).
+// kStageSlots * kStageChunkBytes of device memory). Runs of at least kStrideMinOps pieces of
+// one size, each a fixed distance after the last on both sides (a regular layout), and of
+// kStageMinBytes or more, go to a DMA engine as one 2D copy instead, with no staging.
 inline constexpr uint64_t kStageMinBytes = 4 << 20;
 inline constexpr uint64_t kStageChunkBytes = 16 << 20;
 inline constexpr int kStageSlots = 3;
+inline constexpr size_t kStrideMinOps = 16;
 
 // Adds `s` to the gpu_* counters of `out`.
 inline void AddTo(const CopyStats& s, EngineStats* out) {

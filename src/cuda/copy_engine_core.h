@@ -62,6 +62,10 @@ struct CopyEngine::Core {
   // the stream whose work ends the chunk.
   Status EnqueueStagedLocked(const OffsetBatch& batch, bool host_is_dst, size_t at, size_t n, uint64_t bytes,
                              uint64_t host_start, cudaStream_t* on) REQUIRES(mu);
+  // Enqueues a strided run on stage_stream as one 2D copy: `count` ops of `size` bytes from
+  // `first`, each `local_stride` / `remote_stride` after the last on the two sides.
+  Status EnqueueStridedLocked(const OffsetBatch& batch, const TransferOp& first, size_t count, uint64_t local_stride,
+                              uint64_t remote_stride) REQUIRES(mu);
   void ReleaseEventLocked(cudaEvent_t event) REQUIRES(mu);
   void ReapLocked(Done* done, const Status* force) REQUIRES(mu);
   static void RunDone(Done& done) {

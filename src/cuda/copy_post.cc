@@ -38,6 +38,19 @@ constexpr size_t kLaunchGrowth = 2;
 // are cut into pieces of kMaxPieceBytes (or go to the DMA engines). KV blocks of 128 KiB then
 // travel as one descriptor each, not two.
 constexpr uint64_t kMaxWholeOpBytes = 256 * 1024;
+// The largest row pitch a 2D copy takes (cudaDevAttrMaxPitch is 2^31 - 1 on the GPUs measured).
+constexpr uint64_t kMaxPitch = (uint64_t{1} << 31) - 1;
+
+// Whether op b follows op a at a fixed positive stride on both sides that a 2D copy takes: the
+// same size, each side's offset grown by at least the size and at most kMaxPitch.
+bool Strides(const TransferOp& a, const TransferOp& b, uint64_t* local_stride, uint64_t* remote_stride) {
+  if (a.size == 0 || b.size != a.size || b.local_offset < a.local_offset + a.size ||
+      b.remote_offset < a.remote_offset + a.size)
+    return false;
+  *local_stride = b.local_offset - a.local_offset;
+  *remote_stride = b.remote_offset - a.remote_offset;
+  return *local_stride <= kMaxPitch && *remote_stride <= kMaxPitch;
+}
 
 // Walks a batch (a span of Copy or an OffsetBatch) once: cuts the kernel's copies into pieces
 // of at most kMaxPieceBytes as launches ask for them, and sets aside the copies that go to the
@@ -71,9 +84,30 @@ struct PieceCursor {
     size_t k = 0;
     size_t run_k = 0;  // where the current host-contiguous run starts in out
     uint64_t run_bytes = 0, run_end = 0;
+    size_t strided_k = 0, strided_n = 0;  // the current strided run: first op in out, ops
+    uint64_t local_stride = 0, remote_stride = 0;
     for (; k < n && index < copies.size(); ++index) {
       const TransferOp& o = copies.ops[index];
       if (o.size > kMaxWholeOpBytes || (large_to_dma && o.size >= kLargePieceBytes)) break;
+      if (stage && k > 0) {  // a strided run (StridedRun) ends this launch where it starts
+        const TransferOp& p = copies.ops[index - 1];
+        uint64_t ls = 0, rs = 0;
+        if (!Strides(p, o, &ls, &rs)) {
+          strided_n = 0;
+        } else if (strided_n > 0 && strided_k + strided_n == k && ls == local_stride && rs == remote_stride) {
+          ++strided_n;
+        } else {
+          strided_k = k - 1;
+          strided_n = 2;
+          local_stride = ls;
+          remote_stride = rs;
+        }
+        if (strided_n >= kStrideMinOps && strided_n * o.size >= kStageMinBytes) {
+          index -= k - strided_k;
+          k = strided_k;
+          break;
+        }
+      }
       if (stage) {
         const uint64_t h = HostOffset(o);
         if (o.size == 0) {
@@ -95,6 +129,19 @@ struct PieceCursor {
       out[k++] = OffsetPiece{o.local_offset, o.remote_offset, o.size};
     }
     return k;
+  }
+
+  // Whether a strided run starts here: at least kStrideMinOps ops of one size, each a fixed
+  // distance after the last on both sides (Strides), kStageMinBytes or more in all; if so its
+  // length and the two strides. The ops are not consumed.
+  bool StridedRun(size_t* count, uint64_t* local_stride, uint64_t* remote_stride) const {
+    if (!stage || offset != 0 || index + 1 >= copies.size()) return false;
+    if (!Strides(copies.ops[index], copies.ops[index + 1], local_stride, remote_stride)) return false;
+    size_t i = index + 2;
+    for (uint64_t ls = 0, rs = 0; i < copies.size(); ++i)
+      if (!Strides(copies.ops[i - 1], copies.ops[i], &ls, &rs) || ls != *local_stride || rs != *remote_stride) break;
+    *count = i - index;
+    return *count >= kStrideMinOps && *count * copies.ops[index].size >= kStageMinBytes;
   }
 
   // Whether a run of host-contiguous ops (none empty, each taken whole by the kernel) of at
@@ -130,10 +177,16 @@ struct PieceCursor {
     }
   }
 
-  // Fills up to n pieces; returns how many.
+  // Fills up to n pieces; returns how many. When staging, a batch of offsets stops at the next
+  // op that the kernel takes whole, so that the launch loop looks for a strided or staged run
+  // there (FillOffsets takes over).
   size_t Fill(Piece* out, size_t n) {
     size_t k = 0;
     while (k < n && index < copies.size()) {
+      if constexpr (std::is_same_v<Source, OffsetBatch>) {
+        const uint64_t size = copies.ops[index].size;
+        if (stage && k > 0 && offset == 0 && size != 0 && size <= kMaxWholeOpBytes) break;
+      }
       const Copy c = copies[index];
       if (c.size == 0) {
         ++index;
@@ -257,6 +310,21 @@ Status CopyEngine::Core::EnqueueStagedLocked(const OffsetBatch& batch, bool host
   return Status::Ok();
 }
 
+Status CopyEngine::Core::EnqueueStridedLocked(const OffsetBatch& batch, const TransferOp& first, size_t count,
+                                              uint64_t local_stride, uint64_t remote_stride) {
+  const uint64_t dst_offset = batch.write ? first.remote_offset : first.local_offset;
+  const uint64_t src_offset = batch.write ? first.local_offset : first.remote_offset;
+  const uint64_t dst_pitch = batch.write ? remote_stride : local_stride;
+  const uint64_t src_pitch = batch.write ? local_stride : remote_stride;
+  FERRY_RETURN_IF_ERROR(ToStatus(cudaMemcpy2DAsync(batch.dst + dst_offset, dst_pitch, batch.src + src_offset, src_pitch,
+                                                   first.size, count, cudaMemcpyDefault, stage_stream),
+                                 "2D copy of a strided run"));
+  ++stats.dma_calls;
+  stats.dma_copies += count;
+  ++stats.strided_runs;
+  return Status::Ok();
+}
+
 template <typename Source>
 Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr<Core>& self,
                                                            const Source& copies, PostOptions options) {
@@ -292,6 +360,28 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
   while (error.ok() && !all_dma && !cursor.done()) {
     const size_t prev_head = head;
     size_t at = 0;
+    // A strided run here is one 2D copy on the DMA engines (no descriptors).
+    if constexpr (std::is_same_v<Source, OffsetBatch>) {
+      size_t count = 0;
+      uint64_t local_stride = 0, remote_stride = 0;
+      if (cursor.StridedRun(&count, &local_stride, &remote_stride)) {
+        const TransferOp first = copies.ops[cursor.index];
+        cursor.index += count;
+        error = EnqueueStridedLocked(copies, first, count, local_stride, remote_stride);
+        if (!error.ok() && !enqueued) break;  // nothing moves: the caller learns it from Post
+        enqueued = true;
+        last_on = stage_stream;
+        const bool last = (cursor.done() && dma.empty()) || !error.ok();
+        Status pushed = PushSegmentLocked(stage_stream, false, 0, last ? completion : nullptr, error);
+        if (!pushed.ok()) {
+          SyncStreams();
+          if (error.ok()) error = pushed;
+          break;
+        }
+        placed = last;
+        continue;
+      }
+    }
     // A run of host-contiguous ops here goes through staging, a chunk at a time.
     size_t stage_n = 0;
     uint64_t stage_bytes = 0, stage_start = 0;

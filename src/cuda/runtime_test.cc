@@ -361,6 +361,94 @@ TEST(CudaRuntime, HostContiguousRunsGoThroughDeviceStagingBothWays) {
   EXPECT_TRUE(cuda::Free(*device).ok());
 }
 
+// Runs of pieces of one size at a fixed stride on both sides (a regular layout) between this
+// device and page-locked host memory go to the DMA engines as one 2D copy each: a run strided
+// on both sides, one end to end on the host (the 2D copy is taken before staging), one that
+// starts after scattered ops in the same launch, and a run too short to count (15 ops), among
+// scattered ops, both directions: every byte lands where its op says and only the three runs
+// were 2D copies.
+TEST(CudaRuntime, StridedRunsGoToTheDmaEnginesAsOne2DCopyEach) {
+  FERRY_SKIP_WITHOUT_CUDA(1);
+  auto engine = cuda::CopyEngine::Create(0);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  constexpr uint64_t kBytes = 64 << 20, KiB = 1 << 10, MiB = 1 << 20;
+  // ops: local = device offset, remote = host offset.
+  auto strided = [](uint64_t n, uint64_t size, uint64_t dev, uint64_t dev_stride, uint64_t host, uint64_t host_stride) {
+    std::vector<TransferOp> r;
+    for (uint64_t i = 0; i < n; ++i) r.push_back({dev + i * dev_stride, host + i * host_stride, size});
+    return r;
+  };
+  std::vector<uint64_t> slots(200), host_slots(200);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::iota(host_slots.begin(), host_slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), std::mt19937(4));
+  std::shuffle(host_slots.begin(), host_slots.end(), std::mt19937(5));
+  std::vector<TransferOp> scattered;
+  for (size_t i = 0; i < 200; ++i) scattered.push_back({44 * MiB + slots[i] * 64 * KiB, 35 * MiB + host_slots[i] * 32 * KiB, 16 * KiB});
+  std::vector<TransferOp> ops;
+  auto add = [&](const std::vector<TransferOp>& v, size_t from, size_t to) { ops.insert(ops.end(), v.begin() + from, v.begin() + to); };
+  auto a = strided(512, 16 * KiB, 0, 48 * KiB, 0, 32 * KiB);               // strided both sides, 8 MiB
+  auto d = strided(300, 16 * KiB, 38 * MiB, 20 * KiB, 30 * MiB, 16 * KiB);  // end to end on the host
+  auto c = strided(15, 512 * KiB, 30 * MiB, 520 * KiB, 21 * MiB, 600 * KiB);  // 15 ops: too few
+  auto b = strided(20, 256 * KiB, 24 * MiB, 300 * KiB, 16 * MiB, 256 * KiB);  // 5 MiB, 20 ops
+  add(a, 0, a.size());
+  add(scattered, 0, 100);
+  add(d, 0, d.size());  // starts inside the launch that took the scattered ops
+  add(c, 0, c.size());
+  add(scattered, 100, 200);
+  add(b, 0, b.size());
+  auto device = cuda::Malloc(0, kBytes);
+  ASSERT_TRUE(device.ok());
+  std::vector<uint8_t> slab(kBytes);
+  ASSERT_TRUE(cuda::HostRegister(slab.data(), kBytes).ok());
+  auto wait = [](const std::shared_ptr<cuda::Completion>& c) {
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!c->Test() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    return c->status();
+  };
+  cuda::PostOptions options;
+  options.kernel_ok = true;
+  for (bool write : {true, false}) {
+    SCOPED_TRACE(write ? "GPU -> host" : "host -> GPU");
+    const auto data = RandomBytes(kBytes, write ? 31 : 32);
+    std::vector<uint8_t> zero(kBytes, 0);
+    if (write) {
+      ASSERT_TRUE(cuda::CopySync(*device, data.data(), kBytes).ok());
+      slab = zero;
+    } else {
+      slab = data;
+      ASSERT_TRUE(cuda::MemsetSync(*device, 0, kBytes).ok());
+    }
+    options.host_side = write ? cuda::PostOptions::HostSide::kDst : cuda::PostOptions::HostSide::kSrc;
+    cuda::OffsetBatch batch = write ? cuda::OffsetBatch{ops, reinterpret_cast<std::byte*>(slab.data()),
+                                                        static_cast<const std::byte*>(*device), true}
+                                    : cuda::OffsetBatch{ops, static_cast<std::byte*>(*device),
+                                                        reinterpret_cast<const std::byte*>(slab.data()), false};
+    const cuda::CopyStats before = (*engine)->stats();
+    auto posted = (*engine)->Post(batch, options);
+    ASSERT_TRUE(posted.ok()) << posted.status().ToString();
+    ASSERT_TRUE(wait(*posted).ok());
+    const cuda::CopyStats after = (*engine)->stats();
+    EXPECT_EQ(after.strided_runs - before.strided_runs, 3u);
+    EXPECT_EQ(after.staged_chunks, before.staged_chunks);
+    std::vector<uint8_t> want(kBytes, 0);
+    for (const TransferOp& o : ops) {
+      if (write) std::memcpy(want.data() + o.remote_offset, data.data() + o.local_offset, o.size);
+      else std::memcpy(want.data() + o.local_offset, data.data() + o.remote_offset, o.size);
+    }
+    if (write) {
+      EXPECT_TRUE(slab == want);
+    } else {
+      std::vector<uint8_t> out(kBytes);
+      ASSERT_TRUE(cuda::CopySync(out.data(), *device, kBytes).ok());
+      EXPECT_TRUE(out == want);
+    }
+  }
+  engine->reset();
+  EXPECT_TRUE(cuda::HostUnregister(slab.data()).ok());
+  EXPECT_TRUE(cuda::Free(*device).ok());
+}
+
 // gpu::Stream::Spin, the compute stand-in of `ferry pd --compute gpu`: the launch returns at
 // once, the stream is busy for the duration asked (the timer it spins on updates about every
 // microsecond; the slack above covers the launch and a loaded host), and work enqueued after
