@@ -11,6 +11,13 @@ namespace {
 using namespace cuda_testing;  // NOLINT: test helpers
 
 #if FERRY_HAVE_CUDA
+// The batch's status once it completes, polling for up to 30 s (kInProgress after that).
+Status WaitDone(const std::shared_ptr<cuda::Completion>& c) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!c->Test() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  return c->status();
+}
+
 TEST(CudaRuntime, RegistrationAndPointers) {
   FERRY_SKIP_WITHOUT_CUDA(1);
   std::vector<uint8_t> host(1 << 20);
@@ -85,11 +92,6 @@ TEST(CudaRuntime, BatchesInFlightTogetherLandWholeAndALaterBatchLandsLast) {
   ASSERT_TRUE(cuda::CopySync(*a, data_a.data(), kBytes).ok());
   ASSERT_TRUE(cuda::CopySync(*b, data_b.data(), kBytes).ok());
   auto at = [](void* base, size_t i) { return static_cast<char*>(base) + i * kPiece; };
-  auto wait = [](const std::shared_ptr<cuda::Completion>& c) {
-    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!c->Test() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
-    return c->status();
-  };
   cuda::PostOptions options;
   options.kernel_ok = true;
   for (int round = 0; round < 6; ++round) {
@@ -111,9 +113,9 @@ TEST(CudaRuntime, BatchesInFlightTogetherLandWholeAndALaterBatchLandsLast) {
     auto c1 = (*engine)->Post(first, options);
     auto c2 = (*engine)->Post(beside, options);
     ASSERT_TRUE(c1.ok() && c2.ok());
-    ASSERT_TRUE(wait(*c2).ok()) << "round " << round;
+    ASSERT_TRUE(WaitDone(*c2).ok()) << "round " << round;
     EXPECT_TRUE((*c1)->Test()) << "round " << round << ": batch 2 completed before batch 1";
-    ASSERT_TRUE(wait(*c1).ok()) << "round " << round;
+    ASSERT_TRUE(WaitDone(*c1).ok()) << "round " << round;
     std::vector<uint8_t> out(kBytes);
     ASSERT_TRUE(cuda::CopySync(out.data(), *dst, kBytes).ok());
     ASSERT_EQ(std::memcmp(out.data(), data_a.data(), kBytes), 0) << "round " << round << ": batch 1";
@@ -123,7 +125,7 @@ TEST(CudaRuntime, BatchesInFlightTogetherLandWholeAndALaterBatchLandsLast) {
           << "round " << round << ": batch 2, piece " << i;
     auto c3 = (*engine)->Post(last, options);
     ASSERT_TRUE(c3.ok());
-    ASSERT_TRUE(wait(*c3).ok()) << "round " << round;
+    ASSERT_TRUE(WaitDone(*c3).ok()) << "round " << round;
     ASSERT_TRUE(cuda::CopySync(out.data(), *dst, kBytes).ok());
     ASSERT_EQ(std::memcmp(out.data(), data_a.data(), from * kPiece), 0) << "round " << round;
     ASSERT_EQ(std::memcmp(out.data() + from * kPiece, data_b.data() + from * kPiece, (kPieces - from) * kPiece), 0)
@@ -154,14 +156,9 @@ TEST(CudaRuntime, ABatchIsAFewLaunchesAndOneDmaCall) {
   copies.push_back({at(*dst, big + kBig), at(*src, big), kBig});
   cuda::PostOptions options;
   options.kernel_ok = true;
-  auto wait = [](const std::shared_ptr<cuda::Completion>& c) {
-    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!c->Test() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
-    return c->status();
-  };
   auto c = (*engine)->Post(copies, options);
   ASSERT_TRUE(c.ok());
-  ASSERT_TRUE(wait(*c).ok());
+  ASSERT_TRUE(WaitDone(*c).ok());
   cuda::CopyStats s = (*engine)->stats();
   EXPECT_EQ(s.batches, 1u);
   // 2,048 + 4,096 + 8,192 + 16,384 + 32,768 + 16,512: six launches for 80,000 pieces.
@@ -180,7 +177,7 @@ TEST(CudaRuntime, ABatchIsAFewLaunchesAndOneDmaCall) {
   std::vector<cuda::Copy> few(copies.begin(), copies.begin() + 3);
   auto f = (*engine)->Post(few, options);
   ASSERT_TRUE(f.ok());
-  ASSERT_TRUE(wait(*f).ok());
+  ASSERT_TRUE(WaitDone(*f).ok());
   s = (*engine)->stats();
   EXPECT_EQ(s.kernel_launches, 6u);
   EXPECT_EQ(s.dma_calls, 2u);
@@ -211,11 +208,6 @@ TEST(CudaRuntime, OffsetBatchesMixWholeOpsCutOpsAndDmaCopies) {
     at += size + 13;
     if (at + (2 << 20) > kBytes / 2) break;
   }
-  auto wait = [](const std::shared_ptr<cuda::Completion>& c) {
-    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!c->Test() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
-    return c->status();
-  };
   for (bool write : {true, false}) {
     auto data = RandomBytes(kBytes, write ? 11 : 12);
     std::vector<uint8_t> zero(kBytes, 0);
@@ -228,7 +220,7 @@ TEST(CudaRuntime, OffsetBatchesMixWholeOpsCutOpsAndDmaCopies) {
     options.kernel_ok = true;
     auto c = (*engine)->Post(batch, options);
     ASSERT_TRUE(c.ok()) << c.status().ToString();
-    ASSERT_TRUE(wait(*c).ok());
+    ASSERT_TRUE(WaitDone(*c).ok());
     std::vector<uint8_t> out(kBytes);
     ASSERT_TRUE(cuda::CopySync(out.data(), to, kBytes).ok());
     std::vector<uint8_t> want(kBytes, 0);
@@ -296,11 +288,6 @@ TEST(CudaRuntime, HostContiguousRunsGoThroughDeviceStagingBothWays) {
   std::vector<uint8_t> slab1(kBytes), slab2(kBytes);
   ASSERT_TRUE(cuda::HostRegister(slab1.data(), kBytes).ok());
   ASSERT_TRUE(cuda::HostRegister(slab2.data(), kBytes).ok());
-  auto wait = [](const std::shared_ptr<cuda::Completion>& c) {
-    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!c->Test() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
-    return c->status();
-  };
   // Writes: local = device, remote = host. Reads: local = device, remote = host.
   std::vector<TransferOp> ops;
   for (size_t i = 0; i < sizes.size(); ++i) ops.push_back({dev[i], host[i], sizes[i]});
@@ -321,8 +308,8 @@ TEST(CudaRuntime, HostContiguousRunsGoThroughDeviceStagingBothWays) {
   auto c1 = (*engine)->Post(to1, options);
   auto c2 = (*engine)->Post(to2, options);  // in flight beside the first: the slots are shared
   ASSERT_TRUE(c1.ok() && c2.ok());
-  ASSERT_TRUE(wait(*c1).ok());
-  ASSERT_TRUE(wait(*c2).ok());
+  ASSERT_TRUE(WaitDone(*c1).ok());
+  ASSERT_TRUE(WaitDone(*c2).ok());
   expect_host(slab1, "GPU -> host slab, first batch");
   expect_host(slab2, "GPU -> host slab, second batch");
   cuda::CopyStats after = (*engine)->stats();
@@ -337,7 +324,7 @@ TEST(CudaRuntime, HostContiguousRunsGoThroughDeviceStagingBothWays) {
   cuda::OffsetBatch from1{ops, static_cast<std::byte*>(*device), reinterpret_cast<const std::byte*>(slab1.data()), false};
   auto c3 = (*engine)->Post(from1, options);
   ASSERT_TRUE(c3.ok());
-  ASSERT_TRUE(wait(*c3).ok());
+  ASSERT_TRUE(WaitDone(*c3).ok());
   std::vector<uint8_t> out(kBytes), want(kBytes, 0);
   ASSERT_TRUE(cuda::CopySync(out.data(), *device, kBytes).ok());
   for (const TransferOp& o : ops) std::memcpy(want.data() + o.local_offset, back_data.data() + o.remote_offset, o.size);
@@ -350,7 +337,7 @@ TEST(CudaRuntime, HostContiguousRunsGoThroughDeviceStagingBothWays) {
   after = (*engine)->stats();
   auto c4 = (*engine)->Post(to2, options);
   ASSERT_TRUE(c4.ok());
-  ASSERT_TRUE(wait(*c4).ok());
+  ASSERT_TRUE(WaitDone(*c4).ok());
   EXPECT_EQ((*engine)->stats().staged_chunks, after.staged_chunks);
   std::vector<uint8_t> want2(kBytes, 0);
   for (const TransferOp& o : ops) std::memcpy(want2.data() + o.remote_offset, want.data() + o.local_offset, o.size);
@@ -401,11 +388,6 @@ TEST(CudaRuntime, StridedRunsGoToTheDmaEnginesAsOne2DCopyEach) {
   ASSERT_TRUE(device.ok());
   std::vector<uint8_t> slab(kBytes);
   ASSERT_TRUE(cuda::HostRegister(slab.data(), kBytes).ok());
-  auto wait = [](const std::shared_ptr<cuda::Completion>& c) {
-    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    while (!c->Test() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
-    return c->status();
-  };
   cuda::PostOptions options;
   options.kernel_ok = true;
   for (bool write : {true, false}) {
@@ -427,7 +409,7 @@ TEST(CudaRuntime, StridedRunsGoToTheDmaEnginesAsOne2DCopyEach) {
     const cuda::CopyStats before = (*engine)->stats();
     auto posted = (*engine)->Post(batch, options);
     ASSERT_TRUE(posted.ok()) << posted.status().ToString();
-    ASSERT_TRUE(wait(*posted).ok());
+    ASSERT_TRUE(WaitDone(*posted).ok());
     const cuda::CopyStats after = (*engine)->stats();
     EXPECT_EQ(after.strided_runs - before.strided_runs, 3u);
     EXPECT_EQ(after.staged_chunks, before.staged_chunks);
