@@ -63,8 +63,12 @@ Status CopyEngine::Core::Init(int ordinal) {
   FERRY_RETURN_IF_ERROR(ToStatus(cudaHostAlloc(reinterpret_cast<void**>(&host_ring), ring_bytes,
                                                cudaHostAllocPortable | cudaHostAllocMapped),
                                  "cudaHostAlloc (descriptor ring)"));
-  FERRY_RETURN_IF_ERROR(ToStatus(cudaHostGetDevicePointer(reinterpret_cast<void**>(&mapped_ring), host_ring, 0),
-                                 "cudaHostGetDevicePointer (descriptor ring)"));
+  // Without a device address for the ring (a platform without mapped host memory) nothing
+  // is staged (StagingLocked); everything else works as before.
+  if (cudaHostGetDevicePointer(reinterpret_cast<void**>(&mapped_ring), host_ring, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    mapped_ring = nullptr;
+  }
   return ToStatus(cudaMalloc(reinterpret_cast<void**>(&device_ring), ring_bytes),
                   "cudaMalloc (descriptor ring)");
 }
@@ -110,6 +114,7 @@ void CopyEngine::Core::SyncStreams() {
 bool CopyEngine::Core::StagingLocked() {
   if (staging_tried) return staging != nullptr;
   staging_tried = true;
+  if (mapped_ring == nullptr) return false;  // the staged kernels read their descriptors there
   // Made whole or not at all: a partial set is released here and never used.
   bool ok = cudaStreamCreateWithFlags(&stage_stream, cudaStreamNonBlocking) == cudaSuccess;
   for (int i = 0; ok && i < kStageSlots; ++i)
