@@ -1,5 +1,6 @@
 // The copy engine's shared state, internal to copy_engine.cc (which tracks batches to their
-// completion) and copy_post.cc (which enqueues them). See copy_engine.h.
+// completion), copy_post.cc (which cuts batches into launches) and copy_enqueue.cc (the DMA
+// engines' share). See copy_engine.h.
 #pragma once
 
 #include <cuda_runtime_api.h>
