@@ -203,6 +203,26 @@ void Finish(benchmark::State& state, uint64_t bytes, uint64_t pieces, const std:
   if (!path.empty()) state.SetLabel(path);
 }
 
+// Each iteration posts `ops` as one batch (a read or a write) and waits for it; the time until
+// the post returned is added to *post_s, the batch's path kept in *path. False after a failed
+// batch (the case is skipped with its error).
+bool TimeBatches(benchmark::State& state, Rig* rig, const std::vector<ferry::TransferOp>& ops, bool read,
+                 double* post_s, std::string* path) {
+  for (auto _ : state) {
+    auto start = Clock::now();
+    ferry::Transfer t = read ? rig->session.ReadBatch(ops) : rig->session.WriteBatch(ops);
+    *post_s += std::chrono::duration<double>(Clock::now() - start).count();
+    ferry::Status s = t.Wait();
+    state.SetIterationTime(std::chrono::duration<double>(Clock::now() - start).count());
+    if (!s.ok()) {
+      state.SkipWithError(s.ToString().c_str());
+      return false;
+    }
+    *path = t.path().ToString();
+  }
+  return true;
+}
+
 void FerryKv(benchmark::State& state, Target target, uint64_t piece) {
   const uint64_t bytes = kPieces * piece;
   Rig* rig = GetRig(target, bytes);
@@ -210,15 +230,7 @@ void FerryKv(benchmark::State& state, Target target, uint64_t piece) {
   const auto ops = KvOps(piece);
   std::string path;
   double post_s = 0;
-  for (auto _ : state) {
-    auto start = Clock::now();
-    ferry::Transfer t = rig->session.WriteBatch(ops);
-    post_s += std::chrono::duration<double>(Clock::now() - start).count();
-    ferry::Status s = t.Wait();
-    state.SetIterationTime(std::chrono::duration<double>(Clock::now() - start).count());
-    if (!s.ok()) return state.SkipWithError(s.ToString().c_str());
-    path = t.path().ToString();
-  }
+  if (!TimeBatches(state, rig, ops, /*read=*/false, &post_s, &path)) return;
   state.counters["post_ms"] = benchmark::Counter(post_s * 1e3 / static_cast<double>(state.iterations()));
   Finish(state, bytes, kPieces, path);
 }
@@ -237,14 +249,8 @@ void FerrySlab(benchmark::State& state, uint64_t piece, bool read, bool strided)
   }
   const uint64_t moved = ops.size() * piece;
   std::string path;
-  for (auto _ : state) {
-    auto start = Clock::now();
-    ferry::Transfer t = read ? rig->session.ReadBatch(ops) : rig->session.WriteBatch(ops);
-    ferry::Status s = t.Wait();
-    state.SetIterationTime(std::chrono::duration<double>(Clock::now() - start).count());
-    if (!s.ok()) return state.SkipWithError(s.ToString().c_str());
-    path = t.path().ToString();
-  }
+  double post_s = 0;
+  if (!TimeBatches(state, rig, ops, read, &post_s, &path)) return;
   Finish(state, moved, ops.size(), path);
 }
 
