@@ -184,8 +184,10 @@ struct PieceCursor {
     size_t k = 0;
     while (k < n && index < copies.size()) {
       if constexpr (std::is_same_v<Source, OffsetBatch>) {
-        const uint64_t size = copies.ops[index].size;
-        if (stage && k > 0 && offset == 0 && size != 0 && size <= kMaxWholeOpBytes) break;
+        if (stage && k > 0 && offset == 0) {
+          const uint64_t size = copies.ops[index].size;
+          if (size != 0 && size <= kMaxWholeOpBytes) break;
+        }
       }
       const Copy c = copies[index];
       if (c.size == 0) {
@@ -243,6 +245,21 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
   auto backoff = std::chrono::microseconds(5);
   size_t launch = kFirstLaunchPieces;
   cudaStream_t last_on = stream;  // the stream of the batch's last launch
+  // Ends a span of the batch's work on `on` with a segment (the completion's, when it is the
+  // batch's last); false when no event could be recorded (the loop then stops).
+  auto push = [&](cudaStream_t on, bool uses_ring, size_t ring_end) REQUIRES(mu) {
+    last_on = on;
+    const bool last = (cursor.done() && dma.empty()) || !error.ok();
+    Status pushed = PushSegmentLocked(on, uses_ring, ring_end, last ? completion : nullptr, error);
+    if (!pushed.ok()) {
+      // Without an event the ring space cannot be tracked: wait here instead.
+      SyncStreams();
+      if (error.ok()) error = pushed;
+      return false;
+    }
+    placed = last;
+    return true;
+  };
   while (error.ok() && !all_dma && !cursor.done()) {
     const size_t prev_head = head;
     size_t at = 0;
@@ -256,15 +273,7 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
         error = EnqueueStridedLocked(copies, first, count, local_stride, remote_stride);
         if (!error.ok() && !enqueued) break;  // nothing moves: the caller learns it from Post
         enqueued = true;
-        last_on = stage_stream;
-        const bool last = (cursor.done() && dma.empty()) || !error.ok();
-        Status pushed = PushSegmentLocked(stage_stream, false, 0, last ? completion : nullptr, error);
-        if (!pushed.ok()) {
-          SyncStreams();
-          if (error.ok()) error = pushed;
-          break;
-        }
-        placed = last;
+        if (!push(stage_stream, false, 0)) break;
         continue;
       }
     }
@@ -310,57 +319,44 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
       break;
     }
     head = at + n;  // hand back what this launch did not fill (the newest allocation)
-    // The ring's slots [at, at + n) are free: the kernels that read them last have completed
-    // (their segments were reaped), so the upload may run beside the launches still copying.
-    // A staged chunk's kernel reads them where they are (EnqueueStagedLocked).
     cudaStream_t on = stream;
-    if (stage_n == 0) {
+    if (stage_n > 0) {
+      // A staged chunk's kernel reads its descriptors where they are (EnqueueStagedLocked).
+      if constexpr (std::is_same_v<Source, OffsetBatch>) {
+        enqueued = true;
+        error = EnqueueStagedLocked(copies, cursor.host_is_dst, at, n, stage_bytes, stage_start, &on);
+        // Part of the chunk may be running on the other stream: let it end before the
+        // batch's failure frees the ring and the caller's memory.
+        if (!error.ok()) SyncStreams();
+      }
+    } else {
+      // The ring's slots [at, at + n) are free: the kernels that read them last have completed
+      // (their segments were reaped), so the upload may run beside the launches still copying.
       error = ToStatus(cudaMemcpyAsync(device_ring + at, host_ring + at, n * sizeof(Piece),
                                        cudaMemcpyHostToDevice, upload_stream),
                        "upload copy descriptors");
       if (error.ok()) error = ToStatus(cudaEventRecord(upload_event, upload_stream), "record descriptor upload");
-    }
-    if (stage_n > 0) {
-      if constexpr (std::is_same_v<Source, OffsetBatch>) {
-        if (error.ok()) {
-          enqueued = true;
-          error = EnqueueStagedLocked(copies, cursor.host_is_dst, at, n, stage_bytes, stage_start, &on);
-          // Part of the chunk may be running on the other stream: let it end before the
-          // batch's failure frees the ring and the caller's memory.
-          if (!error.ok()) SyncStreams();
-        }
-      }
-    } else {
       on = NextLaunchStreamLocked();
       if (error.ok()) error = ToStatus(cudaStreamWaitEvent(on, upload_event, 0), "wait for descriptor upload");
-    }
-    last_on = on;
-    if (error.ok() && stage_n == 0) {
-      enqueued = true;
-      int launched = 0;
-      if constexpr (std::is_same_v<Source, OffsetBatch>) {
-        if (offsets)
-          launched = LaunchOffsetCopy(reinterpret_cast<const OffsetPiece*>(device_ring + at), static_cast<uint32_t>(n),
-                                      reinterpret_cast<char*>(copies.dst), reinterpret_cast<const char*>(copies.src),
-                                      copies.write, max_blocks, on);
-      }
-      if (!offsets) launched = LaunchBatchCopy(device_ring + at, static_cast<uint32_t>(n), max_blocks, on);
-      error = ToStatus(static_cast<cudaError_t>(launched), "launch batch copy kernel");
       if (error.ok()) {
-        ++stats.kernel_launches;
-        stats.kernel_pieces += n;
+        enqueued = true;
+        int launched = 0;
+        if constexpr (std::is_same_v<Source, OffsetBatch>) {
+          if (offsets)
+            launched = LaunchOffsetCopy(reinterpret_cast<const OffsetPiece*>(device_ring + at), static_cast<uint32_t>(n),
+                                        reinterpret_cast<char*>(copies.dst), reinterpret_cast<const char*>(copies.src),
+                                        copies.write, max_blocks, on);
+        }
+        if (!offsets) launched = LaunchBatchCopy(device_ring + at, static_cast<uint32_t>(n), max_blocks, on);
+        error = ToStatus(static_cast<cudaError_t>(launched), "launch batch copy kernel");
+        if (error.ok()) {
+          ++stats.kernel_launches;
+          stats.kernel_pieces += n;
+        }
       }
+      launch = std::min(launch * kLaunchGrowth, kMaxLaunchPieces);
     }
-    if (stage_n == 0) launch = std::min(launch * kLaunchGrowth, kMaxLaunchPieces);
-    const bool last = (cursor.done() && dma.empty()) || !error.ok();
-    Status pushed = PushSegmentLocked(on, true, at + n, last ? completion : nullptr, error);
-    if (!pushed.ok()) {
-      // Without an event the ring space cannot be tracked: wait here instead.
-      SyncStreams();
-      if (error.ok()) error = pushed;
-      break;
-    }
-    placed = last;
+    if (!push(on, true, at + n)) break;
   }
   if (error.ok() && !dma.empty()) {
     error = EnqueueDmaLocked(dma, /*batched=*/!options.pageable, &enqueued);
