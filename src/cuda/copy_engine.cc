@@ -25,6 +25,10 @@ CopyEngine::Core::~Core() {
     if (stage_free[i] != nullptr) (void)cudaEventDestroy(stage_free[i]);
   }
   if (staging != nullptr) (void)cudaFree(staging);
+  for (OpSlot& slot : op_slots) {  // no handle is left: each holds the core
+    if (slot.host != nullptr) (void)cudaFreeHost(slot.host);
+    if (slot.device != nullptr) (void)cudaFree(slot.device);
+  }
   if (stage_stream != nullptr) (void)cudaStreamDestroy(stage_stream);
   if (upload_event != nullptr) (void)cudaEventDestroy(upload_event);
   if (host_ring != nullptr) (void)cudaFreeHost(host_ring);
@@ -72,6 +76,54 @@ Status CopyEngine::Core::Init(int ordinal) {
   return ToStatus(cudaMalloc(reinterpret_cast<void**>(&device_ring), ring_bytes),
                   "cudaMalloc (descriptor ring)");
 }
+
+std::optional<OpBuffer> CopyEngine::Core::ReserveOps(const std::shared_ptr<Core>& self, size_t n) {
+  if (n == 0 || n > kOpBufferOps) return std::nullopt;
+  int index = -1;
+  OpSlot slot;
+  {
+    MutexLock lock(&mu);
+    if (op_slots_failed) return std::nullopt;
+    for (int i = 0; i < kOpBuffers && index < 0; ++i) {
+      if (op_slots[i].busy) continue;
+      op_slots[i].busy = true;
+      index = i;
+      slot = op_slots[i];
+    }
+  }
+  if (index < 0) return std::nullopt;
+  if (slot.host == nullptr) {
+    // Made outside the lock (a few milliseconds, once per buffer); the slot is ours meanwhile.
+    const size_t bytes = kOpBufferOps * sizeof(TransferOp);
+    DeviceGuard guard(device);
+    bool made = guard.status().ok() &&
+                cudaHostAlloc(reinterpret_cast<void**>(&slot.host), bytes, cudaHostAllocPortable) == cudaSuccess;
+    made = made && cudaMalloc(&slot.device, bytes) == cudaSuccess;
+    MutexLock lock(&mu);
+    if (!made) {
+      (void)cudaGetLastError();
+      if (slot.host != nullptr) (void)cudaFreeHost(slot.host);
+      op_slots[index].busy = false;
+      op_slots_failed = true;
+      return std::nullopt;
+    }
+    op_slots[index].host = slot.host;
+    op_slots[index].device = slot.device;
+  }
+  OpBuffer buffer;
+  buffer.ops = slot.host;
+  buffer.capacity = kOpBufferOps;
+  buffer.device_ops = slot.device;
+  buffer.owner = this;
+  // The handle keeps the core (and so the memory) alive; the last copy gives the slot back.
+  buffer.hold = std::shared_ptr<void>(slot.host, [self, index](void*) {
+    MutexLock lock(&self->mu);
+    self->op_slots[index].busy = false;
+  });
+  return buffer;
+}
+
+std::optional<OpBuffer> CopyEngine::ReserveOps(size_t n) { return core_->ReserveOps(core_, n); }
 
 bool CopyEngine::Core::AllocRingLocked(size_t n, size_t* at) {
   if (ring_users == 0) head = tail = 0;
@@ -289,6 +341,7 @@ void Completion::Finish(const Status& status) {
     status_ = status;
   }
   done_.store(true, std::memory_order_release);
+  hold_.reset();  // the batch's op buffer may serve the next one
   auto on_done = std::move(on_done_);
   on_done_ = nullptr;
   if (on_done) on_done(status);
@@ -349,6 +402,7 @@ CopyStats CopyEngines::stats() {
     sum.batches += s.batches;
     sum.kernel_launches += s.kernel_launches;
     sum.kernel_pieces += s.kernel_pieces;
+    sum.direct_batches += s.direct_batches;
     sum.dma_calls += s.dma_calls;
     sum.dma_copies += s.dma_copies;
     sum.staged_chunks += s.staged_chunks;

@@ -43,6 +43,7 @@ struct CopyEngine::Core {
   template <typename Source>
   Result<std::shared_ptr<Completion>> Post(const std::shared_ptr<Core>& self, const Source& copies,
                                            PostOptions options) EXCLUDES(mu);
+  std::optional<OpBuffer> ReserveOps(const std::shared_ptr<Core>& self, size_t n) EXCLUDES(mu);
   void Poll() EXCLUDES(mu);
   void CompleterLoop() EXCLUDES(mu);
 
@@ -67,6 +68,11 @@ struct CopyEngine::Core {
   // `first`, each `local_stride` / `remote_stride` after the last on the two sides.
   Status EnqueueStridedLocked(const OffsetBatch& batch, const TransferOp& first, size_t count, uint64_t local_stride,
                               uint64_t remote_stride) REQUIRES(mu);
+  // Uploads n descriptors from `host` to `dev` on the upload stream, then launches the copy
+  // kernel over them on the next launch stream (*on), as ops of `offsets` or, when null, as
+  // pieces. Sets *enqueued once the launch is enqueued.
+  Status UploadAndLaunchLocked(const Piece* host, Piece* dev, size_t n, const OffsetBatch* offsets, cudaStream_t* on,
+                               bool* enqueued) REQUIRES(mu);
   void ReleaseEventLocked(cudaEvent_t event) REQUIRES(mu);
   void ReapLocked(Done* done, const Status* force) REQUIRES(mu);
   static void RunDone(Done& done) {
@@ -102,8 +108,18 @@ struct CopyEngine::Core {
   cudaEvent_t stage_handoff[kStageSlots] = {};
   cudaEvent_t stage_free[kStageSlots] = {};
 
+  // The op buffers (ReserveOps): page-locked host storage and its device copy, made on first
+  // use each; `busy` while a handle or a batch holds one.
+  struct OpSlot {
+    TransferOp* host = nullptr;
+    void* device = nullptr;
+    bool busy = false;
+  };
+
   Mutex mu;
   CondVar cv;
+  OpSlot op_slots[kOpBuffers] GUARDED_BY(mu);
+  bool op_slots_failed GUARDED_BY(mu) = false;  // their memory could not be had: not tried again
   std::deque<Segment> in_flight GUARDED_BY(mu);
   std::vector<cudaEvent_t> free_events GUARDED_BY(mu);
   size_t head GUARDED_BY(mu) = 0;  // ring [tail, head) in use, may wrap

@@ -213,6 +213,26 @@ struct PieceCursor {
 
 }  // namespace
 
+Status CopyEngine::Core::UploadAndLaunchLocked(const Piece* host, Piece* dev, size_t n, const OffsetBatch* offsets,
+                                               cudaStream_t* on, bool* enqueued) {
+  FERRY_RETURN_IF_ERROR(ToStatus(cudaMemcpyAsync(dev, host, n * sizeof(Piece), cudaMemcpyHostToDevice, upload_stream),
+                                 "upload copy descriptors"));
+  FERRY_RETURN_IF_ERROR(ToStatus(cudaEventRecord(upload_event, upload_stream), "record descriptor upload"));
+  *on = NextLaunchStreamLocked();
+  FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamWaitEvent(*on, upload_event, 0), "wait for descriptor upload"));
+  *enqueued = true;
+  const int launched =
+      offsets != nullptr
+          ? LaunchOffsetCopy(reinterpret_cast<const OffsetPiece*>(dev), static_cast<uint32_t>(n),
+                             reinterpret_cast<char*>(offsets->dst), reinterpret_cast<const char*>(offsets->src),
+                             offsets->write, max_blocks, *on)
+          : LaunchBatchCopy(dev, static_cast<uint32_t>(n), max_blocks, *on);
+  FERRY_RETURN_IF_ERROR(ToStatus(static_cast<cudaError_t>(launched), "launch batch copy kernel"));
+  ++stats.kernel_launches;
+  stats.kernel_pieces += n;
+  return Status::Ok();
+}
+
 template <typename Source>
 Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr<Core>& self,
                                                            const Source& copies, PostOptions options) {
@@ -260,6 +280,30 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
     placed = last;
     return true;
   };
+  // A batch that lies in one of this engine's op buffers, every op taken whole by the kernel,
+  // launches from there: uploads of its ops as they lie, no ring.
+  const OpBuffer* direct = nullptr;
+  if constexpr (std::is_same_v<Source, OffsetBatch>) {
+    const OpBuffer* b = copies.buffer;
+    if (b != nullptr && b->owner == this && b->hold && copies.ops.data() == b->ops && copies.size() <= b->capacity &&
+        !all_dma && !cursor.stage && b->max_op_size <= kMaxWholeOpBytes &&
+        !(options.large_to_dma && b->max_op_size >= kLargePieceBytes)) {
+      direct = b;
+      completion->hold_ = b->hold;
+      ++stats.direct_batches;
+    }
+  }
+  while (error.ok() && direct != nullptr && !cursor.done()) {
+    if constexpr (std::is_same_v<Source, OffsetBatch>) {
+      const size_t at = cursor.index, n = std::min(launch, copies.size() - at);
+      cursor.index += n;
+      cudaStream_t on = stream;
+      error = UploadAndLaunchLocked(reinterpret_cast<const Piece*>(direct->ops + at),
+                                    static_cast<Piece*>(direct->device_ops) + at, n, &copies, &on, &enqueued);
+      launch = std::min(launch * kLaunchGrowth, kMaxLaunchPieces);
+      if (!push(on, false, 0)) break;
+    }
+  }
   while (error.ok() && !all_dma && !cursor.done()) {
     const size_t prev_head = head;
     size_t at = 0;
@@ -332,28 +376,9 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
     } else {
       // The ring's slots [at, at + n) are free: the kernels that read them last have completed
       // (their segments were reaped), so the upload may run beside the launches still copying.
-      error = ToStatus(cudaMemcpyAsync(device_ring + at, host_ring + at, n * sizeof(Piece),
-                                       cudaMemcpyHostToDevice, upload_stream),
-                       "upload copy descriptors");
-      if (error.ok()) error = ToStatus(cudaEventRecord(upload_event, upload_stream), "record descriptor upload");
-      on = NextLaunchStreamLocked();
-      if (error.ok()) error = ToStatus(cudaStreamWaitEvent(on, upload_event, 0), "wait for descriptor upload");
-      if (error.ok()) {
-        enqueued = true;
-        int launched = 0;
-        if constexpr (std::is_same_v<Source, OffsetBatch>) {
-          if (offsets)
-            launched = LaunchOffsetCopy(reinterpret_cast<const OffsetPiece*>(device_ring + at), static_cast<uint32_t>(n),
-                                        reinterpret_cast<char*>(copies.dst), reinterpret_cast<const char*>(copies.src),
-                                        copies.write, max_blocks, on);
-        }
-        if (!offsets) launched = LaunchBatchCopy(device_ring + at, static_cast<uint32_t>(n), max_blocks, on);
-        error = ToStatus(static_cast<cudaError_t>(launched), "launch batch copy kernel");
-        if (error.ok()) {
-          ++stats.kernel_launches;
-          stats.kernel_pieces += n;
-        }
-      }
+      const OffsetBatch* as_offsets = nullptr;
+      if constexpr (std::is_same_v<Source, OffsetBatch>) as_offsets = offsets ? &copies : nullptr;
+      error = UploadAndLaunchLocked(host_ring + at, device_ring + at, n, as_offsets, &on, &enqueued);
       launch = std::min(launch * kLaunchGrowth, kMaxLaunchPieces);
     }
     if (!push(on, true, at + n)) break;

@@ -237,6 +237,93 @@ TEST(CudaRuntime, OffsetBatchesMixWholeOpsCutOpsAndDmaCopies) {
   for (void* p : {*local, *remote}) EXPECT_TRUE(cuda::Free(p).ok());
 }
 
+// A batch checked into one of the engine's op buffers launches from it as it lies (no ring
+// fill); a buffer whose longest op the caller does not know, or one with ops the kernel does
+// not take whole, goes the ring's way and still lands. Buffers are bounded (kOpBuffers) and come
+// back once their handle and their batch are done.
+TEST(CudaRuntime, BatchesInAnOpBufferLaunchFromIt) {
+  FERRY_SKIP_WITHOUT_CUDA(1);
+  auto engine = cuda::CopyEngine::Create(0);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  constexpr size_t kOps = 20'000;
+  constexpr uint64_t kSlot = 4096, kBytes = kOps * kSlot;
+  auto local = cuda::Malloc(0, kBytes), remote = cuda::Malloc(0, kBytes);
+  ASSERT_TRUE(local.ok() && remote.ok());
+  std::vector<uint64_t> slots(kOps);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), std::mt19937_64(5));
+  EXPECT_FALSE((*engine)->ReserveOps(0));
+  EXPECT_FALSE((*engine)->ReserveOps(cuda::kOpBufferOps + 1));
+  struct Case {
+    const char* name;
+    bool known_max;  // the caller says how long the longest op is
+    bool long_op;    // one op of 1 MiB + 3 (the DMA engines) replaces two slots
+    bool direct;     // launched from the buffer
+  };
+  for (const Case& c : {Case{"direct", true, false, true}, Case{"max unknown", false, false, false},
+                        Case{"a long op", true, true, false}}) {
+    for (bool write : {true, false}) {
+      std::optional<cuda::OpBuffer> buffer = (*engine)->ReserveOps(kOps);
+      ASSERT_TRUE(buffer) << c.name;
+      ASSERT_GE(buffer->capacity, kOps);
+      size_t n = 0;
+      uint64_t longest = 0;
+      constexpr uint64_t kLong = (1 << 20) + 3, kLongSlots = kLong / kSlot + 1;
+      for (size_t i = 0; i < kOps; ++i) {
+        TransferOp o{i * kSlot, slots[i] * kSlot, 1 + (i * 37) % kSlot};  // odd sizes: narrow words too
+        if (c.long_op) {  // from local slot 100 on, into remote slot 0 on; the slots it covers stay out
+          if (i == 100) {
+            o = TransferOp{100 * kSlot, 0, kLong};
+          } else if ((i > 100 && i <= 100 + kLongSlots) || slots[i] < kLongSlots) {
+            continue;
+          }
+        }
+        buffer->ops[n++] = o;
+        longest = std::max(longest, o.size);
+      }
+      if (c.known_max) buffer->max_op_size = longest;
+      std::vector<TransferOp> ops(buffer->ops, buffer->ops + n);  // what the batch says, kept for the check
+      auto data = RandomBytes(kBytes, write ? 21 : 22);
+      std::vector<uint8_t> zero(kBytes, 0);
+      void* from = write ? *local : *remote;
+      void* to = write ? *remote : *local;
+      ASSERT_TRUE(cuda::CopySync(from, data.data(), kBytes).ok());
+      ASSERT_TRUE(cuda::CopySync(to, zero.data(), kBytes).ok());
+      cuda::OffsetBatch batch{std::span<const TransferOp>(buffer->ops, n), static_cast<std::byte*>(to),
+                              static_cast<const std::byte*>(from), write, &*buffer};
+      cuda::PostOptions options;
+      options.kernel_ok = true;
+      const cuda::CopyStats before = (*engine)->stats();
+      auto done = (*engine)->Post(batch, options);
+      ASSERT_TRUE(done.ok()) << done.status().ToString();
+      buffer.reset();  // the batch holds the buffer until it completes
+      ASSERT_TRUE(WaitDone(*done).ok()) << c.name;
+      EXPECT_EQ((*engine)->stats().direct_batches - before.direct_batches, c.direct ? 1u : 0u) << c.name;
+      std::vector<uint8_t> out(kBytes);
+      ASSERT_TRUE(cuda::CopySync(out.data(), to, kBytes).ok());
+      std::vector<uint8_t> want(kBytes, 0);
+      for (const TransferOp& o : ops) {
+        const uint64_t d = write ? o.remote_offset : o.local_offset, s = write ? o.local_offset : o.remote_offset;
+        std::memcpy(want.data() + d, data.data() + s, o.size);
+      }
+      ASSERT_EQ(out, want) << c.name << (write ? ", write" : ", read");
+    }
+  }
+  // Bounded: every buffer in use means none, until one comes back.
+  std::vector<cuda::OpBuffer> held;
+  for (int i = 0; i < cuda::kOpBuffers; ++i) {
+    auto b = (*engine)->ReserveOps(1000);
+    ASSERT_TRUE(b) << "buffer " << i;
+    held.push_back(std::move(*b));
+  }
+  EXPECT_FALSE((*engine)->ReserveOps(1000));
+  held.pop_back();
+  EXPECT_TRUE((*engine)->ReserveOps(1000));
+  held.clear();
+  engine->reset();
+  for (void* p : {*local, *remote}) EXPECT_TRUE(cuda::Free(p).ok());
+}
+
 // A batch between this device's memory and page-locked host memory whose host side lies end to
 // end in runs (a request's blocks offloaded into one host slab, and loaded back) goes through
 // device staging a chunk at a time (PostOptions::host_side): a run longer than three chunks

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -167,13 +168,21 @@ class SessionCore {
   // Copies the caller's `ops` once, then posts the copy (PostOwned): another thread that
   // changes the caller's array meanwhile changes nothing that is checked or moved.
   Transfer Post(Op op, std::span<const TransferOp> ops, const TransferOptions& options) const;
+  // A batch of kReserveMinOps ops or more, copied and checked straight into the channel's own
+  // storage where it offers some (Channel::ReserveOps: a GPU path's page-locked op buffer,
+  // launched from as it lies), and posted from there: one pass over the ops, not two. None
+  // when the batch is smaller or the channel offers no storage.
+  std::optional<Transfer> PostReserved(Op op, std::span<const TransferOp> ops, const TransferOptions& options) const
+      EXCLUDES(writes_mu_);
+  static constexpr size_t kReserveMinOps = 4096;
   // Checks `ops` against both regions and posts them. REQUIRES: `ops` is the engine's own
   // storage, which no other thread can reach; it may be rewritten (runs merged in place).
   Transfer PostOwned(Op op, std::span<TransferOp> ops, const TransferOptions& options) const
       EXCLUDES(writes_mu_);
-  // Posts `ops` (the engine's own, as for PostOwned) that CopyAndCheckOps checked as `check`.
-  Transfer PostChecked(Op op, std::span<TransferOp> ops, const OpCheck& check,
-                       const TransferOptions& options) const EXCLUDES(writes_mu_);
+  // Posts `ops` (the engine's own, as for PostOwned) that CopyAndCheckOps checked as `check`;
+  // `space`: the channel's storage they lie in (Channel::ReserveOps), or null.
+  Transfer PostChecked(Op op, std::span<TransferOp> ops, const OpCheck& check, const TransferOptions& options,
+                       OpSpace* space) const EXCLUDES(writes_mu_);
   const MemoryDesc& local() const { return local_; }
   const MemoryDesc& remote() const { return remote_; }
   const TransferPath& path() const { return path_; }

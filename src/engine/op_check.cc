@@ -23,6 +23,7 @@ constexpr int kMaxCheckThreads = 8;
 struct ChunkResult {
   uint64_t total = 0;
   uint64_t joins = 0;
+  uint64_t max_size = 0;
   bool ok = true;
   bool any = false;  // a non-empty op was seen
   uint64_t first_local = 0, first_remote = 0;  // the first non-empty op's start
@@ -54,6 +55,7 @@ ChunkResult CheckChunk(const TransferOp* in, TransferOp* out, size_t n, uint64_t
       ++r.joins;
       continue;
     }
+    r.max_size = std::max(r.max_size, o.size);
     if (!r.any) {
       r.any = true;
       r.first_local = o.local_offset;
@@ -185,6 +187,7 @@ OpCheck CopyAndCheckOps(std::span<const TransferOp> in, TransferOp* out, uint64_
       return check;
     }
     check.joins += r.joins;
+    check.max_size = std::max(check.max_size, r.max_size);
     if (!r.any) continue;
     if (any && r.first_local == local_end && r.first_remote == remote_end) ++check.joins;
     any = true;

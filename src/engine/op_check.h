@@ -18,6 +18,7 @@ namespace ferry::internal {
 struct OpCheck {
   uint64_t total = 0;  // bytes of the batch
   uint64_t joins = 0;  // as JoinCounter counts them (engine/coalesce.h)
+  uint64_t max_size = 0;  // the longest op's size
   bool ok = true;      // every op inside both regions, and `total` did not overflow
 };
 

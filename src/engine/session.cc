@@ -69,20 +69,31 @@ class OpsCopy {
 
 }  // namespace
 
+std::optional<Transfer> SessionCore::PostReserved(Op op, std::span<const TransferOp> ops,
+                                                  const TransferOptions& options) const {
+  if (ops.size() < kReserveMinOps) return std::nullopt;
+  std::unique_ptr<OpSpace> space = channel_->ReserveOps(op, ops.size());
+  if (!space) return std::nullopt;
+  const OpCheck check = CopyAndCheckOps(ops, space->data(), local_.size, remote_.size);
+  return PostChecked(op, std::span<TransferOp>(space->data(), ops.size()), check, options, space.get());
+}
+
 Transfer SessionCore::Post(Op op, std::span<const TransferOp> ops, const TransferOptions& options) const {
+  if (std::optional<Transfer> t = PostReserved(op, ops, options)) return std::move(*t);
   // The transports take what they need from the ops before Post returns (the copy is gone then).
   OpsCopy owned(ops.size());
   const OpCheck check = CopyAndCheckOps(ops, owned.data(), local_.size, remote_.size);
-  return PostChecked(op, std::span<TransferOp>(owned.data(), ops.size()), check, options);
+  return PostChecked(op, std::span<TransferOp>(owned.data(), ops.size()), check, options, nullptr);
 }
 
 Transfer SessionCore::PostOwned(Op op, std::span<TransferOp> ops, const TransferOptions& options) const {
+  if (std::optional<Transfer> t = PostReserved(op, ops, options)) return std::move(*t);
   const OpCheck check = CopyAndCheckOps(ops, ops.data(), local_.size, remote_.size);
-  return PostChecked(op, ops, check, options);
+  return PostChecked(op, ops, check, options, nullptr);
 }
 
 Transfer SessionCore::PostChecked(Op op, std::span<TransferOp> ops, const OpCheck& check,
-                                  const TransferOptions& options) const {
+                                  const TransferOptions& options, OpSpace* space) const {
   TransferId id = options.id ? *options.id : engine_->AllocateTransferId();
   auto fail = [&](Status s) {
     return engine_->Issue(TransferState::Failed(std::move(s), id, path_), options.on_complete, {}, series_);
@@ -124,11 +135,14 @@ Transfer SessionCore::PostChecked(Op op, std::span<TransferOp> ops, const OpChec
     return fail(Status(Code::kOutOfRange, "batch size overflows 64 bits"));
   }
   const uint64_t total = check.total;
+  uint64_t max_size = check.max_size;
   if (engine_->options().merge_adjacent_ops && WorthCoalescing(check.joins, ops.size())) {
     const size_t merged = CoalesceInPlace(ops);
     engine_->CountMerged(ops.size() - merged);
     ops = ops.first(merged);
+    max_size = UINT64_MAX;  // runs merged into longer ops
   }
+  if (space != nullptr) space->set_max_op_size(max_size);
 
   Duration deadline = options.deadline ? *options.deadline : engine_->options().default_deadline;
   auto state = std::make_shared<TransferState>(id, total, path_, Deadline::After(deadline));
@@ -159,7 +173,8 @@ Transfer SessionCore::PostChecked(Op op, std::span<TransferOp> ops, const OpChec
   // completes when the receiver has it.
   if (wire || !inputs.empty()) InstallAfterGate(state, std::move(inputs), notify_, std::move(wire));
   if (!ops.empty()) {
-    Status posted = channel_->Post(op, ops, total, state);
+    Status posted = space != nullptr ? channel_->PostReserved(op, *space, ops, total, state)
+                                     : channel_->Post(op, ops, total, state);
     if (!posted.ok()) state->Finish(std::move(posted));
   }
   state->PartDone(Status::Ok());  // the poster's own part

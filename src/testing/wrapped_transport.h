@@ -38,6 +38,14 @@ class Interposer {
     (void)local;
     return inner.Post(op, ops, total_bytes, state);
   }
+  // Storage for a large batch's ops (Channel::ReserveOps): none unless an interposer offers some.
+  virtual std::unique_ptr<OpSpace> ReserveOps(Channel& /*inner*/, Op /*op*/, size_t /*n*/) { return nullptr; }
+  // A batch checked into the storage ReserveOps gave.
+  virtual Status PostReserved(Channel& inner, const std::shared_ptr<Region>& local, Op op, OpSpace& /*space*/,
+                              std::span<const TransferOp> ops, uint64_t total_bytes,
+                              const std::shared_ptr<TransferState>& state) {
+    return Post(inner, local, op, ops, total_bytes, state);
+  }
   virtual Status Notify(Endpoint& inner, std::string_view m) { return inner.Notify(m); }
   virtual void NotifyPart(Endpoint& inner, std::string m, const std::shared_ptr<TransferState>& s) {
     inner.NotifyPart(std::move(m), s);
@@ -52,6 +60,11 @@ class InterposedChannel final : public Channel {
   Status Post(Op op, std::span<const TransferOp> ops, uint64_t total_bytes,
               const std::shared_ptr<TransferState>& state) override {
     return via_->Post(*inner_, local_, op, ops, total_bytes, state);
+  }
+  std::unique_ptr<OpSpace> ReserveOps(Op op, size_t n) override { return via_->ReserveOps(*inner_, op, n); }
+  Status PostReserved(Op op, OpSpace& space, std::span<const TransferOp> ops, uint64_t total_bytes,
+                      const std::shared_ptr<TransferState>& state) override {
+    return via_->PostReserved(*inner_, local_, op, space, ops, total_bytes, state);
   }
   TransferPath path() const override { return inner_->path(); }
 

@@ -57,6 +57,17 @@ struct TransportContext {
 
 // A route from one local region to one remote region. Ops given to Post() are already
 // validated against both regions.
+// Storage that a channel offers for a batch's ops (Channel::ReserveOps), which it then moves
+// from as they lie: the engine copies and checks the caller's ops into it, so that the checked
+// copy is the one the transport uses and no second pass copies them again.
+class OpSpace {
+ public:
+  virtual ~OpSpace() = default;
+  virtual TransferOp* data() = 0;
+  // What the engine's check found: no op of the batch is longer (UINT64_MAX: not known).
+  virtual void set_max_op_size(uint64_t bytes) = 0;
+};
+
 class Channel {
  public:
   virtual ~Channel() = default;
@@ -65,6 +76,14 @@ class Channel {
   // Returns an error (and posts nothing) when a region is gone.
   virtual Status Post(Op op, std::span<const TransferOp> ops, uint64_t total_bytes,
                       const std::shared_ptr<TransferState>& state) = 0;
+  // Storage for a batch of `n` ops of kind `op` that this channel moves from without copying them again
+  // (PostReserved); null when it has none for such a batch (the engine uses its own).
+  virtual std::unique_ptr<OpSpace> ReserveOps(Op /*op*/, size_t /*n*/) { return nullptr; }
+  // Post, for `ops` at the start of `space` (from this channel's ReserveOps), as checked.
+  virtual Status PostReserved(Op op, OpSpace& /*space*/, std::span<const TransferOp> ops, uint64_t total_bytes,
+                              const std::shared_ptr<TransferState>& state) {
+    return Post(op, ops, total_bytes, state);
+  }
   virtual TransferPath path() const = 0;
 };
 

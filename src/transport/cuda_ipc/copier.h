@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include "cuda/copy_engine.h"  // cuda::OffsetBatch, cuda::CopyEngines (no CUDA header)
@@ -28,6 +29,9 @@ class Copier {
   // cuda::PostOptions::large_to_dma).
   virtual Status Post(int device, const cuda::OffsetBatch& batch, bool kernel_ok, bool same_device,
                       Deadline deadline, std::function<void(const Status&)> on_done) = 0;
+  // An op buffer of `device`'s copy engine for a batch of `n` ops (cuda::CopyEngine::ReserveOps),
+  // posted as OffsetBatch::buffer; none by default.
+  virtual std::optional<cuda::OpBuffer> ReserveOps(int /*device*/, size_t /*n*/) { return std::nullopt; }
   // Drives completion of `device`'s batches (for TransferState::SetPoller); may be empty.
   virtual std::function<void()> Poller(int device) = 0;
   // Whether kernels on `device` can address memory mapped at `ptr` (the mapped IPC allocation

@@ -25,6 +25,11 @@ class CudaCopier final : public Copier {
     return posted.ok() ? Status::Ok() : posted.status();
   }
 
+  std::optional<cuda::OpBuffer> ReserveOps(int device, size_t n) override {
+    auto engine = engines_->For(device);
+    return engine.ok() ? (*engine)->ReserveOps(n) : std::nullopt;
+  }
+
   std::function<void()> Poller(int device) override {
     auto engine = engines_->For(device);
     return engine.ok() ? (*engine)->Poller() : std::function<void()>();

@@ -11,6 +11,7 @@
 #include "base/log.h"
 #include "base/mutex.h"
 #include "base/os.h"
+#include "transport/cuda_op_space.h"
 #include "transport/cuda_ipc/ipc_desc.h"
 #include "transport/cuda_ipc/lease_table.h"
 
@@ -167,6 +168,24 @@ class IpcChannel final : public Channel {
 
   Status Post(Op op, std::span<const TransferOp> ops, uint64_t total_bytes,
               const std::shared_ptr<TransferState>& state) override {
+    return PostFrom(op, ops, total_bytes, state, nullptr);
+  }
+
+  std::unique_ptr<OpSpace> ReserveOps(Op /*op*/, size_t n) override {
+    std::optional<cuda::OpBuffer> buffer = peer_->shared->copier->ReserveOps(local_->device, n);
+    return buffer ? std::make_unique<CudaOpSpace>(std::move(*buffer)) : nullptr;
+  }
+
+  Status PostReserved(Op op, OpSpace& space, std::span<const TransferOp> ops, uint64_t total_bytes,
+                      const std::shared_ptr<TransferState>& state) override {
+    return PostFrom(op, ops, total_bytes, state, &static_cast<CudaOpSpace&>(space).buffer());
+  }
+
+  TransferPath path() const override { return TransferPath{std::string(kName), false}; }
+
+ private:
+  Status PostFrom(Op op, std::span<const TransferOp> ops, uint64_t total_bytes,
+                  const std::shared_ptr<TransferState>& state, const cuda::OpBuffer* buffer) {
     if (!peer_->table->OwnerAlive()) {
       peer_->table->UnlinkIfOwnerDead();
       return Status(Code::kUnavailable, "peer " + peer_->key + " (its process) is gone");
@@ -185,8 +204,8 @@ class IpcChannel final : public Channel {
 
     const bool write = op == Op::kWrite;
     // Read in place by the copier: no per-piece array is built before the GPU starts.
-    const cuda::OffsetBatch batch = write ? cuda::OffsetBatch{ops, remote_base_, local_->base, true}
-                                          : cuda::OffsetBatch{ops, local_->base, remote_base_, false};
+    const cuda::OffsetBatch batch = write ? cuda::OffsetBatch{ops, remote_base_, local_->base, true, buffer}
+                                          : cuda::OffsetBatch{ops, local_->base, remote_base_, false, buffer};
     if (total_bytes == 0) return Status::Ok();
     Copier& copier = *peer_->shared->copier;
     // Held until every part is done: the copies still touch both regions until then, and the
@@ -202,9 +221,6 @@ class IpcChannel final : public Channel {
     return posted;
   }
 
-  TransferPath path() const override { return TransferPath{std::string(kName), false}; }
-
- private:
   std::shared_ptr<Peer> peer_;
   std::shared_ptr<Region> local_;
   const RegionAccess remote_;

@@ -8,6 +8,7 @@
 #include "cuda/copy_engine.h"
 #include "cuda/nvtx.h"
 #include "cuda/runtime.h"
+#include "transport/cuda_op_space.h"
 #include "transport/local/cuda_path.h"
 
 namespace ferry::internal {
@@ -18,16 +19,17 @@ class CudaPathImpl final : public CudaPath {
   explicit CudaPathImpl(std::shared_ptr<cuda::CopyEngines> engines) : engines_(std::move(engines)) {}
 
   Status Post(Op op, const Region& local, const Region& remote, std::span<const TransferOp> ops,
-              uint64_t total_bytes, const std::shared_ptr<TransferState>& state) override {
+              uint64_t total_bytes, const std::shared_ptr<TransferState>& state,
+              const cuda::OpBuffer* buffer) override {
     cuda::NvtxRange range("ferry local cuda copy");
     const bool write = op == Op::kWrite;
     const Region& src = write ? local : remote;
     const Region& dst = write ? remote : local;
-    const int device = src.kind == MemoryKind::kCuda ? src.device : dst.device;
+    const int device = CopyingDevice(src, dst);
     FERRY_ASSIGN_OR_RETURN(cuda::CopyEngine * engine, engines_->For(device));
 
     // The engine reads the ops in place: no per-piece array is built before the GPU starts.
-    cuda::OffsetBatch batch{ops, dst.base, src.base, write};
+    cuda::OffsetBatch batch{ops, dst.base, src.base, write, buffer};
     if (total_bytes == 0) return Status::Ok();
 
     cuda::PostOptions options;
@@ -56,7 +58,21 @@ class CudaPathImpl final : public CudaPath {
     return Status::Ok();
   }
 
+  std::unique_ptr<OpSpace> ReserveOps(Op op, const Region& local, const Region& remote, size_t n) override {
+    if (local.kind != MemoryKind::kCuda || remote.kind != MemoryKind::kCuda) return nullptr;
+    const bool write = op == Op::kWrite;
+    auto engine = engines_->For(CopyingDevice(write ? local : remote, write ? remote : local));
+    if (!engine.ok()) return nullptr;
+    std::optional<cuda::OpBuffer> buffer = (*engine)->ReserveOps(n);
+    return buffer ? std::make_unique<CudaOpSpace>(std::move(*buffer)) : nullptr;
+  }
+
  private:
+  // The device whose engine copies: the source's, or the device side of a host<->device copy.
+  static int CopyingDevice(const Region& src, const Region& dst) {
+    return src.kind == MemoryKind::kCuda ? src.device : dst.device;
+  }
+
   // Whether a kernel on `device` can address `r`: its own memory, a peer's with peer access
   // on, or page-locked host memory mapped into the device's address space. Pageable host
   // memory only the DMA engines reach.

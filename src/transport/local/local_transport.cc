@@ -10,6 +10,7 @@
 #include "base/mutex.h"
 #include "base/thread_pool.h"
 #include "cuda/runtime.h"
+#include "transport/cuda_op_space.h"
 #include "transport/local/cuda_path.h"
 #include "transport/host_copy.h"
 #include "transport/transport.h"
@@ -79,6 +80,25 @@ class LocalChannel final : public Channel {
 
   Status Post(Op op, std::span<const TransferOp> ops, uint64_t total_bytes,
               const std::shared_ptr<TransferState>& state) override {
+    return PostFrom(op, ops, total_bytes, state, nullptr);
+  }
+
+  // GPU memory on both sides: the batch may be checked straight into a copy engine's op buffer.
+  std::unique_ptr<OpSpace> ReserveOps(Op op, size_t n) override {
+    return shared_->cuda ? shared_->cuda->ReserveOps(op, *local_, *remote_, n) : nullptr;
+  }
+
+  Status PostReserved(Op op, OpSpace& space, std::span<const TransferOp> ops, uint64_t total_bytes,
+                      const std::shared_ptr<TransferState>& state) override {
+    // Only the CUDA path's ReserveOps makes spaces for this channel.
+    return PostFrom(op, ops, total_bytes, state, &static_cast<CudaOpSpace&>(space).buffer());
+  }
+
+  TransferPath path() const override { return TransferPath{std::string(kName), false}; }
+
+ private:
+  Status PostFrom(Op op, std::span<const TransferOp> ops, uint64_t total_bytes,
+                  const std::shared_ptr<TransferState>& state, const cuda::OpBuffer* buffer) {
     auto local_use = RegionUse::Make(local_);
     if (!local_use) return Gone(*local_, "local");
     auto remote_use = RegionUse::Make(remote_);
@@ -88,7 +108,7 @@ class LocalChannel final : public Channel {
       if (!shared_->cuda) return Status(Code::kUnsupported, "no CUDA device for a CUDA region");
       state->Hold(std::move(local_use));
       state->Hold(std::move(remote_use));
-      return shared_->cuda->Post(op, *local_, *remote_, ops, total_bytes, state);
+      return shared_->cuda->Post(op, *local_, *remote_, ops, total_bytes, state, buffer);
     }
     if (!shared_->pool || total_bytes < shared_->parallel_copy_bytes || ops.empty()) {
       CopyInline(local_->base, remote_->base, ops, write, total_bytes);
@@ -100,9 +120,6 @@ class LocalChannel final : public Channel {
     return Status::Ok();
   }
 
-  TransferPath path() const override { return TransferPath{std::string(kName), false}; }
-
- private:
   static Status Gone(const Region& r, std::string_view which) {
     return Status(Code::kFailedPrecondition,
                   std::string(which) + " region " + std::to_string(static_cast<uint64_t>(r.id)) +
