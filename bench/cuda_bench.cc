@@ -296,8 +296,10 @@ void KernelKv(benchmark::State& state, Target target, uint64_t piece, bool naive
   if (e == cudaSuccess)
     e = cudaMemcpy(dpieces, pieces.data(), pieces.size() * sizeof(ferry::cuda::Piece), cudaMemcpyHostToDevice);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-  // FERRY_BENCH_BLOCKS_PER_SM: the grid, in blocks per SM (the engine launches 1).
-  if (const char* b = std::getenv("FERRY_BENCH_BLOCKS_PER_SM"); b != nullptr && std::atoi(b) > 0) sms *= std::atoi(b);
+  // FERRY_BENCH_BLOCKS_PER_SM: the grid, in blocks per SM (2 by default, as the engine launches).
+  int per_sm = 2;
+  if (const char* b = std::getenv("FERRY_BENCH_BLOCKS_PER_SM"); b != nullptr && std::atoi(b) > 0) per_sm = std::atoi(b);
+  sms *= per_sm;
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
   if (e == cudaSuccess) e = cudaEventCreate(&begin);
   if (e == cudaSuccess) e = cudaEventCreate(&end);

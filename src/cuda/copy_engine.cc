@@ -49,10 +49,14 @@ Status CopyEngine::Core::Init(int ordinal) {
   int sms = 0;
   FERRY_RETURN_IF_ERROR(ToStatus(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
                                  "cudaDeviceGetAttribute"));
-  // One block per SM; the kernel's grid-stride loop covers larger batches. Measured on an H200
-  // (bench/results/copy_sweep_h200.md): as fast as or 1-2% faster than 2, 4 or 8 blocks per SM
-  // on every path (device, pinned host both ways) at 16, 32 and 128 KiB pieces.
-  max_blocks = static_cast<uint32_t>(std::max(sms, 1));
+  // Two blocks per SM between GPU memory, one with host memory on a side; the kernel's
+  // grid-stride loop covers larger batches. Measured on an H200 (bench/results/cuda_ipc.md,
+  // 2026-12-03): with pieces scattered on both sides of one GPU (bench/copy_kernel_probe.cu)
+  // one block per SM reached 0.83-0.85 of a device copy and two 0.91-0.95; with the source in
+  // order (ferry_bench_cuda's kv_d2d) two were 2-4% faster than one, and four no faster than
+  // two. To pinned host memory two were up to 5% slower than one (copy_sweep_h200.md: 1%).
+  max_blocks = static_cast<uint32_t>(2 * std::max(sms, 1));
+  host_blocks = static_cast<uint32_t>(std::max(sms, 1));
   FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
                                  "cudaStreamCreateWithFlags"));
   FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamCreateWithFlags(&stream2, cudaStreamNonBlocking),

@@ -69,10 +69,10 @@ struct CopyEngine::Core {
   Status EnqueueStridedLocked(const OffsetBatch& batch, const TransferOp& first, size_t count, uint64_t local_stride,
                               uint64_t remote_stride) REQUIRES(mu);
   // Uploads n descriptors from `host` to `dev` on the upload stream, then launches the copy
-  // kernel over them on the next launch stream (*on), as ops of `offsets` or, when null, as
-  // pieces. Sets *enqueued once the launch is enqueued.
-  Status UploadAndLaunchLocked(const Piece* host, Piece* dev, size_t n, const OffsetBatch* offsets, cudaStream_t* on,
-                               bool* enqueued) REQUIRES(mu);
+  // kernel over them on the next launch stream (*on) with a grid of at most `blocks`, as ops of
+  // `offsets` or, when null, as pieces. Sets *enqueued once the launch is enqueued.
+  Status UploadAndLaunchLocked(const Piece* host, Piece* dev, size_t n, const OffsetBatch* offsets, uint32_t blocks,
+                               cudaStream_t* on, bool* enqueued) REQUIRES(mu);
   void ReleaseEventLocked(cudaEvent_t event) REQUIRES(mu);
   void ReapLocked(Done* done, const Status* force) REQUIRES(mu);
   static void RunDone(Done& done) {
@@ -80,7 +80,8 @@ struct CopyEngine::Core {
   }
 
   int device = 0;
-  uint32_t max_blocks = 0;
+  uint32_t max_blocks = 0;   // a launch's grid between GPU memory
+  uint32_t host_blocks = 0;  // with pinned host memory on a side (PostOptions::host_side)
   // Launches alternate between two streams, so that a launch starts while the one before it
   // drains its last pieces (on one stream each launch waited for the previous one's tail).
   // Copies to the DMA engines go on `stream`. Every launch is a segment with its own event, and

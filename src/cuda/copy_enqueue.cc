@@ -76,7 +76,7 @@ Status CopyEngine::Core::EnqueueStagedLocked(const OffsetBatch& batch, bool host
     FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamWaitEvent(launch_on, stage_free[slot], 0), "wait for a staging slot"));
     FERRY_RETURN_IF_ERROR(ToStatus(static_cast<cudaError_t>(LaunchOffsetCopy(
                                        ops, count, shifted, reinterpret_cast<const char*>(batch.src), batch.write,
-                                       max_blocks, launch_on)),
+                                       host_blocks, launch_on)),
                                    "launch staging gather"));
     FERRY_RETURN_IF_ERROR(ToStatus(cudaEventRecord(stage_handoff[slot], launch_on), "record staging gather"));
     FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamWaitEvent(stage_stream, stage_handoff[slot], 0), "wait for staging gather"));
@@ -93,7 +93,7 @@ Status CopyEngine::Core::EnqueueStagedLocked(const OffsetBatch& batch, bool host
     FERRY_RETURN_IF_ERROR(ToStatus(cudaStreamWaitEvent(launch_on, stage_handoff[slot], 0), "wait for staging copy"));
     FERRY_RETURN_IF_ERROR(ToStatus(static_cast<cudaError_t>(LaunchOffsetCopy(
                                        ops, count, reinterpret_cast<char*>(batch.dst), shifted, batch.write,
-                                       max_blocks, launch_on)),
+                                       host_blocks, launch_on)),
                                    "launch staging scatter"));
     FERRY_RETURN_IF_ERROR(ToStatus(cudaEventRecord(stage_free[slot], launch_on), "record staging scatter"));
   }

@@ -214,7 +214,7 @@ struct PieceCursor {
 }  // namespace
 
 Status CopyEngine::Core::UploadAndLaunchLocked(const Piece* host, Piece* dev, size_t n, const OffsetBatch* offsets,
-                                               cudaStream_t* on, bool* enqueued) {
+                                               uint32_t blocks, cudaStream_t* on, bool* enqueued) {
   FERRY_RETURN_IF_ERROR(ToStatus(cudaMemcpyAsync(dev, host, n * sizeof(Piece), cudaMemcpyHostToDevice, upload_stream),
                                  "upload copy descriptors"));
   FERRY_RETURN_IF_ERROR(ToStatus(cudaEventRecord(upload_event, upload_stream), "record descriptor upload"));
@@ -225,8 +225,8 @@ Status CopyEngine::Core::UploadAndLaunchLocked(const Piece* host, Piece* dev, si
       offsets != nullptr
           ? LaunchOffsetCopy(reinterpret_cast<const OffsetPiece*>(dev), static_cast<uint32_t>(n),
                              reinterpret_cast<char*>(offsets->dst), reinterpret_cast<const char*>(offsets->src),
-                             offsets->write, max_blocks, *on)
-          : LaunchBatchCopy(dev, static_cast<uint32_t>(n), max_blocks, *on);
+                             offsets->write, blocks, *on)
+          : LaunchBatchCopy(dev, static_cast<uint32_t>(n), blocks, *on);
   FERRY_RETURN_IF_ERROR(ToStatus(static_cast<cudaError_t>(launched), "launch batch copy kernel"));
   ++stats.kernel_launches;
   stats.kernel_pieces += n;
@@ -245,6 +245,7 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
   const bool want_stage = std::is_same_v<Source, OffsetBatch> && !all_dma &&
                           options.host_side != PostOptions::HostSide::kNone;
   cursor.host_is_dst = options.host_side == PostOptions::HostSide::kDst;
+  const uint32_t blocks = options.host_side == PostOptions::HostSide::kNone ? max_blocks : host_blocks;
   auto completion = std::make_shared<Completion>();
   completion->engine_ = self;
   completion->on_done_ = std::move(options.on_done);
@@ -299,7 +300,7 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
       cursor.index += n;
       cudaStream_t on = stream;
       error = UploadAndLaunchLocked(reinterpret_cast<const Piece*>(direct->ops + at),
-                                    static_cast<Piece*>(direct->device_ops) + at, n, &copies, &on, &enqueued);
+                                    static_cast<Piece*>(direct->device_ops) + at, n, &copies, blocks, &on, &enqueued);
       launch = std::min(launch * kLaunchGrowth, kMaxLaunchPieces);
       if (!push(on, false, 0)) break;
     }
@@ -378,7 +379,7 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
       // (their segments were reaped), so the upload may run beside the launches still copying.
       const OffsetBatch* as_offsets = nullptr;
       if constexpr (std::is_same_v<Source, OffsetBatch>) as_offsets = offsets ? &copies : nullptr;
-      error = UploadAndLaunchLocked(host_ring + at, device_ring + at, n, as_offsets, &on, &enqueued);
+      error = UploadAndLaunchLocked(host_ring + at, device_ring + at, n, as_offsets, blocks, &on, &enqueued);
       launch = std::min(launch * kLaunchGrowth, kMaxLaunchPieces);
     }
     if (!push(on, true, at + n)) break;
