@@ -340,12 +340,14 @@ Status Completion::status() const {
 }
 
 void Completion::Finish(const Status& status) {
+  // The batch's op buffer may serve the next one: given back before anyone sees the batch done,
+  // so that a caller who waited for it finds the buffer free.
+  hold_.reset();
   {
     MutexLock lock(&mu_);
     status_ = status;
   }
   done_.store(true, std::memory_order_release);
-  hold_.reset();  // the batch's op buffer may serve the next one
   auto on_done = std::move(on_done_);
   on_done_ = nullptr;
   if (on_done) on_done(status);

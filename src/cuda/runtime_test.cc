@@ -18,6 +18,36 @@ Status WaitDone(const std::shared_ptr<cuda::Completion>& c) {
   return c->status();
 }
 
+// Posts a batch of offsets between two device buffers of `bytes` each (from `local` to
+// `remote` for a write), the source random and the destination zeroed, and checks that every
+// byte lands where its op says and no other changes. With `buffer`, `ops` lie in it: the handle
+// is let go once the batch is posted (the batch holds the buffer until it completes).
+void PostAndCheck(cuda::CopyEngine& engine, std::span<const TransferOp> ops, void* local, void* remote, size_t bytes,
+                  bool write, uint64_t seed, std::optional<cuda::OpBuffer> buffer = std::nullopt) {
+  const std::vector<TransferOp> kept(ops.begin(), ops.end());  // a buffer's ops are gone with it
+  auto data = RandomBytes(bytes, seed);
+  void* from = write ? local : remote;
+  void* to = write ? remote : local;
+  ASSERT_TRUE(cuda::CopySync(from, data.data(), bytes).ok());
+  ASSERT_TRUE(cuda::CopySync(to, std::vector<uint8_t>(bytes, 0).data(), bytes).ok());
+  cuda::OffsetBatch batch{ops, static_cast<std::byte*>(to), static_cast<const std::byte*>(from), write,
+                          buffer ? &*buffer : nullptr};
+  cuda::PostOptions options;
+  options.kernel_ok = true;
+  auto c = engine.Post(batch, options);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  buffer.reset();
+  ASSERT_TRUE(WaitDone(*c).ok());
+  std::vector<uint8_t> out(bytes);
+  ASSERT_TRUE(cuda::CopySync(out.data(), to, bytes).ok());
+  std::vector<uint8_t> want(bytes, 0);
+  for (const TransferOp& o : kept) {
+    const uint64_t d = write ? o.remote_offset : o.local_offset, s = write ? o.local_offset : o.remote_offset;
+    std::memcpy(want.data() + d, data.data() + s, o.size);
+  }
+  ASSERT_EQ(out, want) << (write ? "write" : "read");
+}
+
 TEST(CudaRuntime, RegistrationAndPointers) {
   FERRY_SKIP_WITHOUT_CUDA(1);
   std::vector<uint8_t> host(1 << 20);
@@ -209,26 +239,8 @@ TEST(CudaRuntime, OffsetBatchesMixWholeOpsCutOpsAndDmaCopies) {
     if (at + (2 << 20) > kBytes / 2) break;
   }
   for (bool write : {true, false}) {
-    auto data = RandomBytes(kBytes, write ? 11 : 12);
-    std::vector<uint8_t> zero(kBytes, 0);
-    void* from = write ? *local : *remote;
-    void* to = write ? *remote : *local;
-    ASSERT_TRUE(cuda::CopySync(from, data.data(), kBytes).ok());
-    ASSERT_TRUE(cuda::CopySync(to, zero.data(), kBytes).ok());
-    cuda::OffsetBatch batch{ops, static_cast<std::byte*>(to), static_cast<const std::byte*>(from), write};
-    cuda::PostOptions options;
-    options.kernel_ok = true;
-    auto c = (*engine)->Post(batch, options);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();
-    ASSERT_TRUE(WaitDone(*c).ok());
-    std::vector<uint8_t> out(kBytes);
-    ASSERT_TRUE(cuda::CopySync(out.data(), to, kBytes).ok());
-    std::vector<uint8_t> want(kBytes, 0);
-    for (const TransferOp& o : ops) {
-      const uint64_t d = write ? o.remote_offset : o.local_offset, s = write ? o.local_offset : o.remote_offset;
-      std::memcpy(want.data() + d, data.data() + s, o.size);
-    }
-    ASSERT_EQ(out, want) << (write ? "write" : "read");
+    SCOPED_TRACE(write ? "write" : "read");
+    PostAndCheck(**engine, ops, *local, *remote, kBytes, write, write ? 11 : 12);
   }
   cuda::CopyStats s = (*engine)->stats();
   EXPECT_GE(s.kernel_launches, 4u);
@@ -282,31 +294,11 @@ TEST(CudaRuntime, BatchesInAnOpBufferLaunchFromIt) {
         longest = std::max(longest, o.size);
       }
       if (c.known_max) buffer->max_op_size = longest;
-      std::vector<TransferOp> ops(buffer->ops, buffer->ops + n);  // what the batch says, kept for the check
-      auto data = RandomBytes(kBytes, write ? 21 : 22);
-      std::vector<uint8_t> zero(kBytes, 0);
-      void* from = write ? *local : *remote;
-      void* to = write ? *remote : *local;
-      ASSERT_TRUE(cuda::CopySync(from, data.data(), kBytes).ok());
-      ASSERT_TRUE(cuda::CopySync(to, zero.data(), kBytes).ok());
-      cuda::OffsetBatch batch{std::span<const TransferOp>(buffer->ops, n), static_cast<std::byte*>(to),
-                              static_cast<const std::byte*>(from), write, &*buffer};
-      cuda::PostOptions options;
-      options.kernel_ok = true;
+      SCOPED_TRACE(std::string(c.name) + (write ? ", write" : ", read"));
       const cuda::CopyStats before = (*engine)->stats();
-      auto done = (*engine)->Post(batch, options);
-      ASSERT_TRUE(done.ok()) << done.status().ToString();
-      buffer.reset();  // the batch holds the buffer until it completes
-      ASSERT_TRUE(WaitDone(*done).ok()) << c.name;
-      EXPECT_EQ((*engine)->stats().direct_batches - before.direct_batches, c.direct ? 1u : 0u) << c.name;
-      std::vector<uint8_t> out(kBytes);
-      ASSERT_TRUE(cuda::CopySync(out.data(), to, kBytes).ok());
-      std::vector<uint8_t> want(kBytes, 0);
-      for (const TransferOp& o : ops) {
-        const uint64_t d = write ? o.remote_offset : o.local_offset, s = write ? o.local_offset : o.remote_offset;
-        std::memcpy(want.data() + d, data.data() + s, o.size);
-      }
-      ASSERT_EQ(out, want) << c.name << (write ? ", write" : ", read");
+      const std::span<const TransferOp> ops(buffer->ops, n);
+      PostAndCheck(**engine, ops, *local, *remote, kBytes, write, write ? 21 : 22, std::move(buffer));
+      EXPECT_EQ((*engine)->stats().direct_batches - before.direct_batches, c.direct ? 1u : 0u);
     }
   }
   // Bounded: every buffer in use means none, until one comes back.
