@@ -113,6 +113,15 @@ inline bool SkipWithoutCuda(int gpus, std::string* why) {
   return false;
 }
 
+#if FERRY_HAVE_CUDA
+// A copy engine batch's status once it completes, polling for up to 30 s (kInProgress after that).
+inline Status WaitDone(const std::shared_ptr<cuda::Completion>& c) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!c->Test() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  return c->status();
+}
+#endif
+
 #define FERRY_SKIP_WITHOUT_CUDA(gpus)                   \
   do {                                                  \
     std::string why_;                                   \
