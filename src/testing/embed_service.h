@@ -14,6 +14,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "embed/config.h"
@@ -160,6 +161,18 @@ inline std::unique_ptr<Client> MakeClient(const std::string& path, uint32_t dp, 
   Result<std::unique_ptr<Client>> c = Client::Create(SmallClientOptions(path, dp, tp, tp_size));
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   return c.ok() ? std::move(c).value() : nullptr;
+}
+
+// The server's counts once `steps` steps are counted, or after 5 s. A step is counted after its
+// last layer is flagged done, so a client that has seen its rows may look a moment too soon.
+template <typename Server>
+auto StatsAfter(Server& server, uint64_t steps) {
+  auto s = server.stats();
+  for (int i = 0; i < 500 && s.steps_ok + s.steps_failed < steps; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    s = server.stats();
+  }
+  return s;
 }
 
 // One forward of every rank of a host-mode group: rank 0 writes the inputs, every rank

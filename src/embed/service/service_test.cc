@@ -30,8 +30,9 @@ TEST_F(EmbedServiceTest, TwoDataParallelByTwoTensorParallelRanks) {
   std::thread other([&] { run(b0.get(), b1.get(), 100); });
   run(a0.get(), a1.get(), 1);
   other.join();
-  EXPECT_EQ(server_->stats().steps_ok, 6u);
-  EXPECT_EQ(server_->stats().steps_failed, 0u);
+  const auto stats = StatsAfter(*server_, 6);
+  EXPECT_EQ(stats.steps_ok, 6u);
+  EXPECT_EQ(stats.steps_failed, 0u);
 }
 
 TEST_F(EmbedServiceTest, ServiceWaitsForReleaseBeforeOverwriting) {
@@ -82,7 +83,7 @@ TEST_F(EmbedServiceTest, PrepareBeforeReleaseIsFailedPrecondition) {
     ExpectRows(*c, slot, s2);
   }
   ASSERT_TRUE(c->ReleaseOutputs().ok());
-  EXPECT_EQ(server_->stats().steps_ok, 2u);
+  EXPECT_EQ(StatsAfter(*server_, 2).steps_ok, 2u);
 }
 
 // Issue 9: a step over the registered capacity is refused by the client, before anything is
@@ -96,8 +97,9 @@ TEST_F(EmbedServiceTest, OverCapacityStepIsRefusedByTheClient) {
   for (size_t slot = 0; slot < 3; ++slot) EXPECT_EQ(c->flag(slot), kFlagReset);
   Forward({c.get()}, MakeStep(4, 128, 7));
   Forward({c.get()}, MakeStep(2, 16, 8));
-  EXPECT_EQ(server_->stats().steps_ok, 2u);
-  EXPECT_EQ(server_->stats().steps_failed, 0u);
+  const auto stats = StatsAfter(*server_, 2);
+  EXPECT_EQ(stats.steps_ok, 2u);
+  EXPECT_EQ(stats.steps_failed, 0u);
 }
 
 // Issue 15: a step of no tokens is served (DONE on every layer) and copies nothing.
@@ -111,8 +113,9 @@ TEST_F(EmbedServiceTest, EmptyStepIsServed) {
   empty.qsl = {0};
   empty.ctx.clear();
   Forward({r0.get(), r1.get()}, empty);  // no requests either
-  EXPECT_EQ(server_->stats().steps_ok, 2u);
-  EXPECT_EQ(server_->stats().steps_failed, 0u);
+  const auto stats = StatsAfter(*server_, 2);
+  EXPECT_EQ(stats.steps_ok, 2u);
+  EXPECT_EQ(stats.steps_failed, 0u);
 }
 
 TEST_F(EmbedServiceTest, DummyForwardSatisfiesWaitsLocally) {
