@@ -2,6 +2,8 @@
 // engine's op buffers, launched from as it lies (cuda::OpBuffer).
 #pragma once
 
+#include <memory>
+#include <optional>
 #include <utility>
 
 #include "cuda/copy_engine.h"
@@ -19,5 +21,13 @@ class CudaOpSpace final : public OpSpace {
  private:
   cuda::OpBuffer buffer_;
 };
+
+// A channel's ReserveOps: the buffer its copy engine gave, if any, as an OpSpace.
+inline std::unique_ptr<OpSpace> MakeCudaOpSpace(std::optional<cuda::OpBuffer> buffer) {
+  return buffer ? std::make_unique<CudaOpSpace>(std::move(*buffer)) : nullptr;
+}
+
+// A channel's PostReserved: the buffer inside a space that the same channel's ReserveOps made.
+inline const cuda::OpBuffer* OpBufferOf(OpSpace& space) { return &static_cast<CudaOpSpace&>(space).buffer(); }
 
 }  // namespace ferry::internal

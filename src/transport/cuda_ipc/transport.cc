@@ -172,13 +172,12 @@ class IpcChannel final : public Channel {
   }
 
   std::unique_ptr<OpSpace> ReserveOps(Op /*op*/, size_t n) override {
-    std::optional<cuda::OpBuffer> buffer = peer_->shared->copier->ReserveOps(local_->device, n);
-    return buffer ? std::make_unique<CudaOpSpace>(std::move(*buffer)) : nullptr;
+    return MakeCudaOpSpace(peer_->shared->copier->ReserveOps(local_->device, n));
   }
 
   Status PostReserved(Op op, OpSpace& space, std::span<const TransferOp> ops, uint64_t total_bytes,
                       const std::shared_ptr<TransferState>& state) override {
-    return PostFrom(op, ops, total_bytes, state, &static_cast<CudaOpSpace&>(space).buffer());
+    return PostFrom(op, ops, total_bytes, state, OpBufferOf(space));
   }
 
   TransferPath path() const override { return TransferPath{std::string(kName), false}; }

@@ -63,8 +63,7 @@ class CudaPathImpl final : public CudaPath {
     const bool write = op == Op::kWrite;
     auto engine = engines_->For(CopyingDevice(write ? local : remote, write ? remote : local));
     if (!engine.ok()) return nullptr;
-    std::optional<cuda::OpBuffer> buffer = (*engine)->ReserveOps(n);
-    return buffer ? std::make_unique<CudaOpSpace>(std::move(*buffer)) : nullptr;
+    return MakeCudaOpSpace((*engine)->ReserveOps(n));
   }
 
  private:

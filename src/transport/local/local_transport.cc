@@ -91,7 +91,7 @@ class LocalChannel final : public Channel {
   Status PostReserved(Op op, OpSpace& space, std::span<const TransferOp> ops, uint64_t total_bytes,
                       const std::shared_ptr<TransferState>& state) override {
     // Only the CUDA path's ReserveOps makes spaces for this channel.
-    return PostFrom(op, ops, total_bytes, state, &static_cast<CudaOpSpace&>(space).buffer());
+    return PostFrom(op, ops, total_bytes, state, OpBufferOf(space));
   }
 
   TransferPath path() const override { return TransferPath{std::string(kName), false}; }
