@@ -163,13 +163,14 @@ std::unique_ptr<PyEngine> MakeEngine(
     int64_t max_am_bytes, double connect_timeout_ms, double revoke_timeout_ms, double call_timeout_ms,
     int64_t metrics_port, std::string secret, std::string secret_file,
     int64_t max_pending_notifications_per_peer, int64_t shm_max_connections,
-    std::vector<int64_t> shm_allowed_uids) {
+    std::vector<int64_t> shm_allowed_uids, double wait_spin_ms) {
   EngineOptions o;
   o.secret = std::move(secret);
   o.secret_file = std::move(secret_file);
   o.key = std::move(key);
   o.default_deadline = Millis(default_deadline_ms, "default_deadline_ms");
   if (deregister_timeout_ms) o.deregister_timeout = Millis(*deregister_timeout_ms, "deregister_timeout_ms");
+  o.wait_spin = Millis(wait_spin_ms, "wait_spin_ms");
   o.copy_threads = IntOption<int>(copy_threads, "copy_threads");
   o.parallel_copy_bytes = IntOption<uint64_t>(parallel_copy_bytes, "parallel_copy_bytes");
   o.pin_host_memory = pin_host_memory;
@@ -278,6 +279,7 @@ py::dict EnvEngineKwargs() {
   k["key"] = o.key;
   k["default_deadline_ms"] = Ms(o.default_deadline);
   k["deregister_timeout_ms"] = o.deregister_timeout ? py::object(py::float_(Ms(*o.deregister_timeout))) : py::none();
+  k["wait_spin_ms"] = Ms(o.wait_spin);
   k["copy_threads"] = o.copy_threads;
   k["parallel_copy_bytes"] = o.parallel_copy_bytes;
   k["pin_host_memory"] = o.pin_host_memory;
@@ -323,7 +325,7 @@ void BindEngine(py::module_& m) {
       "ferry's transfer engine: registered memory, peers, sessions.\n\n"
       "Engine(key='', default_deadline_ms=30000, copy_threads=0, ...) takes every field of the\n"
       "C++ EngineOptions (ferry/options.h) by keyword: key, default_deadline_ms,\n"
-      "deregister_timeout_ms, copy_threads, parallel_copy_bytes, pin_host_memory,\n"
+      "deregister_timeout_ms, wait_spin_ms, copy_threads, parallel_copy_bytes, pin_host_memory,\n"
       "merge_adjacent_ops, transports (names), max_notification_bytes,\n"
       "max_pending_notifications, max_pending_notification_bytes,\n"
       "max_pending_notifications_per_peer; the ucx transport's\n"
@@ -360,7 +362,7 @@ void BindEngine(py::module_& m) {
            py::arg("secret") = "", py::arg("secret_file") = "",
            py::arg("max_pending_notifications_per_peer") = d.max_pending_notifications_per_peer,
            py::arg("shm_max_connections") = d.shm.max_connections,
-           py::arg("shm_allowed_uids") = std::vector<int64_t>{})
+           py::arg("shm_allowed_uids") = std::vector<int64_t>{}, py::arg("wait_spin_ms") = Ms(d.wait_spin))
       .def_property_readonly(
           "key", [](const PyEngine& s) { return Call(s, [](Engine& e) { return e.key(); }); },
           "Unique key of this engine.")

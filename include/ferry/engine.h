@@ -43,7 +43,9 @@ class Transfer {
 
   // True once the transfer finished (successfully or not). Never blocks.
   bool Test() const;
-  // Blocks until finished or the transfer's deadline passes; returns status().
+  // Blocks until finished or the transfer's deadline passes; returns status(). A GPU copy (it
+  // completes through a CUDA event) is polled without sleeping for EngineOptions::wait_spin,
+  // then between sleeps; other transfers are waited for on a condition variable.
   Status Wait() const;
   // Blocks at most `timeout`; returns kInProgress if still running then.
   Status WaitFor(Duration timeout) const;
@@ -61,8 +63,9 @@ class Transfer {
   std::shared_ptr<internal::TransferState> state_;
 };
 
-// Waits on many transfers at once, blocking on a condition variable (no spinning), each
-// wait bounded by the earliest deadline among the transfers still running.
+// Waits on many transfers at once, blocking on a condition variable, each wait bounded by the
+// earliest deadline among the transfers still running. Among them GPU copies are polled as
+// Transfer::Wait polls one (EngineOptions::wait_spin, then between sleeps).
 //
 // WaitAll: OK once every transfer finished OK; the first error (in the order the transfers
 // finished) as soon as one fails, without waiting for the rest. A transfer whose deadline

@@ -11,7 +11,7 @@ class Engine:
 
     Engine(key='', default_deadline_ms=30000, copy_threads=0, ...) takes every field of the
     C++ EngineOptions (ferry/options.h) by keyword: key, default_deadline_ms,
-    deregister_timeout_ms, copy_threads, parallel_copy_bytes, pin_host_memory,
+    deregister_timeout_ms, wait_spin_ms, copy_threads, parallel_copy_bytes, pin_host_memory,
     merge_adjacent_ops, transports (names), max_notification_bytes,
     max_pending_notifications, max_pending_notification_bytes,
     max_pending_notifications_per_peer; the ucx transport's
@@ -35,7 +35,7 @@ class Engine:
         """
         ...
     @overload
-    def __init__(self, *, key: str = '', default_deadline_ms: float = 30000.0, deregister_timeout_ms: Optional[float] = None, copy_threads: int = 0, parallel_copy_bytes: int = 4194304, pin_host_memory: bool = True, merge_adjacent_ops: bool = True, transports: List[str] = [], max_notification_bytes: int = 65536, max_pending_notifications: int = 65536, max_pending_notification_bytes: int = 67108864, listen_host: str = '127.0.0.1', listen_port: int = 0, max_pending_handshakes: int = 64, max_connections: int = 512, handshake_timeout_ms: float = 5000.0, lanes: int = 1, workers: int = 1, post_batch: int = 256, progress: str = 'event', rma: str = 'auto', max_am_bytes: int = 8388608, connect_timeout_ms: float = 10000.0, revoke_timeout_ms: float = 5000.0, call_timeout_ms: float = 10000.0, metrics_port: int = 0, secret: str = '', secret_file: str = '', max_pending_notifications_per_peer: int = 0, shm_max_connections: int = 512, shm_allowed_uids: List[int] = []) -> None:
+    def __init__(self, *, key: str = '', default_deadline_ms: float = 30000.0, deregister_timeout_ms: Optional[float] = None, copy_threads: int = 0, parallel_copy_bytes: int = 4194304, pin_host_memory: bool = True, merge_adjacent_ops: bool = True, transports: List[str] = [], max_notification_bytes: int = 65536, max_pending_notifications: int = 65536, max_pending_notification_bytes: int = 67108864, listen_host: str = '127.0.0.1', listen_port: int = 0, max_pending_handshakes: int = 64, max_connections: int = 512, handshake_timeout_ms: float = 5000.0, lanes: int = 1, workers: int = 1, post_batch: int = 256, progress: str = 'event', rma: str = 'auto', max_am_bytes: int = 8388608, connect_timeout_ms: float = 10000.0, revoke_timeout_ms: float = 5000.0, call_timeout_ms: float = 10000.0, metrics_port: int = 0, secret: str = '', secret_file: str = '', max_pending_notifications_per_peer: int = 0, shm_max_connections: int = 512, shm_allowed_uids: List[int] = [], wait_spin_ms: float = 2.0) -> None:
         """Unset keyword arguments come from the FERRY_* environment variables (docs/configuration.md), then the defaults.
         """
         ...

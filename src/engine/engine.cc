@@ -42,6 +42,8 @@ Status CheckOptions(const EngineOptions& o) {
     return invalid("default_deadline must be positive, not " + std::to_string(o.default_deadline.count()) + " ns");
   if (o.deregister_timeout && *o.deregister_timeout <= Duration::zero())
     return invalid("deregister_timeout must be positive, not " + std::to_string(o.deregister_timeout->count()) + " ns");
+  if (o.wait_spin < Duration::zero() || o.wait_spin > std::chrono::seconds(1))
+    return invalid("wait_spin must be in [0, 1 s], not " + std::to_string(o.wait_spin.count()) + " ns");
   if (o.copy_threads < 0 || o.copy_threads > kMaxCopyThreads)
     return invalid("copy_threads must be in 0.." + std::to_string(kMaxCopyThreads) + " (0: one per core, at most 8), not " +
                    std::to_string(o.copy_threads));

@@ -48,6 +48,9 @@ TEST(Engine, CreateRejectsCountsAndTimesOutOfRange) {
   EXPECT_EQ(code([](EngineOptions& o) { o.max_pending_notification_bytes = kMaxPendingNotificationBytes + 1; }),
             Code::kInvalidArgument);
   EXPECT_EQ(code([](EngineOptions& o) { o.default_deadline = Duration(-1); }), Code::kInvalidArgument);
+  EXPECT_EQ(code([](EngineOptions& o) { o.wait_spin = Duration(-1); }), Code::kInvalidArgument);
+  EXPECT_EQ(code([](EngineOptions& o) { o.wait_spin = std::chrono::seconds(1) + Duration(1); }),
+            Code::kInvalidArgument);
   EXPECT_EQ(code([](EngineOptions& o) { o.shm.revoke_timeout = std::chrono::milliseconds(0); }),
             Code::kInvalidArgument);
   EXPECT_EQ(code([](EngineOptions& o) { o.shm.call_timeout = std::chrono::milliseconds(-5); }),
@@ -57,6 +60,7 @@ TEST(Engine, CreateRejectsCountsAndTimesOutOfRange) {
   EXPECT_TRUE(Engine::Create(EngineOptions{}).ok());
   EXPECT_EQ(code([](EngineOptions& o) {
               o.copy_threads = 16;
+              o.wait_spin = std::chrono::seconds(1);
               o.max_pending_notifications = 1;
               o.max_notification_bytes = 1;
               o.max_pending_notification_bytes = 1;

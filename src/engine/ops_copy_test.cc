@@ -21,6 +21,7 @@ Mutex g_mu;
 std::function<void()> g_on_post GUARDED_BY(g_mu);     // runs as a batch reaches the interposer
 std::vector<TransferOp> g_posted GUARDED_BY(g_mu);    // the ops the channel was handed
 const TransferOp* g_posted_data GUARDED_BY(g_mu);     // where they were
+Duration g_wait_spin GUARDED_BY(g_mu);                // the posted transfer's wait_spin
 
 class Meddle final : public Interposer {
  public:
@@ -31,6 +32,7 @@ class Meddle final : public Interposer {
       if (g_on_post) g_on_post();
       g_posted.assign(ops.begin(), ops.end());
       g_posted_data = ops.data();
+      g_wait_spin = state->wait_spin();
     }
     return inner.Post(op, ops, total_bytes, state);
   }
@@ -45,10 +47,11 @@ struct Rig {
   std::unique_ptr<CorePair> pair;
   std::vector<uint8_t>& b_buf() { return pair->b_buf; }
 
-  static std::unique_ptr<Rig> Make(bool merge) {
+  static std::unique_ptr<Rig> Make(bool merge, Duration wait_spin = EngineOptions{}.wait_spin) {
     const TransportEntry entries[] = {{"local", &MakeInterposedLocal<Meddle>}};
     EngineOptions options;
     options.default_deadline = 10s;
+    options.wait_spin = wait_spin;
     options.merge_adjacent_ops = merge;
     options.key = "ops";
     auto r = std::make_unique<Rig>();
@@ -71,6 +74,20 @@ struct Rig {
 };
 
 class OpsCopy : public ::testing::TestWithParam<bool> {};
+
+// Transfer::Wait polls a GPU copy without sleeping for the engine's wait_spin: every posted
+// transfer carries it (the pacing itself: base/poll_pacer_test.cc).
+TEST(OpsCopyWaitSpin, EveryPostedTransferCarriesTheEnginesWaitSpin) {
+  for (Duration spin : {Duration::zero(), Duration(7ms), EngineOptions{}.wait_spin}) {
+    auto r = Rig::Make(false, spin);
+    ASSERT_TRUE(r);
+    Transfer t = r->pair->session->Post(Op::kWrite, std::vector<TransferOp>{{0, 0, 64}}, {});
+    ASSERT_TRUE(t.Wait().ok()) << t.status().ToString();
+    MutexLock lock(&g_mu);
+    EXPECT_EQ(g_wait_spin, spin);
+  }
+  EXPECT_EQ(EngineOptions{}.wait_spin, 2ms);
+}
 
 TEST_P(OpsCopy, TheTransportMovesTheCheckedCopyNotTheCallersArray) {
   auto r = Rig::Make(GetParam());

@@ -146,6 +146,7 @@ Transfer SessionCore::PostChecked(Op op, std::span<TransferOp> ops, const OpChec
 
   Duration deadline = options.deadline ? *options.deadline : engine_->options().default_deadline;
   auto state = std::make_shared<TransferState>(id, total, path_, Deadline::After(deadline));
+  state->SetWaitSpin(engine_->options().wait_spin);
   if (op == Op::kWrite) {
     // A notification waits for the session's earlier writes still running.
     {

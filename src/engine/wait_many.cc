@@ -2,14 +2,17 @@
 // (TransferState::OnFinish) that wakes the waiter's condition variable; the waiter sleeps until
 // then or until the earliest deadline among the transfers still running (when it finishes the
 // expired ones with Test()), and removes its observers before it returns. Transfers that
-// complete only through polling (GPU copies with a poller) are polled on a short, growing
-// back-off, as Transfer::Wait does.
+// complete only through polling (GPU copies with a poller) are polled without sleeping for the
+// longest of their wait_spin (EngineOptions::wait_spin), then on a short, growing back-off, as
+// Transfer::Wait does.
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/mutex.h"
+#include "base/poll_pacer.h"
 #include "engine/engine_core.h"
 
 namespace ferry {
@@ -62,7 +65,10 @@ class Waiter {
   };
 
   Result<size_t> Wait(Shared& sh, std::optional<Deadline> until) {
-    auto backoff = std::chrono::microseconds(2);
+    Duration spin = Duration::zero();
+    for (const auto& s : states_)
+      if (s && s->has_poller()) spin = std::max(spin, s->wait_spin());
+    PollPacer pacer(Clock::now(), spin);
     while (true) {
       // The earliest deadline among those running, and whether any needs polling.
       Clock::time_point earliest = Clock::time_point::max();
@@ -86,7 +92,7 @@ class Waiter {
         if (mode_ == Mode::kAny && sh.first) return *sh.first;
         Clock::time_point wake = earliest;
         if (until) wake = std::min(wake, until->at());
-        if (poll) wake = std::min(wake, Clock::now() + backoff);
+        if (poll) wake = std::min(wake, pacer.Next(Clock::now()));
         if (Clock::now() < wake) {
           auto done = [&]() REQUIRES(sh.mu) {
             return mode_ == Mode::kAll ? (!sh.error.ok() || sh.pending == 0) : sh.first.has_value();
@@ -94,7 +100,7 @@ class Waiter {
           if (sh.cv.WaitUntil(&sh.mu, wake, done)) continue;
         }
       }
-      if (poll) backoff = std::min(backoff * 2, std::chrono::microseconds(50));
+      if (poll && pacer.Spinning(Clock::now())) std::this_thread::yield();
       if (earliest_index && Clock::now() >= earliest) {
         // The earliest deadline passed: that transfer fails now (Test() finishes it).
         if (mode_ == Mode::kAny) {

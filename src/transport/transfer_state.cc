@@ -3,6 +3,8 @@
 #include <string>
 #include <thread>
 
+#include "base/poll_pacer.h"
+
 namespace ferry::internal {
 
 TransferState::TransferState(TransferId id, uint64_t bytes, TransferPath path, Deadline deadline)
@@ -112,24 +114,23 @@ Status TransferState::Wait(Deadline until) {
   until = Deadline::Earlier(until, deadline_);
   if (poller_) {
     // Completion arrives through polling (or the copy engine's completion thread, which
-    // finishes the transfer as soon as its event fires): spin (yielding) for 100 us, then wait
-    // on the condition variable between polls, with a short growing back-off capped at 50 us.
-    // Finish() wakes the waiter at once; a plain sleep would add the kernel's timer slack
-    // (50 us by default) to every copy that outlasts the spin.
-    auto spin_until = Clock::now() + std::chrono::microseconds(100);
-    auto backoff = std::chrono::microseconds(2);
+    // finishes the transfer as soon as its event fires): poll without sleeping (yielding) for
+    // wait_spin_, then wait on the condition variable between polls (PollPacer). Finish() wakes
+    // the waiter at once; a plain sleep would add the kernel's timer slack (50 us by default) to
+    // every poll. The completion thread's own wake-up from its blocking event wait took 30-55 us
+    // on an H200 machine's host (bench/results/cuda_ipc.md): a copy that ends within the spin
+    // is seen within a few microseconds instead.
+    PollPacer pacer(Clock::now(), wait_spin_);
     while (!Test()) {
       if (until.expired()) break;
-      if (Clock::now() < spin_until) {
+      const Clock::time_point now = Clock::now();
+      if (pacer.Spinning(now)) {
         std::this_thread::yield();
         continue;
       }
-      {
-        MutexLock lock(&mu_);
-        (void)cv_.WaitUntil(&mu_, std::min(until.at(), Clock::now() + backoff),
-                            [this] { return phase_.load(std::memory_order_acquire) == kFinished; });
-      }
-      backoff = std::min(backoff * 2, std::chrono::microseconds(50));
+      MutexLock lock(&mu_);
+      (void)cv_.WaitUntil(&mu_, std::min(until.at(), pacer.Next(now)),
+                          [this] { return phase_.load(std::memory_order_acquire) == kFinished; });
     }
   } else {
     MutexLock lock(&mu_);

@@ -61,6 +61,10 @@ class TransferState : public std::enable_shared_from_this<TransferState> {
   bool RemoveOnFinish(uint64_t handle) EXCLUDES(mu_);
   // Called by Test/Wait to drive completion. Set before posting.
   void SetPoller(std::function<void()> poller) { poller_ = std::move(poller); }
+  // How long a waiter polls a transfer with a poller without sleeping (EngineOptions::wait_spin).
+  // Set before posting.
+  void SetWaitSpin(Duration spin) { wait_spin_ = spin; }
+  Duration wait_spin() const { return wait_spin_; }
   // Keeps `hold` alive until every part is done.
   void Hold(std::shared_ptr<void> hold) EXCLUDES(mu_) {
     MutexLock lock(&mu_);
@@ -97,6 +101,7 @@ class TransferState : public std::enable_shared_from_this<TransferState> {
   // completes the last part: no lock.
   std::function<void(const std::shared_ptr<TransferState>&)> continuation_;
   std::function<void()> poller_;
+  Duration wait_spin_ = std::chrono::microseconds(100);
   struct Observer {
     uint64_t handle;
     std::function<void(const Status&)> fn;

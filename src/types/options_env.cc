@@ -208,6 +208,7 @@ const EnvField kFields[] = {
     FERRY_ENV_FIELD("FERRY_KEY", key, String, "text; empty = `<hostname>:<pid>:<random>`"),
     FERRY_ENV_FIELD("FERRY_DEFAULT_DEADLINE", default_deadline, Duration, "duration"),
     FERRY_ENV_FIELD("FERRY_DEREGISTER_TIMEOUT", deregister_timeout, OptDuration, "duration; empty = unset"),
+    FERRY_ENV_FIELD("FERRY_WAIT_SPIN", wait_spin, Duration, "duration, 0..1s"),
     FERRY_ENV_FIELD("FERRY_COPY_THREADS", copy_threads, Count, "count; 0 = one per core, at most 8"),
     FERRY_ENV_FIELD("FERRY_PARALLEL_COPY_BYTES", parallel_copy_bytes, Bytes, "size"),
     FERRY_ENV_FIELD("FERRY_PIN_HOST_MEMORY", pin_host_memory, Bool, "boolean"),

@@ -137,6 +137,7 @@ TEST(OptionsEnvTest, BadValuesNameTheVariable) {
       {"FERRY_UCX_HANDSHAKE_TIMEOUT", "10us"}, {"FERRY_UCX_PROGRESS", "busy"},
       {"FERRY_UCX_RMA", ""},                   {"FERRY_TRANSPORTS", "shm,,ucx"},
       {"FERRY_METRICS_PORT", "99999999999"},   {"FERRY_DEREGISTER_TIMEOUT", "soon"},
+      {"FERRY_WAIT_SPIN", "-1us"},
   };
   for (auto [name, value] : bad) {
     ScopedVars vars;
@@ -150,12 +151,14 @@ TEST(OptionsEnvTest, BadValuesNameTheVariable) {
 TEST(OptionsEnvTest, UnitsAndEmptyOptional) {
   ScopedVars vars;
   vars.Set("FERRY_DEFAULT_DEADLINE", "250us");
+  vars.Set("FERRY_WAIT_SPIN", "0");
   vars.Set("FERRY_DEREGISTER_TIMEOUT", "");
   vars.Set("FERRY_UCX_MAX_AM_BYTES", "64K");
   vars.Set("FERRY_UCX_CONNECT_TIMEOUT", "1min");
   Result<EngineOptions> o = EngineOptions::FromEnv();
   ASSERT_TRUE(o.ok()) << o.status().ToString();
   EXPECT_EQ(o->default_deadline, std::chrono::microseconds(250));
+  EXPECT_EQ(o->wait_spin, Duration::zero());
   EXPECT_FALSE(o->deregister_timeout.has_value());
   EXPECT_EQ(o->ucx.max_am_bytes, 64u << 10);
   EXPECT_EQ(o->ucx.connect_timeout, std::chrono::minutes(1));

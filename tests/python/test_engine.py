@@ -416,6 +416,7 @@ def test_every_engine_option_is_taken():
         post_batch=64, progress="polling", rma="never", max_am_bytes=1 << 20,
         connect_timeout_ms=1000, revoke_timeout_ms=1000, call_timeout_ms=1000,
         max_pending_notifications_per_peer=4, shm_max_connections=4, shm_allowed_uids=[65534],
+        wait_spin_ms=0.5,
     ) as e:
         assert e.transports == ["local"]
         e.notify(e.key, b"x" * 1024)
@@ -434,6 +435,8 @@ def test_every_engine_option_is_taken():
         ({"connect_timeout_ms": float("nan")}, "connect_timeout_ms"),
         ({"deregister_timeout_ms": -1}, "deregister_timeout"),
         ({"revoke_timeout_ms": 0}, "revoke_timeout"),
+        ({"wait_spin_ms": 1001}, "wait_spin"),
+        ({"wait_spin_ms": -1}, "wait_spin"),
         ({"shm_allowed_uids": [-1]}, "shm_allowed_uids"),
     ],
 )
