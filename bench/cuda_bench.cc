@@ -27,6 +27,7 @@
 // Run: build/<preset>/bench/ferry_bench_cuda [--benchmark_filter=...]; FERRY_BENCH_HOST_MEM=thp
 // puts the pinned host buffers on transparent huge pages (cudaHostRegister) instead of cudaHostAlloc;
 // FERRY_BENCH_PIECES sets the pieces per batch (default 80,000), FERRY_BENCH_RUN their runs.
+// The engines take the FERRY_* variables of EngineOptions::FromEnv (docs/configuration.md).
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
@@ -150,7 +151,10 @@ Rig* GetRig(Target target, uint64_t bytes) {
   if (target == Target::kGpu1 && ferry::cuda::DeviceCount() < 2) return fail("needs two GPUs; this machine has one");
   rig->gpu0 = std::make_unique<DeviceBuffer>(0, bytes);
   if (rig->gpu0->ptr == nullptr) return fail("cudaMalloc of the source failed");
-  ferry::EngineOptions options;
+  // The FERRY_* variables apply (e.g. FERRY_WAIT_SPIN), as in the CLI.
+  auto env = ferry::EngineOptions::FromEnv();
+  if (!env.ok()) return fail(env.status().ToString());
+  ferry::EngineOptions options = *env;
   options.default_deadline = std::chrono::seconds(120);
   options.key = "bench-cuda-a";
   options.transports = target == Target::kIpcPeer ? std::vector<std::string>{"cuda_ipc", "ucx"}
