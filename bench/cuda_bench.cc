@@ -15,7 +15,7 @@
 //    counter post_ms is the time WriteBatch() takes to return.
 //  - kv_gpu0_to_gpu1/<piece>/{ferry,cudaMemcpyBatchAsync} and peer_1GiB/cudaMemcpyPeer: where
 //    two GPUs exist (the cases report an error and move nothing otherwise).
-//  - kv_cuda_ipc/<piece>/ferry: the same batch from this process's GPU memory into a
+//  - kv_cuda_ipc/<piece>/ferry (pieces of 4 KiB too): the same batch from this process's GPU memory into a
 //    ferry_test_peer child's GPU memory on the same GPU, through cuda_ipc; baseline
 //    d2d_1GiB/cudaMemcpy: one 1 GiB copy inside one GPU. ferry_2_in_flight posts the batch
 //    twice before waiting, as layers in flight do.
@@ -432,7 +432,7 @@ void Register() {
     opts(benchmark::RegisterBenchmark((p + "cudaMemcpyBatchAsync").c_str(), BatchAsyncKv, Target::kGpu1, kib << 10));
   }
   opts(benchmark::RegisterBenchmark("d2d_1GiB/cudaMemcpy", OneCopy, 2));
-  for (uint64_t kib : {16, 32, 128}) {
+  for (uint64_t kib : {4, 16, 32, 128}) {  // 4 KiB: small blocks, where each op's descriptor weighs most
     const std::string p = std::to_string(kib) + "KiB/";
     opts(benchmark::RegisterBenchmark(("kv_cuda_ipc/" + p + "ferry").c_str(), FerryKv, Target::kIpcPeer, kib << 10));
     opts(benchmark::RegisterBenchmark(("kv_cuda_ipc/" + p + "ferry_2_in_flight").c_str(), FerryKvTwoInFlight,

@@ -27,7 +27,6 @@ CopyEngine::Core::~Core() {
   if (staging != nullptr) (void)cudaFree(staging);
   for (OpSlot& slot : op_slots) {  // no handle is left: each holds the core
     if (slot.host != nullptr) (void)cudaFreeHost(slot.host);
-    if (slot.device != nullptr) (void)cudaFree(slot.device);
   }
   if (stage_stream != nullptr) (void)cudaStreamDestroy(stage_stream);
   if (upload_event != nullptr) (void)cudaEventDestroy(upload_event);
@@ -100,9 +99,9 @@ std::optional<OpBuffer> CopyEngine::Core::ReserveOps(const std::shared_ptr<Core>
     // Made outside the lock (a few milliseconds, once per buffer); the slot is ours meanwhile.
     const size_t bytes = kOpBufferOps * sizeof(TransferOp);
     DeviceGuard guard(device);
-    bool made = guard.status().ok() &&
-                cudaHostAlloc(reinterpret_cast<void**>(&slot.host), bytes, cudaHostAllocPortable) == cudaSuccess;
-    made = made && cudaMalloc(&slot.device, bytes) == cudaSuccess;
+    bool made = guard.status().ok() && cudaHostAlloc(reinterpret_cast<void**>(&slot.host), bytes,
+                                                     cudaHostAllocPortable | cudaHostAllocMapped) == cudaSuccess;
+    made = made && cudaHostGetDevicePointer(&slot.mapped, slot.host, 0) == cudaSuccess;
     MutexLock lock(&mu);
     if (!made) {
       (void)cudaGetLastError();
@@ -112,12 +111,12 @@ std::optional<OpBuffer> CopyEngine::Core::ReserveOps(const std::shared_ptr<Core>
       return std::nullopt;
     }
     op_slots[index].host = slot.host;
-    op_slots[index].device = slot.device;
+    op_slots[index].mapped = slot.mapped;
   }
   OpBuffer buffer;
   buffer.ops = slot.host;
   buffer.capacity = kOpBufferOps;
-  buffer.device_ops = slot.device;
+  buffer.mapped_ops = slot.mapped;
   buffer.owner = this;
   // The handle keeps the core (and so the memory) alive; the last copy gives the slot back.
   buffer.hold = std::shared_ptr<void>(slot.host, [self, index](void*) {

@@ -47,20 +47,21 @@ struct Copy {
 // caller's ops: no array of copies is built for it. Op i moves ops[i].size bytes from
 // src + (its source offset) to dst + (its destination offset); a write's destination is the
 // remote side.
-// Page-locked storage for one batch's ops, from CopyEngine::ReserveOps. The caller copies and
-// checks a batch into it and posts it (OffsetBatch::buffer): the engine then uploads the ops as
-// they lie and launches from them, where it would otherwise copy each op into its descriptor
-// ring on the posting thread (on an H200 machine's host that second pass took about 4 ns an
-// op, half what the GPU takes to copy a 16 KiB op, and the GPU waited for it). The storage
-// returns to the engine once the last copy of `hold` is gone: the caller's, and that of the
-// batch posted from it until the batch completes.
+// Page-locked, mapped storage for one batch's ops, from CopyEngine::ReserveOps. The caller
+// copies and checks a batch into it and posts it (OffsetBatch::buffer): the engine then launches
+// one kernel that reads the ops where they lie, over PCIe, where it would otherwise copy each op
+// into its descriptor ring on the posting thread (on an H200 machine's host that second pass
+// took about 4 ns an op, half what the GPU takes to copy a 16 KiB op, and the GPU waited for
+// it), or upload the ops in slices and launch once per slice. The storage returns to the engine
+// once the last copy of `hold` is gone: the caller's, and that of the batch posted from it until
+// the batch completes.
 struct OpBuffer {
   TransferOp* ops = nullptr;
   size_t capacity = 0;  // ops
   // Every op in the buffer is at most this long, as the caller's check found (UINT64_MAX: not
   // known; the engine then reads the ops as it reads any batch's).
   uint64_t max_op_size = UINT64_MAX;
-  void* device_ops = nullptr;   // the engine's device copy of `ops`
+  const void* mapped_ops = nullptr;  // `ops` as the engine's kernels address them
   const void* owner = nullptr;  // the engine that made it
   std::shared_ptr<void> hold;
 };

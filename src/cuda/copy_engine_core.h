@@ -109,11 +109,11 @@ struct CopyEngine::Core {
   cudaEvent_t stage_handoff[kStageSlots] = {};
   cudaEvent_t stage_free[kStageSlots] = {};
 
-  // The op buffers (ReserveOps): page-locked host storage and its device copy, made on first
-  // use each; `busy` while a handle or a batch holds one.
+  // The op buffers (ReserveOps): page-locked, mapped host storage, made on first use each;
+  // `busy` while a handle or a batch holds one.
   struct OpSlot {
     TransferOp* host = nullptr;
-    void* device = nullptr;
+    void* mapped = nullptr;  // its device address
     bool busy = false;
   };
 

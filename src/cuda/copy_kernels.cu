@@ -84,28 +84,47 @@ __global__ void __launch_bounds__(kCopyThreadsPerBlock, kMinBlocksPerSm)
   }
 }
 
+__device__ __forceinline__ void CopyOp(const OffsetPiece& op, char* dst, const char* src, bool write, int lane) {
+  const uint64_t to = write ? op.remote_offset : op.local_offset;
+  const uint64_t from = write ? op.local_offset : op.remote_offset;
+  CopyPiece(dst + to, src + from, static_cast<uint32_t>(op.size), lane);
+}
+
+// kAhead: each warp loads its next op before it copies the current one, so that ops read from
+// mapped host memory (over PCIe, about a microsecond away) arrive while the warp copies.
+template <bool kAhead>
 __global__ void __launch_bounds__(kCopyThreadsPerBlock, kMinBlocksPerSm)
     OffsetCopyKernel(const OffsetPiece* __restrict__ ops, uint32_t count, char* dst, const char* src, bool write) {
   const int lane = threadIdx.x % kWarp;
   const uint32_t warps_per_block = blockDim.x / kWarp;
   const uint32_t total_warps = gridDim.x * warps_per_block;
-  for (uint32_t p = blockIdx.x * warps_per_block + threadIdx.x / kWarp; p < count; p += total_warps) {
-    const OffsetPiece op = ops[p];
-    const uint64_t to = write ? op.remote_offset : op.local_offset;
-    const uint64_t from = write ? op.local_offset : op.remote_offset;
-    CopyPiece(dst + to, src + from, static_cast<uint32_t>(op.size), lane);
+  uint32_t p = blockIdx.x * warps_per_block + threadIdx.x / kWarp;
+  if constexpr (kAhead) {
+    if (p >= count) return;
+    OffsetPiece next = ops[p];
+    for (; p < count; p += total_warps) {
+      const OffsetPiece op = next;
+      if (p + total_warps < count) next = ops[p + total_warps];
+      CopyOp(op, dst, src, write, lane);
+    }
+  } else {
+    for (; p < count; p += total_warps) CopyOp(ops[p], dst, src, write, lane);
   }
 }
 
 }  // namespace
 
 int LaunchOffsetCopy(const OffsetPiece* ops, uint32_t count, char* dst, const char* src, bool write,
-                     uint32_t max_blocks, CUstream_st* stream) {
+                     uint32_t max_blocks, CUstream_st* stream, bool ops_ahead) {
   if (count == 0) return cudaSuccess;
   constexpr uint32_t kWarpsPerBlock = kCopyThreadsPerBlock / kWarp;
   uint32_t blocks = (count + kWarpsPerBlock - 1) / kWarpsPerBlock;
   if (max_blocks > 0 && blocks > max_blocks) blocks = max_blocks;
-  OffsetCopyKernel<<<blocks, kCopyThreadsPerBlock, 0, stream>>>(ops, count, dst, src, write);
+  if (ops_ahead) {
+    OffsetCopyKernel<true><<<blocks, kCopyThreadsPerBlock, 0, stream>>>(ops, count, dst, src, write);
+  } else {
+    OffsetCopyKernel<false><<<blocks, kCopyThreadsPerBlock, 0, stream>>>(ops, count, dst, src, write);
+  }
   return cudaGetLastError();
 }
 
@@ -120,7 +139,10 @@ int LaunchBatchCopy(const Piece* pieces, uint32_t count, uint32_t max_blocks, CU
 
 int ProbeCopyKernels() {
   cudaFuncAttributes attributes{};
-  if (cudaError_t e = cudaFuncGetAttributes(&attributes, OffsetCopyKernel); e != cudaSuccess) return static_cast<int>(e);
+  if (cudaError_t e = cudaFuncGetAttributes(&attributes, OffsetCopyKernel<false>); e != cudaSuccess)
+    return static_cast<int>(e);
+  if (cudaError_t e = cudaFuncGetAttributes(&attributes, OffsetCopyKernel<true>); e != cudaSuccess)
+    return static_cast<int>(e);
   return static_cast<int>(cudaFuncGetAttributes(&attributes, BatchCopyKernel));
 }
 

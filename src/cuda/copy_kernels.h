@@ -41,8 +41,9 @@ struct OffsetPiece {
 // As LaunchBatchCopy for pieces given as offsets: piece i copies ops[i].size bytes from
 // src + (write ? local_offset : remote_offset) to dst + (write ? remote_offset : local_offset),
 // one warp per op. REQUIRES: every size < 4 GiB; ops of similar sizes, none much larger than
-// kMaxPieceBytes, keep the grid busy to the end.
+// kMaxPieceBytes, keep the grid busy to the end. ops_ahead: each warp loads its next op before
+// copying the current one (for ops in mapped host memory, a PCIe round trip away).
 int LaunchOffsetCopy(const OffsetPiece* ops, uint32_t count, char* dst, const char* src, bool write,
-                     uint32_t max_blocks, CUstream_st* stream);
+                     uint32_t max_blocks, CUstream_st* stream, bool ops_ahead = false);
 
 }  // namespace ferry::cuda
