@@ -4,6 +4,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <chrono>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <utility>
 
 #include "ferry/engine.h"
+#include "ferry/options.h"
 #include "ferry/status.h"
 
 namespace py = pybind11;
@@ -70,10 +72,20 @@ MemoryKind ParseKind(const std::string& kind);
 // raises TypeError for anything else.
 std::string BytesOf(const py::handle& obj, const char* what);
 
+// Engine options (engine_options_py.cc): milliseconds as a std::chrono::milliseconds option (a
+// positive time under 1 ms is 1 ms), the ucx progress and RMA modes by name, a duration in
+// milliseconds, and EngineOptions::FromEnv() as Engine()'s keyword arguments.
+std::chrono::milliseconds MsOption(double ms, const char* name);
+UcxOptions::Progress ParseProgress(const std::string& s);
+UcxOptions::Rma ParseRma(const std::string& s);
+double Ms(Duration d);
+py::dict EnvEngineKwargs();
+
 void BindDescriptors(py::module_& m);
 void BindTransfer(py::module_& m);
 void BindSession(py::module_& m);
 void BindEngine(py::module_& m);
+void BindLog(py::module_& m);  // log_py.cc
 void BindEmbed(py::module_& m);  // the submodule ferry.embed
 void BindEmbedService(py::module_& m);  // the submodule ferry.embed_service
 void BindShared(py::module_& m);

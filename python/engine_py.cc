@@ -130,28 +130,6 @@ T IntOption(int64_t v, const char* name, int64_t lo = 0) {
   return static_cast<T>(v);
 }
 
-// Milliseconds for a std::chrono::milliseconds option; a positive time under 1 ms is 1 ms.
-std::chrono::milliseconds MsOption(double ms, const char* name) {
-  Duration d = Millis(ms, name);
-  auto out = std::chrono::duration_cast<std::chrono::milliseconds>(d);
-  if (d > Duration::zero() && out < d) out += std::chrono::milliseconds(1);
-  return out;
-}
-
-UcxOptions::Progress ParseProgress(const std::string& s) {
-  if (s == "polling") return UcxOptions::Progress::kPolling;
-  if (s == "event") return UcxOptions::Progress::kEvent;
-  if (s == "shared") return UcxOptions::Progress::kShared;
-  ThrowInvalid("progress must be 'polling', 'event' or 'shared', not '" + s + "'");
-}
-
-UcxOptions::Rma ParseRma(const std::string& s) {
-  if (s == "auto") return UcxOptions::Rma::kAuto;
-  if (s == "always") return UcxOptions::Rma::kAlways;
-  if (s == "never") return UcxOptions::Rma::kNever;
-  ThrowInvalid("rma must be 'auto', 'always' or 'never', not '" + s + "'");
-}
-
 // Every EngineOptions field, by its Python name (the ucx and shm fields without a prefix).
 std::unique_ptr<PyEngine> MakeEngine(
     std::string key, double default_deadline_ms, std::optional<double> deregister_timeout_ms,
@@ -210,106 +188,11 @@ std::unique_ptr<PyEngine> MakeEngine(
   return std::make_unique<PyEngine>(Unwrap(std::move(engine)));
 }
 
-double Ms(Duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
 }  // namespace
 
 std::shared_ptr<Engine> EngineOf(const py::handle& obj) {
   if (!py::isinstance<PyEngine>(obj)) throw py::type_error("expected a ferry.Engine");
   return obj.cast<const PyEngine&>().engine();
-}
-
-namespace {
-
-// Python logging's level for each of ferry's (TRACE below DEBUG, as 5).
-int PythonLevel(LogLevel level) {
-  switch (level) {
-    case LogLevel::kTrace: return 5;
-    case LogLevel::kDebug: return 10;
-    case LogLevel::kInfo: return 20;
-    case LogLevel::kWarn: return 30;
-    default: return 40;
-  }
-}
-
-// ferry.set_log_level, get_log_level, and the sink behind ferry.log_to_python. The sink runs on
-// whichever thread logs and takes the GIL there; that cannot deadlock because ferry holds no
-// lock of its log while calling it and every binding that waits on ferry releases the GIL.
-// While the interpreter finalizes, messages are dropped.
-void BindLog(py::module_& m) {
-  m.def(
-      "set_log_level", [](const std::string& level) { Check(SetLogLevel(level)); }, py::arg("level"),
-      "Sets ferry's log level: 'trace', 'debug', 'info', 'warn', 'error' or 'off' (FERRY_LOG sets\n"
-      "the first one). An unknown name raises ferry.InvalidArgumentError.");
-  m.def(
-      "get_log_level", [] { return std::string(GetLogLevel()); }, "ferry's log level, by name.");
-  m.def(
-      "_log_to_python",
-      [](std::optional<std::string> logger_name) {
-        if (!logger_name) {
-          SetLogSink(nullptr);
-          return;
-        }
-        SetLogSink([name = *logger_name](LogLevel level, std::string_view message) {
-          if (!Py_IsInitialized() || Finalizing()) return;
-          py::gil_scoped_acquire gil;
-          PyObject* text = PyUnicode_DecodeUTF8(message.data(), static_cast<Py_ssize_t>(message.size()), "replace");
-          if (text == nullptr) {
-            PyErr_Clear();
-            return;
-          }
-          try {
-            py::object logger = py::module_::import("logging").attr("getLogger")(name);
-            logger.attr("log")(PythonLevel(level), py::reinterpret_steal<py::str>(text));
-          } catch (py::error_already_set& e) {
-            e.discard_as_unraisable("ferry's log sink");
-          }
-        });
-      },
-      py::arg("logger_name"), "Sends ferry's messages to logging.getLogger(name); None: back to stderr.");
-}
-
-}  // namespace
-
-// EngineOptions::FromEnv() as Engine()'s keyword arguments (ferry/__init__.py lays the
-// caller's keyword arguments over them).
-py::dict EnvEngineKwargs() {
-  const EngineOptions o = Unwrap(EngineOptions::FromEnv());
-  py::dict k;
-  k["key"] = o.key;
-  k["default_deadline_ms"] = Ms(o.default_deadline);
-  k["deregister_timeout_ms"] = o.deregister_timeout ? py::object(py::float_(Ms(*o.deregister_timeout))) : py::none();
-  k["wait_spin_ms"] = Ms(o.wait_spin);
-  k["copy_threads"] = o.copy_threads;
-  k["parallel_copy_bytes"] = o.parallel_copy_bytes;
-  k["pin_host_memory"] = o.pin_host_memory;
-  k["merge_adjacent_ops"] = o.merge_adjacent_ops;
-  k["transports"] = o.transports;
-  k["max_notification_bytes"] = o.max_notification_bytes;
-  k["max_pending_notifications"] = o.max_pending_notifications;
-  k["max_pending_notification_bytes"] = o.max_pending_notification_bytes;
-  k["max_pending_notifications_per_peer"] = o.max_pending_notifications_per_peer;
-  k["shm_max_connections"] = o.shm.max_connections;
-  k["shm_allowed_uids"] = o.shm.allowed_uids;
-  k["metrics_port"] = o.metrics_port;
-  k["secret"] = o.secret;
-  k["secret_file"] = o.secret_file;
-  k["listen_host"] = o.ucx.listen_host;
-  k["listen_port"] = o.ucx.listen_port;
-  k["max_pending_handshakes"] = o.ucx.max_pending_handshakes;
-  k["max_connections"] = o.ucx.max_connections;
-  k["handshake_timeout_ms"] = Ms(o.ucx.handshake_timeout);
-  k["lanes"] = o.ucx.lanes;
-  k["workers"] = o.ucx.workers;
-  k["post_batch"] = o.ucx.post_batch;
-  k["progress"] = o.ucx.progress == UcxOptions::Progress::kPolling ? "polling"
-                  : o.ucx.progress == UcxOptions::Progress::kEvent ? "event" : "shared";
-  k["rma"] = o.ucx.rma == UcxOptions::Rma::kAuto ? "auto" : o.ucx.rma == UcxOptions::Rma::kAlways ? "always" : "never";
-  k["max_am_bytes"] = o.ucx.max_am_bytes;
-  k["connect_timeout_ms"] = Ms(o.ucx.connect_timeout);
-  k["revoke_timeout_ms"] = Ms(o.shm.revoke_timeout);
-  k["call_timeout_ms"] = Ms(o.shm.call_timeout);
-  return k;
 }
 
 void BindEngine(py::module_& m) {

@@ -55,8 +55,6 @@ std::string NameOf(const Names<E, N>& names, E e) {
 
 kv::TensorOrder ParseOrder(const std::string& s) { return Unwrap(kv::ParseTensorOrder(s)); }
 
-double Ms(Duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
 // Block ids from a sequence of ints or an integer array (1-D); a negative id is refused.
 std::vector<uint64_t> BlockIds(const py::handle& obj, const char* what) {
   // A tensor on a GPU (torch's block tables often are) is copied to the host first.
