@@ -49,12 +49,11 @@ struct Copy {
 // remote side.
 // Page-locked, mapped storage for one batch's ops, from CopyEngine::ReserveOps. The caller
 // copies and checks a batch into it and posts it (OffsetBatch::buffer): the engine then launches
-// one kernel that reads the ops where they lie, over PCIe, where it would otherwise copy each op
-// into its descriptor ring on the posting thread (on an H200 machine's host that second pass
+// one kernel that reads the ops where they lie, over PCIe. Without it the posting thread copies
+// each op again into the engine's descriptor ring (on an H200 machine's host that second pass
 // took about 4 ns an op, half what the GPU takes to copy a 16 KiB op, and the GPU waited for
-// it), or upload the ops in slices and launch once per slice. The storage returns to the engine
-// once the last copy of `hold` is gone: the caller's, and that of the batch posted from it until
-// the batch completes.
+// it). The storage returns to the engine once the last copy of `hold` is gone: the caller's,
+// and that of the batch posted from it until the batch completes.
 struct OpBuffer {
   TransferOp* ops = nullptr;
   size_t capacity = 0;  // ops

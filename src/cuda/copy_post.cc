@@ -284,9 +284,10 @@ Result<std::shared_ptr<Completion>> CopyEngine::Core::Post(const std::shared_ptr
   // A batch that lies in one of this engine's op buffers, every op taken whole by the kernel, is
   // one launch that reads its ops where they lie (mapped host memory; each warp loads its next
   // op while it copies): no upload, no ring. On an H200, 80,000 ops of 16 KiB between two
-  // processes reached 0.81-0.83 of a 1 GiB device copy this way, against 0.76-0.79 with the ops
-  // uploaded in slices of 2,048 growing twice each, one launch per slice (six launches): the GPU
-  // starts sooner and the batch has one tail (bench/results/cuda_ipc.md).
+  // processes reached 0.77-0.83 of a 1 GiB device copy this way (0.81 on average over six
+  // rounds), against 0.76-0.80 (0.78) with the ops uploaded in slices of 2,048 growing twice
+  // each, one launch per slice (six launches): the GPU starts sooner and the batch has one tail
+  // (bench/results/cuda_ipc.md).
   const OpBuffer* direct = nullptr;
   if constexpr (std::is_same_v<Source, OffsetBatch>) {
     const OpBuffer* b = copies.buffer;
