@@ -15,15 +15,23 @@
 #include <emmintrin.h>
 #define FERRY_EMBED_STREAMING 1
 #endif
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace ferry::embed {
 namespace {
 
+using StreamCopyFnT = void (*)(uint8_t*, const uint8_t*, uint64_t);
+
+// Into every level of the cache (locality 3): on the 16-core H200 host a gather with the
+// non-temporal hint (locality 0) took 1.3-1.5 ms a step against 1.0-1.1 with this one
+// (bench/gather_store_probe.cu, bench/results/embed_service.md).
 inline void PrefetchRow(const uint8_t* p, uint64_t bytes) {
   const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
   const uintptr_t last = reinterpret_cast<uintptr_t>(p) + bytes - 1;
   for (uintptr_t line = first; line <= last; line += 64)
-    __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 0);
+    __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 3);
 }
 
 Status SizeError(const char* what, uint64_t have, uint64_t want) {
@@ -66,22 +74,58 @@ void NoteBad(std::atomic<int64_t>& first_bad, int64_t index) {
 
 #if FERRY_EMBED_STREAMING
 // Copies with non-temporal stores: the destination is read next by a DMA engine or another
-// core, not by this one, so it should not evict the cache or cost a read for ownership.
-// REQUIRES: dst 16-byte aligned, bytes % 16 == 0.
-inline void StreamCopy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+// core, not by this one, so it should not evict the cache or cost a read for ownership. The
+// widest stores the CPU has: a 64-byte store fills a line at once, and on the H200 host a
+// step's gather took 0.80-0.88 ms with them against 1.0-1.1 with 16-byte ones.
+// REQUIRES: dst aligned to the width, bytes a multiple of it.
+void StreamCopy16(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
   for (uint64_t off = 0; off < bytes; off += 16) {
     __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + off));
     _mm_stream_si128(reinterpret_cast<__m128i*>(dst + off), v);
   }
 }
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void StreamCopy32(uint8_t* dst, const uint8_t* src,
+                                                  uint64_t bytes) {
+  for (uint64_t off = 0; off < bytes; off += 32) {
+    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + off));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + off), v);
+  }
+}
+__attribute__((target("avx512f"))) void StreamCopy64(uint8_t* dst, const uint8_t* src,
+                                                     uint64_t bytes) {
+  for (uint64_t off = 0; off < bytes; off += 64)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + off), _mm512_loadu_si512(src + off));
+}
+#endif
 inline void StreamZero(uint8_t* dst, uint64_t bytes) {
   const __m128i zero = _mm_setzero_si128();
   for (uint64_t off = 0; off < bytes; off += 16)
     _mm_stream_si128(reinterpret_cast<__m128i*>(dst + off), zero);
 }
+
+int CpuStreamWidth() {
+#if defined(__x86_64__)
+  static const int width = __builtin_cpu_supports("avx512f") ? 64
+                           : __builtin_cpu_supports("avx2")  ? 32
+                                                             : 16;
+  return width;
+#else
+  return 16;
+#endif
+}
+
+// The widest copy that the CPU, `most`, dst's alignment and the row size allow; 0: none.
+int PickStreamWidth(const uint8_t* dst, uint64_t row_bytes, int most) {
+  int width = std::min(CpuStreamWidth(), most);
+  while (width >= 16 && (reinterpret_cast<uintptr_t>(dst) % width != 0 || row_bytes % width != 0))
+    width /= 2;
+  return width >= 16 ? width : 0;
+}
 #endif
 
-template <bool kStream>
+// kStream: rows copied by kCopy (non-temporal) and padding zeroed alike; otherwise memcpy.
+template <bool kStream, StreamCopyFnT kCopy>
 int64_t CopyRows(const Table& table, const uint64_t* ids, int64_t count, uint8_t* dst,
                  int prefetch_rows) {
   const uint64_t rows = table.rows();
@@ -97,22 +141,20 @@ int64_t CopyRows(const Table& table, const uint64_t* ids, int64_t count, uint8_t
     }
     const uint64_t r = ids[i];
     if (r < rows) {
-#if FERRY_EMBED_STREAMING
       if constexpr (kStream) {
-        StreamCopy(dst, table.Row(r), row_bytes);
-        continue;
+        kCopy(dst, table.Row(r), row_bytes);
+      } else {
+        std::memcpy(dst, table.Row(r), row_bytes);
       }
-#endif
-      std::memcpy(dst, table.Row(r), row_bytes);
     } else {
       if (r != kPaddingRow && bad < 0) bad = i;
-#if FERRY_EMBED_STREAMING
       if constexpr (kStream) {
+#if FERRY_EMBED_STREAMING
         StreamZero(dst, row_bytes);
-        continue;
-      }
 #endif
-      std::memset(dst, 0, row_bytes);
+      } else {
+        std::memset(dst, 0, row_bytes);
+      }
     }
   }
   return bad;
@@ -121,16 +163,38 @@ int64_t CopyRows(const Table& table, const uint64_t* ids, int64_t count, uint8_t
 }  // namespace
 
 int64_t GatherRows(const Table& table, const uint64_t* ids, int64_t count, uint8_t* dst,
-                   const GatherOptions& options) {
+                   const GatherOptions& options, int max_stream_width) {
 #if FERRY_EMBED_STREAMING
-  if (options.streaming_stores && reinterpret_cast<uintptr_t>(dst) % 16 == 0 &&
-      table.row_bytes() % 16 == 0) {
-    int64_t bad = CopyRows<true>(table, ids, count, dst, options.prefetch_rows);
+  if (options.streaming_stores) {
+    int64_t bad = -1;
+    switch (PickStreamWidth(dst, table.row_bytes(), max_stream_width)) {
+#if defined(__x86_64__)
+      case 64:
+        bad = CopyRows<true, StreamCopy64>(table, ids, count, dst, options.prefetch_rows);
+        break;
+      case 32:
+        bad = CopyRows<true, StreamCopy32>(table, ids, count, dst, options.prefetch_rows);
+        break;
+#endif
+      case 16:
+        bad = CopyRows<true, StreamCopy16>(table, ids, count, dst, options.prefetch_rows);
+        break;
+      default:
+        return CopyRows<false, nullptr>(table, ids, count, dst, options.prefetch_rows);
+    }
     _mm_sfence();  // the rows are visible before whatever the caller publishes next
     return bad;
   }
 #endif
-  return CopyRows<false>(table, ids, count, dst, options.prefetch_rows);
+  return CopyRows<false, nullptr>(table, ids, count, dst, options.prefetch_rows);
+}
+
+int StreamStoreWidth() {
+#if FERRY_EMBED_STREAMING
+  return CpuStreamWidth();
+#else
+  return 0;
+#endif
 }
 
 Status ValidateGatherOptions(const GatherOptions& options) {

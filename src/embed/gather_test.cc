@@ -107,6 +107,43 @@ TEST(Gather, OtherDtypesStoresAndAlignments) {
   }
 }
 
+// Every width of non-temporal store the CPU has (StreamStoreWidth), at every alignment of the
+// destination within a line and for rows of 32, 64 and 128 bytes: the same bytes as memcpy,
+// padding and bad rows zeroed, the first bad row reported, nothing written outside dst.
+TEST(Gather, StreamingStoresOfEveryWidthAndAlignment) {
+  const int cpu = StreamStoreWidth();
+  if (cpu == 0) GTEST_SKIP() << "no streaming stores on this CPU: GatherRows copies with memcpy";
+  Layout l = SmallLayout();
+  for (Dtype dtype : {Dtype::kF8E4M3, Dtype::kBf16, Dtype::kF32}) {
+    auto table = Table::Synthetic(l, dtype).value();
+    const uint64_t rb = table->row_bytes();
+    std::vector<uint64_t> ids;
+    for (uint64_t i = 0; i < 200; ++i) ids.push_back((i * 7919) % table->rows());
+    ids[3] = kPaddingRow;
+    ids[50] = table->rows();  // the first bad row
+    ids[120] = table->rows() + 9;
+    std::vector<uint64_t> good = ids;
+    good[50] = good[120] = kPaddingRow;
+    const std::vector<uint8_t> want = Expected(*table, good);
+    for (int width : {16, 32, 64}) {
+      for (size_t offset : {0, 16, 32, 48, 8}) {
+        std::vector<uint8_t> buffer(want.size() + 192, 0x5A);
+        uint8_t* line = buffer.data() + (64 - reinterpret_cast<uintptr_t>(buffer.data()) % 64) % 64;
+        uint8_t* dst = line + offset;
+        const int64_t bad = GatherRows(*table, ids.data(), static_cast<int64_t>(ids.size()), dst,
+                                       {.prefetch_rows = 4, .streaming_stores = true}, width);
+        EXPECT_EQ(bad, 50) << DtypeName(dtype) << " width " << width << " offset " << offset;
+        EXPECT_EQ(std::memcmp(dst, want.data(), want.size()), 0)
+            << DtypeName(dtype) << " width " << width << " offset " << offset << " cpu " << cpu;
+        for (uint8_t* p = buffer.data(); p < dst; ++p) ASSERT_EQ(*p, 0x5A);
+        for (uint8_t* p = dst + want.size(); p < buffer.data() + buffer.size(); ++p)
+          ASSERT_EQ(*p, 0x5A);
+      }
+    }
+    EXPECT_EQ(rb % 16, 0u);
+  }
+}
+
 TEST(Gather, Errors) {
   Layout l = SmallLayout();
   auto table = Table::Synthetic(l, Dtype::kBf16).value();
