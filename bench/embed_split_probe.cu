@@ -27,14 +27,8 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
+#include "probe_util.cuh"
+
 
 constexpr int kRowBytes = 320, kRowWords = kRowBytes / 16, kHeads = 16;
 constexpr int kTokens = 8192;
@@ -128,23 +122,8 @@ int main(int argc, char** argv) {
   CK(cudaFree(nullptr));
 
   auto t0 = std::chrono::steady_clock::now();
-  char* table = static_cast<char*>(
-      mmap(nullptr, table_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
-  if (table == MAP_FAILED) return std::printf("mmap failed\n"), 1;
-  madvise(table, table_bytes, MADV_HUGEPAGE);
-  {
-    std::vector<std::thread> fill;
-    const int n = std::thread::hardware_concurrency();
-    for (int i = 0; i < n; ++i)
-      fill.emplace_back([=] {
-        const uint64_t r0 = rows / n * i, r1 = i == n - 1 ? rows : rows / n * (i + 1);
-        for (uint64_t r = r0; r < r1; ++r) {
-          uint32_t* w = reinterpret_cast<uint32_t*>(table + r * kRowBytes);
-          for (int k = 0; k < kRowBytes / 4; ++k) w[k] = static_cast<uint32_t>(r * 131 + k);
-        }
-      });
-    for (auto& t : fill) t.join();
-  }
+  char* table = MakeTable(table_bytes, kRowBytes);
+  if (table == nullptr) return std::printf("mmap failed\n"), 1;
   CK(cudaHostRegister(table, table_bytes, cudaHostRegisterMapped));
   std::printf("table %zu GiB, filled and registered in %.1f s; %u host threads\n", table_bytes >> 30,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),

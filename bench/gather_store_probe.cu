@@ -35,14 +35,8 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
+#include "probe_util.cuh"
+
 
 constexpr int kRowBytes = 320, kHeads = 16, kTokens = 8192, kChunkTokens = 32, kAhead = 32;
 constexpr size_t kTokenBytes = size_t(kHeads) * kRowBytes;  // 5120
@@ -203,23 +197,8 @@ int main(int argc, char** argv) {
   CK(cudaSetDevice(0));
   CK(cudaFree(nullptr));
   auto t0 = Clock::now();
-  char* table = static_cast<char*>(
-      mmap(nullptr, table_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
-  if (table == MAP_FAILED) return std::printf("mmap failed\n"), 1;
-  madvise(table, table_bytes, MADV_HUGEPAGE);
-  {
-    std::vector<std::thread> fill;
-    const int n = std::thread::hardware_concurrency();
-    for (int i = 0; i < n; ++i)
-      fill.emplace_back([=] {
-        const uint64_t r0 = rows / n * i, r1 = i == n - 1 ? rows : rows / n * (i + 1);
-        for (uint64_t r = r0; r < r1; ++r) {
-          uint32_t* w = reinterpret_cast<uint32_t*>(table + r * kRowBytes);
-          for (int k = 0; k < kRowBytes / 4; ++k) w[k] = static_cast<uint32_t>(r * 131 + k);
-        }
-      });
-    for (auto& t : fill) t.join();
-  }
+  char* table = MakeTable(table_bytes, kRowBytes);
+  if (table == nullptr) return std::printf("mmap failed\n"), 1;
   std::printf("table %zu GiB filled in %.1f s\n", table_bytes >> 30, Ms(t0, Clock::now()) / 1e3);
 
   char* staging;

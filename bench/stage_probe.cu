@@ -19,14 +19,8 @@
 #include <random>
 #include <vector>
 
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
+#include "probe_util.cuh"
+
 
 // One warp per piece, 16-byte words, 8 in flight per lane. Piece p of [first, first + n) moves
 // between scattered slot slots[p] of `dev` and position (p - first) of `flat`.
