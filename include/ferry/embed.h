@@ -246,9 +246,11 @@ struct GatherOptions {
   int threads = 1;            // threads that gather, the calling one included; >= 1
   int64_t chunk_tokens = 32;  // tokens per chunk (the unit of work and of on_chunk)
   int prefetch_rows = 32;     // rows prefetched ahead; 0 disables prefetching
-  // Non-temporal stores into dst (x86 SSE2; used when dst is 16-byte aligned and rows are a
-  // multiple of 16 bytes): they skip the read for ownership of dst lines. Off by default: on
-  // the development VM they were as fast or slower (bench/results/embed_cpu.md).
+  // Non-temporal stores into dst (x86): they skip the read for ownership of dst lines. The
+  // widest the CPU has (64 bytes with AVX-512, 32 with AVX2, 16 with SSE2) that dst's alignment
+  // and the row size allow; a dst not 16-byte aligned, or rows not a multiple of 16 bytes, take
+  // memcpy. Off by default: on the development VM they were as fast or slower
+  // (bench/results/embed_cpu.md); the embedding service uses them for its staging.
   bool streaming_stores = false;
 };
 
